@@ -1,0 +1,19 @@
+"""jax-trn2: run and study JAX programs on a simulated AWS Trainium2 mesh.
+
+    mesh = jax_trn2.make_mesh()          # 64 chips of a Trn2-Ultra: ('x','y','z') = (4,4,4)
+    step = jax_trn2.jit(step)            # a function using jax.shard_map over that mesh
+    out = step(a, b)                     # runs on the simulated mesh
+"""
+
+from jax_trn2.client import Client, client
+from jax_trn2.device import Buffer, Device
+from jax_trn2.executable import LoadedExecutable
+from jax_trn2.jit import Compiled, Jitted, Lowered, jit
+from jax_trn2.mesh import make_mesh
+from lowering import LoweringError, UnsupportedOpError
+from mesh.topology import TOPOLOGY_NAMES
+
+__all__ = [
+    "Buffer", "Client", "Compiled", "Device", "Jitted", "LoadedExecutable", "Lowered",
+    "LoweringError", "TOPOLOGY_NAMES", "UnsupportedOpError", "client", "jit", "make_mesh",
+]

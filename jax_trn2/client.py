@@ -1,0 +1,48 @@
+"""The PJRT-style client of a simulated Trainium2 machine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jax_trn2.device import PLATFORM_NAME, Buffer, Device
+from jax_trn2.executable import LoadedExecutable
+from jax_trn2.mesh import DEFAULT_TOPOLOGY
+from mesh.topology import Topology, get_topology
+
+class Client:
+    """A simulated Trainium2 machine (PJRT client): its devices, compiler and buffers."""
+
+    platform_name = PLATFORM_NAME
+
+    def __init__(self, topology: str | Topology = DEFAULT_TOPOLOGY):
+        self.topology = topology if isinstance(topology, Topology) else get_topology(topology)
+        self._devices = tuple(Device(i, self.topology.coords(i))
+                              for i in range(self.topology.num_chips))
+
+    def devices(self) -> list[Device]:
+        """All chips, by chip id (row-major over the torus)."""
+        return list(self._devices)
+
+    def device_count(self) -> int:
+        return len(self._devices)
+
+    def compile(self, program: Any) -> LoadedExecutable:
+        """Compile StableHLO (MLIR text, bytecode, or a jaxlib ir.Module) for this machine."""
+        return LoadedExecutable.from_stablehlo(self.topology, program)
+
+    def buffer_from_pyval(self, array: Any, device: Device | None = None) -> Buffer:
+        """Put a host array on a chip (the first one by default)."""
+        device = self._devices[0] if device is None else device
+        if device not in self._devices:
+            raise ValueError(f"{device} is not a device of this {self.topology.name} client")
+        return Buffer(array, device)
+
+    def __repr__(self) -> str:
+        return f"Client(platform={PLATFORM_NAME!r}, topology={self.topology.name!r}, " \
+               f"devices={len(self._devices)})"
+
+
+def client(topology: str | Topology = DEFAULT_TOPOLOGY) -> Client:
+    """A client for a simulated Trainium2 topology: trn2, trn2-ultra (default) or
+    trn2-ultra-max, or a Topology with your own numbers."""
+    return Client(topology)

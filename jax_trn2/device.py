@@ -1,0 +1,52 @@
+"""PJRT-style Device and Buffer of the simulated machine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+PLATFORM_NAME = "trn2"
+DEVICE_KIND = "Trainium2"
+
+
+@dataclass(frozen=True)
+class Device:
+    """One simulated Trainium2 chip: its id and its coordinates on the torus."""
+
+    id: int
+    coords: tuple[int, ...]
+    device_kind: str = DEVICE_KIND
+    platform: str = PLATFORM_NAME
+
+    def __repr__(self) -> str:
+        return f"Trn2Device(id={self.id}, coords={self.coords})"
+
+
+class Buffer:
+    """An array resident on one simulated chip."""
+
+    def __init__(self, array: Any, device: Device):
+        self._array = jnp.asarray(array)
+        self.device = device
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._array.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._array.dtype
+
+    def to_jax(self) -> jnp.ndarray:
+        return self._array
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self._array, dtype=dtype)
+
+    def __repr__(self) -> str:
+        return f"Buffer({self._array.dtype}{list(self.shape)} on {self.device})"
+
+

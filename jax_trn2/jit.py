@@ -1,0 +1,156 @@
+"""jax_trn2.jit: jax.jit for the simulated Trainium2 mesh."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, Sequence
+
+import jax
+from jax import tree_util
+
+from jax_trn2.executable import LoadedExecutable
+
+
+class Compiled:
+    """A compiled function: call it with the dynamic arguments it was lowered for."""
+
+    def __init__(self, executable: LoadedExecutable, in_tree, out_tree):
+        self.executable = executable
+        self.in_tree = in_tree
+        self.out_tree = out_tree
+
+    def __call__(self, *args, **kwargs) -> Any:
+        leaves, tree = tree_util.tree_flatten((args, kwargs))
+        if tree != self.in_tree:
+            raise TypeError(f"arguments have structure {tree}, the function was compiled for "
+                            f"{self.in_tree}")
+        return self.call_flat(leaves)
+
+    def call_flat(self, leaves: Sequence[Any]) -> Any:
+        return tree_util.tree_unflatten(self.out_tree, self.executable.execute(leaves))
+
+    def as_text(self) -> str:
+        """The Trn2 program listing."""
+        return self.executable.as_text()
+
+
+class Lowered:
+    """A function lowered to StableHLO and then to a Trn2 program."""
+
+    def __init__(self, jax_lowered, executable: LoadedExecutable, in_tree, out_tree):
+        self._jax_lowered = jax_lowered
+        self._executable = executable
+        self.in_tree = in_tree
+        self.out_tree = out_tree
+
+    @property
+    def program(self):
+        """The Trn2 program (mesh.isa.Program)."""
+        return self._executable.program
+
+    def as_text(self, dialect: str = "trn2") -> str:
+        """The Trn2 program listing, or with dialect="stablehlo" the StableHLO jax emitted."""
+        if dialect == "stablehlo":
+            return self._jax_lowered.as_text()
+        if dialect != "trn2":
+            raise ValueError(f"dialect must be 'trn2' or 'stablehlo', got {dialect!r}")
+        return self._executable.as_text()
+
+    def compiler_ir(self, dialect: str = "stablehlo"):
+        return self._jax_lowered.compiler_ir(dialect)
+
+    def compile(self) -> Compiled:
+        return Compiled(self._executable, self.in_tree, self.out_tree)
+
+
+class Jitted:
+    """A function compiled for the simulated mesh on first call for each argument
+    signature (shapes, dtypes, weak types, pytree structure and static arguments)."""
+
+    def __init__(self, fun: Callable, static_argnums: int | Sequence[int] = (),
+                 static_argnames: str | Sequence[str] = (), topology: str | None = None):
+        functools.update_wrapper(self, fun)
+        self._fun = fun
+        self._topology = topology
+        try:
+            self._params = list(inspect.signature(fun).parameters.values())
+        except (TypeError, ValueError):
+            self._params = []
+        self._static_argnums, self._static_argnames = self._statics(static_argnums,
+                                                                    static_argnames)
+        self._jax_jit = jax.jit(fun, static_argnums=self._static_argnums,
+                                static_argnames=self._static_argnames, keep_unused=True)
+        self._cache: dict[Any, Compiled] = {}
+
+    def _statics(self, argnums, argnames) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """Static positions and names, each completed from the other through the signature
+        (as jax.jit does)."""
+        argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+        argnames = (argnames,) if isinstance(argnames, str) else tuple(argnames)
+        positional = [p.name for p in self._params
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        argnums += tuple(positional.index(n) for n in argnames
+                         if n in positional and positional.index(n) not in argnums)
+        argnames += tuple(positional[i] for i in argnums
+                          if 0 <= i < len(positional) and positional[i] not in argnames)
+        return argnums, argnames
+
+    def _split(self, args: tuple, kwargs: dict):
+        """(static part of the call, dynamic args, dynamic kwargs)."""
+        nums = {i if i >= 0 else i + len(args) for i in self._static_argnums}
+        static = tuple((i, a) for i, a in enumerate(args) if i in nums) + \
+            tuple(sorted((k, v) for k, v in kwargs.items() if k in self._static_argnames))
+        dyn_args = tuple(a for i, a in enumerate(args) if i not in nums)
+        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_argnames}
+        return static, dyn_args, dyn_kwargs
+
+    def __call__(self, *args, **kwargs) -> Any:
+        static, dyn_args, dyn_kwargs = self._split(args, kwargs)
+        leaves, tree = tree_util.tree_flatten((dyn_args, dyn_kwargs))
+        key = (static, tree, tuple(jax.typeof(leaf) for leaf in leaves))
+        compiled = self._cache.get(key)
+        if compiled is None:
+            compiled = self.lower(*args, **kwargs).compile()
+            self._cache[key] = compiled
+        return compiled.call_flat(leaves)
+
+    def lower(self, *args, **kwargs) -> Lowered:
+        """Trace and lower for these arguments (arrays or jax.ShapeDtypeStruct)."""
+        jax_lowered = self._jax_jit.trace(*args, **kwargs).lower()
+        _, dyn_args, dyn_kwargs = self._split(args, kwargs)
+        executable = LoadedExecutable.from_stablehlo(
+            self._topology, jax_lowered.compiler_ir("stablehlo"),
+            arg_names=self._arg_names(dyn_args, dyn_kwargs, len(args)))
+        return Lowered(jax_lowered, executable, jax_lowered.in_tree, jax_lowered.out_tree)
+
+    def _arg_names(self, dyn_args: tuple, dyn_kwargs: dict, n_args: int) -> list[str]:
+        """A name for every flattened dynamic argument: `argument 'w'`, `argument 'p'['b']`."""
+        nums = {i if i >= 0 else i + n_args for i in self._static_argnums}
+        positions = [i for i in range(n_args) if i not in nums]
+        names = []
+        for path, _ in tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))[0]:
+            part, key, rest = path[0].idx, path[1], path[2:]
+            if part == 0:
+                pos = positions[key.idx]
+                base = self._params[pos].name if pos < len(self._params) and \
+                    self._params[pos].kind != inspect.Parameter.VAR_POSITIONAL \
+                    else f"args[{pos}]"
+            else:
+                base = key.key
+            names.append(f"argument '{base}'{tree_util.keystr(rest)}")
+        return names
+
+
+def jit(fun: Callable | None = None, *, static_argnums: int | Sequence[int] = (),
+        static_argnames: str | Sequence[str] = (), topology: str | None = None):
+    """Like `jax.jit`, but runs on the simulated Trainium2 mesh.
+
+    Pytrees in and out, keyword arguments, static arguments, and a compiled-program cache
+    keyed like jax.jit's. `topology` defaults to the one the shard_map's mesh was made for
+    by `jax_trn2.make_mesh` (trn2-ultra otherwise). Usable as `@jit` or `@jit(...)`.
+    """
+    if fun is None:
+        return functools.partial(jit, static_argnums=static_argnums,
+                                 static_argnames=static_argnames, topology=topology)
+    return Jitted(fun, static_argnums, static_argnames, topology)

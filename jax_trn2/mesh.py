@@ -1,0 +1,62 @@
+"""Logical meshes over a simulated Trainium2 topology, usable with jax.shard_map."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from jax.sharding import AbstractMesh, AxisType
+
+from mesh.topology import Placement, Topology, get_topology, place_mesh
+
+DEFAULT_TOPOLOGY = "trn2-ultra"
+
+# Topology of each mesh shape make_mesh handed out, so that jit can find the machine a
+# shard_map's mesh was made for (the lowered module only carries axis names and sizes).
+_MESH_TOPOLOGIES: dict[tuple[tuple[int, ...], tuple[str, ...]], str] = {}
+
+
+def make_mesh(axis_shapes: Sequence[int] | None = None,
+              axis_names: Sequence[str] | None = None, *,
+              topology: str = DEFAULT_TOPOLOGY) -> AbstractMesh:
+    """A mesh of the chips of `topology` that `jax.shard_map` accepts.
+
+    Defaults to the torus itself: ('x','y','z') = (4,4,4) on trn2-ultra. Any logical shape
+    whose product is the chip count works; its devices are placed on the torus so that a
+    logical axis as long as a torus axis is a physical ring (mesh.topology.place_mesh).
+    No XLA_FLAGS or host devices are needed: the mesh is abstract, and jax_trn2.jit runs it.
+    """
+    topo = get_topology(topology)
+    shapes = tuple(topo.shape if axis_shapes is None else axis_shapes)
+    names = tuple(axis_names if axis_names is not None
+                  else topo.axis_names if axis_shapes is None
+                  else tuple("xyzwuv"[: len(shapes)]))
+    if len(names) != len(shapes):
+        raise ValueError(f"axis_names {names} and axis_shapes {shapes} differ in length")
+    if math.prod(shapes) != topo.num_chips:
+        raise ValueError(f"mesh shape {shapes} has {math.prod(shapes)} devices but topology "
+                         f"'{topo.name}' has {topo.num_chips} chips (torus {topo.shape})")
+    _MESH_TOPOLOGIES[(shapes, names)] = topo.name
+    return AbstractMesh(shapes, names, axis_types=(AxisType.Auto,) * len(shapes))
+
+
+def topology_for(axis_sizes: tuple[int, ...], axis_names: tuple[str, ...],
+                 topology: str | None) -> Topology:
+    """The topology a program's mesh runs on: the one asked for, else the one make_mesh
+    made that mesh for, else the default (trn2-ultra), or the preset with as many chips."""
+    if topology is None:
+        topology = _MESH_TOPOLOGIES.get((axis_sizes, axis_names))
+    if topology is None:
+        count = math.prod(axis_sizes)
+        topology = next((t for t in ("trn2-ultra", "trn2", "trn2-ultra-max")
+                         if get_topology(t).num_chips == count or not axis_sizes),
+                        DEFAULT_TOPOLOGY)
+    return get_topology(topology)
+
+
+def placement_for(topo: Topology, axis_sizes: tuple[int, ...],
+                  axis_names: tuple[str, ...]) -> Placement | None:
+    """Where each logical device sits; a program without a mesh runs on chip 0."""
+    if not axis_sizes:
+        return None
+    return place_mesh(topo, axis_sizes, axis_names)

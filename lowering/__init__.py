@@ -1,0 +1,24 @@
+"""StableHLO -> Trn2 program: parse with jaxlib's MLIR bindings, walk, apply rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lowering import rules  # noqa: F401  (fills the rule registry)
+from lowering.errors import LoweringError, UnsupportedOpError
+from lowering.mlir import parse_module
+from lowering.registry import RULES
+from lowering.walker import Walker
+from mesh import isa
+
+__all__ = ["LoweringError", "UnsupportedOpError", "RULES", "lower", "supported_ops"]
+
+
+def lower(program: Any) -> isa.Program:
+    """Lower StableHLO (MLIR text, bytecode or a jaxlib ir.Module) to a Trn2 Program."""
+    return Walker(parse_module(program)).lower()
+
+
+def supported_ops() -> list[str]:
+    """The StableHLO/CHLO/sdy op names that have a lowering rule."""
+    return sorted(RULES)

@@ -1,0 +1,246 @@
+"""Reading StableHLO through jaxlib's MLIR bindings: modules, types, attributes, locations.
+
+Everything here turns MLIR objects into plain Python values, so that lowering rules never
+see an MLIR object.
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+from jax._src.interpreters import mlir as jax_mlir
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import sdy
+from jaxlib.mlir.dialects import stablehlo as hlo
+
+from mesh import dtypes
+from mesh.isa import MeshSpec, TensorType
+
+# MLIR element type spelling -> mesh.dtypes name.
+ELEMENT_TYPES = {
+    "f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16",
+    "f8E4M3FN": "float8_e4m3fn", "f8E5M2": "float8_e5m2", "f8E4M3": "float8_e4m3",
+    "f8E3M4": "float8_e3m4", "i1": "bool", "i8": "int8", "i16": "int16", "i32": "int32",
+    "i64": "int64", "ui8": "uint8", "ui16": "uint16", "ui32": "uint32", "ui64": "uint64",
+}
+
+
+class UnsupportedTypeError(TypeError):
+    pass
+
+
+def parse_module(program: Any) -> ir.Module:
+    """A jaxlib `ir.Module` from MLIR text, bytecode (bytes) or an `ir.Module`."""
+    if isinstance(program, ir.Module):
+        return program
+    if isinstance(program, (str, bytes, bytearray)):
+        context = jax_mlir.make_ir_context()
+        try:
+            return ir.Module.parse(bytes(program) if not isinstance(program, str) else program,
+                                   context)
+        except ir.MLIRError as e:
+            raise ValueError(f"not a StableHLO module: {e}") from None
+    raise TypeError(f"expected StableHLO as MLIR text, bytecode or an ir.Module, "
+                    f"got {type(program).__name__}")
+
+
+def tensor_type(t: ir.Type) -> TensorType:
+    """A ranked tensor (or a scalar type, as a rank-0 tensor) as a TensorType."""
+    if isinstance(t, ir.RankedTensorType) or str(t).startswith("tensor<"):
+        rt = ir.RankedTensorType(t)
+        if not rt.has_static_shape:
+            raise UnsupportedTypeError(f"dynamic shape {t} is not supported by jax-trn2")
+        return TensorType(tuple(rt.shape), element_type(rt.element_type))
+    return TensorType((), element_type(t))
+
+
+def element_type(t: ir.Type) -> str:
+    spelling = str(t)
+    try:
+        return ELEMENT_TYPES[spelling]
+    except KeyError:
+        raise UnsupportedTypeError(f"element type {spelling} is not supported by jax-trn2 "
+                                   f"(supported: {', '.join(ELEMENT_TYPES)})") from None
+
+
+def is_token(t: ir.Type) -> bool:
+    return str(t) == "!stablehlo.token"
+
+
+# --- attributes ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DotDims:
+    lhs_batch: tuple[int, ...]
+    rhs_batch: tuple[int, ...]
+    lhs_contract: tuple[int, ...]
+    rhs_contract: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DimSharding:
+    """One sdy tensor sharding: the mesh axis names each dim is split over (major first)."""
+
+    dims: tuple[tuple[str, ...], ...]
+    mesh: str
+
+
+def decode_attribute(attr: ir.Attribute) -> Any:
+    """A plain Python value for an attribute: ints, floats, strings, tuples, numpy arrays,
+    small dataclasses for StableHLO/sdy structured attributes; the text of anything else."""
+    for cls, decode in _DECODERS:
+        if isinstance(attr, cls) or (hasattr(cls, "isinstance") and cls.isinstance(attr)):
+            return decode(cls(attr) if not isinstance(attr, cls) else attr)
+    return str(attr)
+
+
+def _dense_elements(attr: ir.DenseElementsAttr) -> np.ndarray:
+    t = tensor_type(attr.type)
+    dtype = dtypes.numpy_dtype(t.dtype)
+    try:
+        return np.array(attr, copy=True).astype(dtype).reshape(t.shape)
+    except (ValueError, TypeError, RuntimeError):
+        # The bindings read no narrow floats (bf16, fp8): decode the literal of the attribute.
+        return _parse_dense_literal(str(attr), dtype, t.shape)
+
+
+_HEX_BLOB = re.compile(r'^dense<"0x([0-9A-Fa-f]*)">')
+_NUMBER = re.compile(r"0x[0-9A-Fa-f]+|[-+]?(?:inf|nan|[0-9][0-9.eE+-]*)|true|false")
+
+
+def _parse_dense_literal(text: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """Decode `dense<...> : tensor<...>` for element types numpy bindings cannot read.
+
+    MLIR prints such constants either as a hex blob of little-endian raw elements, or as
+    nested lists of decimal numbers where special values are hex bit patterns.
+    """
+    size = int(np.prod(shape, dtype=np.int64))
+    blob = _HEX_BLOB.match(text)
+    if blob:
+        raw = np.frombuffer(bytes.fromhex(blob.group(1)), dtype=dtype)
+        return np.broadcast_to(raw, (size,)).reshape(shape).copy() if raw.size == 1 \
+            else raw.reshape(shape).copy()
+    body = text[len("dense<"):text.rindex(">", 0, text.index(" : ") if " : " in text else None)]
+    items = [_literal_item(tok, dtype) for tok in _NUMBER.findall(body)]
+    values = np.array(items, dtype=dtype)
+    if values.size == 1:
+        return np.full(shape, values[0], dtype=dtype)
+    return values.reshape(shape)
+
+
+def _literal_item(token: str, dtype: np.dtype):
+    if token.startswith("0x"):
+        bits = np.array([int(token, 16)], dtype=f"u{dtype.itemsize}")
+        return bits.view(dtype)[0]
+    if token in ("true", "false"):
+        return token == "true"
+    return float(token)
+
+
+def _dot_dims(attr) -> DotDims:
+    return DotDims(tuple(attr.lhs_batching_dimensions), tuple(attr.rhs_batching_dimensions),
+                   tuple(attr.lhs_contracting_dimensions), tuple(attr.rhs_contracting_dimensions))
+
+
+def _tensor_sharding(attr) -> DimSharding:
+    dims = tuple(tuple(_axis_ref(sdy.AxisRefAttr(a)) for a in sdy.DimensionShardingAttr(d).axes)
+                 for d in attr.dimension_shardings)
+    if list(attr.unreduced_axes):
+        raise NotImplementedError(f"unreduced axes in sharding {attr} are not supported")
+    return DimSharding(dims, str(attr.mesh_or_ref))
+
+
+def _axis_ref(ref) -> str:
+    if ref.sub_axis_info is not None:
+        raise NotImplementedError(f"sub-axis sharding {ref} is not supported by jax-trn2")
+    return ref.name
+
+
+_DECODERS: list[tuple[type, Any]] = [
+    (ir.BoolAttr, lambda a: bool(a.value)),
+    (ir.IntegerAttr, lambda a: int(a.value)),
+    (ir.FloatAttr, lambda a: float(a.value)),
+    (ir.StringAttr, lambda a: a.value),
+    (ir.DenseI64ArrayAttr, lambda a: tuple(int(x) for x in a)),
+    (ir.DenseI32ArrayAttr, lambda a: tuple(int(x) for x in a)),
+    (ir.DenseBoolArrayAttr, lambda a: tuple(bool(x) for x in a)),
+    (ir.DenseElementsAttr, _dense_elements),
+    (ir.ArrayAttr, lambda a: tuple(decode_attribute(x) for x in a)),
+    (ir.DictAttr, lambda a: {a[i].name: decode_attribute(a[i].attr) for i in range(len(a))}),
+    (ir.FlatSymbolRefAttr, lambda a: a.value),
+    (ir.TypeAttr, lambda a: str(a.value)),
+    (hlo.DotDimensionNumbers, _dot_dims),
+    (hlo.ComparisonDirectionAttr, lambda a: a.value),
+    (hlo.ComparisonTypeAttr, lambda a: a.value),
+    (hlo.ChannelHandle, lambda a: (a.handle, a.channel_type)),
+    (sdy.TensorShardingPerValueAttr,
+     lambda a: tuple(_tensor_sharding(sdy.TensorShardingAttr(s)) for s in a.shardings)),
+    (sdy.TensorShardingAttr, _tensor_sharding),
+    (sdy.ManualAxesAttr, lambda a: tuple(str(a[i]) for i in range(len(a)))),
+]
+
+
+class Attributes(Mapping):
+    """An op's attributes, decoded on first access (constants can be large)."""
+
+    def __init__(self, op: ir.Operation):
+        self._op = op
+        self._cache: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._cache:
+            try:
+                attr = self._op.attributes[name]
+            except KeyError:
+                raise KeyError(f"{self._op.name} has no attribute {name!r}") from None
+            self._cache[name] = decode_attribute(attr)
+        return self._cache[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._op.attributes))
+
+    def __len__(self) -> int:
+        return len(self._op.attributes)
+
+
+# --- locations ------------------------------------------------------------------------------
+
+_FILE_LOC = re.compile(r'"([^"]+)":(\d+):(\d+)')
+_INTERNAL = ("/jax/", "/jaxlib/", "site-packages/jax", "<frozen")
+
+
+def source_location(loc: ir.Location) -> str:
+    """The user's source line of an op, `file:line:col`, from its MLIR location.
+
+    The bindings expose no accessors for file and call-site locations, so the location's
+    printed form is searched for its first file position outside jax's own code (jax prints
+    the innermost user frame first); "" when the op has no source position.
+    """
+    for path, line, col in _FILE_LOC.findall(str(loc)):
+        if not any(mark in path for mark in _INTERNAL):
+            return f"{path}:{line}:{col}"
+    return ""
+
+
+def source_line(location: str) -> str:
+    """The text of the source line `file:line:col` names, or ''."""
+    if not location:
+        return ""
+    path, line, _ = location.rsplit(":", 2)
+    return linecache.getline(path, int(line)).strip()
+
+
+def mesh_spec(mesh_op: ir.Operation) -> MeshSpec:
+    """The MeshSpec of an `sdy.mesh` op (axis names and sizes, row-major device ids)."""
+    attr = sdy.MeshAttr(mesh_op.attributes["mesh"])
+    axes = [sdy.MeshAxisAttr(a) for a in attr.axes]
+    device_ids = list(attr.device_ids)
+    if device_ids and device_ids != list(range(len(device_ids))):
+        raise NotImplementedError(f"sdy.mesh with explicit device ids {device_ids} "
+                                  "is not supported by jax-trn2")
+    return MeshSpec(tuple(a.name for a in axes), tuple(int(a.size) for a in axes))

@@ -1,0 +1,63 @@
+"""The vectorized executor: a whole Trn2 program as one jax.jit-compiled function.
+
+Every value is one array whose leading dims are the logical mesh axes, of full size where the
+value varies from chip to chip and of size 1 where it is replicated (mesh.isa). Tracing the
+program once gives one XLA computation for all chips, so simulating the mesh costs about what
+the distinct work costs.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from mesh import isa
+from mesh.kernels import kernel_for
+from mesh.kernels.context import KernelContext
+
+
+class ExecutionError(RuntimeError):
+    """An instruction failed while the program was traced; names the instruction."""
+
+
+def run_program(program: isa.Program, args: Sequence[jnp.ndarray],
+                rounding: Callable | None = None) -> list[jnp.ndarray]:
+    """Run `program` on arrays in the executor layout (traceable: use under jax.jit)."""
+    env: dict[int, jnp.ndarray] = dict(zip(program.inputs, args))
+    ctx = KernelContext(program, run=lambda p, a: run_program(p, a, rounding), rounding=rounding)
+    for instr in program.instructions:
+        try:
+            results = kernel_for(instr)(instr, [env[i] for i in instr.ins], ctx)
+        except Exception as e:  # wrap once, at the innermost level, with the instruction
+            if isinstance(e, ExecutionError):
+                raise
+            raise ExecutionError(f"{instr.mnemonic} at {instr.loc or 'unknown location'} "
+                                 f"failed: {type(e).__name__}: {e}") from e
+        for value, result in zip(instr.outs, results):
+            env[value] = _to_layout(result, program, value, instr)
+    return [env[v] for v in program.outputs]
+
+
+def _to_layout(x: jnp.ndarray, program: isa.Program, value: int, instr) -> jnp.ndarray:
+    """Broadcast a kernel's result to its value's declared layout; a result that varies
+    where the layout says replicated is a lowering bug, reported as such."""
+    info = program.values[value]
+    expected = program.mesh.layout_shape(info.varying) + info.type.shape
+    if x.shape != expected:
+        try:
+            x = jnp.broadcast_to(x, expected)
+        except ValueError:
+            raise ExecutionError(f"{instr.mnemonic} at {instr.loc}: result shape {x.shape} "
+                                 f"does not fit its layout {expected}") from None
+    want = info.type.dtype
+    if x.dtype.name != want:
+        raise ExecutionError(f"{instr.mnemonic} at {instr.loc}: result type {x.dtype.name}, "
+                             f"expected {want}")
+    return x
+
+
+def compile_program(program: isa.Program, rounding: Callable | None = None) -> Callable:
+    """One jax.jit-compiled function of the program's input arrays (executor layout)."""
+    return jax.jit(lambda *args: run_program(program, args, rounding))

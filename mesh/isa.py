@@ -1,0 +1,374 @@
+"""The Trn2 instruction set: what lowering emits and what the executor runs.
+
+A `Program` is a flat list of instructions over numbered values. Every value has a local
+(per-chip) tensor type and a layout: the set of logical mesh axes along which it varies.
+The executor stores a value as one array whose leading axes are the logical mesh axes, of
+full size where the value varies and of size 1 where it is replicated, so replicated work is
+done once (see ../shared/design.md).
+
+Values outside a shard_map body are global (replicated on every chip, varying along no axis);
+`Shard` splits a global value into per-chip pieces and `Unshard` assembles them again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from mesh import dtypes
+
+# Engines of one NeuronCore (NKI Trainium2 guide) plus the data movers between chips.
+TENSOR = "Tensor"
+VECTOR = "Vector"
+SCALAR = "Scalar"
+GPSIMD = "GpSimd"
+DMA = "DMA"
+COLLECTIVE = "Collective"
+NONE = "-"  # free: constants folded into the program, metadata-only reshapes
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """A per-chip tensor type: shape and element type name (see mesh.dtypes)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    def __post_init__(self) -> None:
+        dtypes.numpy_dtype(self.dtype)
+        if any(d < 0 for d in self.shape):
+            raise ValueError(f"tensor shape {self.shape} has a negative dimension")
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * dtypes.itemsize(self.dtype)
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{','.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True)
+class MeshSpec:
+    """The logical mesh a program runs on: axis names and sizes, row-major device ids."""
+
+    axis_names: tuple[str, ...]
+    axis_sizes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.axis_names) != len(self.axis_sizes):
+            raise ValueError(f"mesh axis names {self.axis_names} and sizes {self.axis_sizes} "
+                             "differ in length")
+
+    @property
+    def num_devices(self) -> int:
+        return int(np.prod(self.axis_sizes, dtype=np.int64))
+
+    @property
+    def rank(self) -> int:
+        return len(self.axis_sizes)
+
+    def axis_index(self, name: str) -> int:
+        try:
+            return self.axis_names.index(name)
+        except ValueError:
+            raise ValueError(f"mesh axis {name!r} is not one of {self.axis_names}") from None
+
+    def layout_shape(self, varying: frozenset[int]) -> tuple[int, ...]:
+        """Leading array dims of a value varying along `varying` (size 1 elsewhere)."""
+        return tuple(s if a in varying else 1 for a, s in enumerate(self.axis_sizes))
+
+    def device_coords(self) -> np.ndarray:
+        """Array [num_devices, rank] of each logical device's mesh coordinates."""
+        return np.stack(np.unravel_index(np.arange(self.num_devices), self.axis_sizes), -1) \
+            if self.rank else np.zeros((1, 0), np.int64)
+
+    def __str__(self) -> str:
+        return "{" + ", ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.axis_sizes)) + "}"
+
+
+@dataclass(frozen=True)
+class ValueInfo:
+    """A value's per-chip type and the logical mesh axes along which it varies."""
+
+    type: TensorType
+    varying: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class Groups:
+    """Who takes part in a collective together.
+
+    `device_groups` lists logical device ids (row-major over the mesh), one tuple per group,
+    members in the order the collective uses (rank order). When the groups are exactly the
+    lines of the mesh along some logical axes, `axes` names those axes in rank order (major
+    first) and the executor works on the mesh dims directly; otherwise `axes` is None.
+    """
+
+    device_groups: tuple[tuple[int, ...], ...]
+    axes: tuple[int, ...] | None
+
+    @property
+    def group_size(self) -> int:
+        return len(self.device_groups[0])
+
+
+@dataclass(frozen=True, eq=False)
+class Instruction:
+    """One instruction: reads values `ins`, defines values `outs`.
+
+    `loc` is the user's source location of the StableHLO op it came from.
+    """
+
+    outs: tuple[int, ...]
+    ins: tuple[int, ...]
+    loc: str = field(default="", kw_only=True)
+
+    engine: ClassVar[str] = NONE
+
+    @property
+    def mnemonic(self) -> str:
+        return type(self).__name__
+
+    def params(self) -> dict:
+        """The instruction's own parameters, for the listing."""
+        skip = {"outs", "ins", "loc"}
+        return {k: v for k, v in self.__dict__.items() if k not in skip}
+
+
+# --- values from nowhere ---------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class Constant(Instruction):
+    value: np.ndarray  # the per-chip value, or per-device values with leading mesh dims
+
+
+@dataclass(frozen=True, eq=False)
+class Iota(Instruction):
+    dimension: int
+    engine: ClassVar[str] = GPSIMD
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceId(Instruction):
+    """partition_id / replica_id: the chip's logical device id within its kind."""
+
+    kind: str  # "partition" or "replica"
+    engine: ClassVar[str] = GPSIMD
+
+
+# --- engine compute ----------------------------------------------------------------------
+
+TRANSCENDENTAL_OPS = frozenset({
+    "exponential", "exponential_minus_one", "log", "log_plus_one", "logistic", "tanh", "sine",
+    "cosine", "tan", "sqrt", "rsqrt", "cbrt", "erf", "atan2", "power", "erf_inv",
+})
+
+
+@dataclass(frozen=True, eq=False)
+class Elementwise(Instruction):
+    """An elementwise op named as in the StableHLO spec (`add`, `exponential`, `compare`...).
+
+    Transcendentals run on the Scalar (activation) engine, the rest on the Vector engine.
+    `direction`/`compare_type` are used by `compare` only.
+    """
+
+    op: str
+    direction: str = ""
+    compare_type: str = ""
+
+    @property
+    def engine(self) -> str:  # type: ignore[override]
+        return SCALAR if self.op in TRANSCENDENTAL_OPS else VECTOR
+
+    @property
+    def mnemonic(self) -> str:
+        return self.op if not self.direction else f"{self.op}.{self.direction}"
+
+
+@dataclass(frozen=True, eq=False)
+class Reduce(Instruction):
+    """Reduce over local `dimensions` with init values `ins[n:]`.
+
+    `combiner` names a known monoid (add, multiply, maximum, minimum, and, or, xor); otherwise
+    `body` is a per-element program over scalars (for example argmax's two-operand reducer).
+    """
+
+    dimensions: tuple[int, ...]
+    combiner: str | None
+    body: Program | None = None
+    engine: ClassVar[str] = VECTOR
+
+
+@dataclass(frozen=True, eq=False)
+class Matmul(Instruction):
+    """dot_general on the Tensor Engine, as StableHLO's dimension numbers describe it.
+
+    Output dims: batch, lhs free, rhs free. Inputs are read in FP32 (exact for BF16/FP16/FP8
+    inputs), each pass of up to `pass_size` along the contraction is accumulated in FP32,
+    passes add into PSUM in FP32 in order, and the result is rounded once to `out_dtype`.
+    """
+
+    lhs_batch: tuple[int, ...]
+    rhs_batch: tuple[int, ...]
+    lhs_contract: tuple[int, ...]
+    rhs_contract: tuple[int, ...]
+    out_dtype: str
+    pass_size: int = 128  # PE-array rows: the contraction length of one matmul pass
+    engine: ClassVar[str] = TENSOR
+
+
+# --- data movement -----------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class BroadcastInDim(Instruction):
+    dimensions: tuple[int, ...]
+    shape: tuple[int, ...]
+    engine: ClassVar[str] = VECTOR
+
+
+@dataclass(frozen=True, eq=False)
+class Reshape(Instruction):
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Transpose(Instruction):
+    permutation: tuple[int, ...]
+    engine: ClassVar[str] = DMA
+
+
+@dataclass(frozen=True, eq=False)
+class Slice(Instruction):
+    start: tuple[int, ...]
+    limit: tuple[int, ...]
+    strides: tuple[int, ...]
+    engine: ClassVar[str] = DMA
+
+
+@dataclass(frozen=True, eq=False)
+class DynamicSlice(Instruction):
+    """ins = (operand, *start_indices); start indices are clamped as the spec says."""
+
+    sizes: tuple[int, ...]
+    engine: ClassVar[str] = DMA
+
+
+@dataclass(frozen=True, eq=False)
+class DynamicUpdateSlice(Instruction):
+    """ins = (operand, update, *start_indices)."""
+
+    engine: ClassVar[str] = DMA
+
+
+@dataclass(frozen=True, eq=False)
+class Concatenate(Instruction):
+    dimension: int
+    engine: ClassVar[str] = DMA
+
+
+@dataclass(frozen=True, eq=False)
+class Pad(Instruction):
+    """ins = (operand, padding_value)."""
+
+    low: tuple[int, ...]
+    high: tuple[int, ...]
+    interior: tuple[int, ...]
+    engine: ClassVar[str] = DMA
+
+
+@dataclass(frozen=True, eq=False)
+class Reverse(Instruction):
+    dimensions: tuple[int, ...]
+    engine: ClassVar[str] = DMA
+
+
+@dataclass(frozen=True, eq=False)
+class Shard(Instruction):
+    """Split a global value into per-chip pieces: `dim_axes[d]` are the mesh axes dim d is
+    split over, major first (sdy's dimension sharding)."""
+
+    dim_axes: tuple[tuple[int, ...], ...]
+    engine: ClassVar[str] = DMA
+
+
+@dataclass(frozen=True, eq=False)
+class Unshard(Instruction):
+    """Assemble per-chip pieces into the global value (inverse of Shard). Along mesh axes that
+    no dim is split over, the value of the chip at coordinate 0 is taken."""
+
+    dim_axes: tuple[tuple[int, ...], ...]
+    engine: ClassVar[str] = DMA
+
+
+# --- collectives -------------------------------------------------------------------------
+
+REDUCTIONS = ("add", "multiply", "maximum", "minimum", "and", "or", "xor")
+
+
+@dataclass(frozen=True, eq=False)
+class AllReduce(Instruction):
+    groups: Groups
+    reduction: str  # one of REDUCTIONS
+    engine: ClassVar[str] = COLLECTIVE
+
+
+@dataclass(frozen=True, eq=False)
+class AllGather(Instruction):
+    groups: Groups
+    dimension: int
+    engine: ClassVar[str] = COLLECTIVE
+
+
+@dataclass(frozen=True, eq=False)
+class ReduceScatter(Instruction):
+    groups: Groups
+    dimension: int
+    reduction: str
+    engine: ClassVar[str] = COLLECTIVE
+
+
+@dataclass(frozen=True, eq=False)
+class AllToAll(Instruction):
+    groups: Groups
+    split_dimension: int
+    concat_dimension: int
+    engine: ClassVar[str] = COLLECTIVE
+
+
+@dataclass(frozen=True, eq=False)
+class CollectivePermute(Instruction):
+    """Send from each source device to its target; devices no one sends to receive zeros."""
+
+    pairs: tuple[tuple[int, int], ...]  # (source, target) logical device ids
+    engine: ClassVar[str] = COLLECTIVE
+
+
+# --- programs ----------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class Program:
+    """A Trn2 program: instructions in execution order over numbered values."""
+
+    mesh: MeshSpec
+    instructions: tuple[Instruction, ...]
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    values: dict[int, ValueInfo]
+    name: str = "main"
+    # For PJRT-style per-device buffers: how each input/output of main is split across
+    # chips (mesh.sharding dim_axes), None where it is replicated.
+    input_shardings: tuple = ()
+    output_shardings: tuple = ()
+
+    def info(self, value: int) -> ValueInfo:
+        return self.values[value]

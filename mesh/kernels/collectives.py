@@ -1,0 +1,203 @@
+"""Collectives across chips.
+
+Every collective is written once over a grouped view of its operand: an array
+[groups..., group_size, local...] holding, for each group, its members' values in rank order.
+When the groups are lines of the mesh along some axes (`Groups.axes`), the view is a
+transpose of the mesh dims and groups along axes the value does not vary along are not
+materialised; otherwise it is a gather over the flattened device dim.
+
+Reductions add the members' values one after another in rank order, each partial sum rounded
+to the operand's type, as a ring does when it forwards partial sums between chips in that
+type (the accumulation itself is FP32 on the collective engines).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from mesh import isa, numerics
+from mesh.kernels import kernel
+from mesh.kernels.context import KernelContext
+
+COMBINE = {
+    "add": lax.add, "multiply": lax.mul, "maximum": lax.max, "minimum": lax.min,
+    "and": lax.bitwise_and, "or": lax.bitwise_or, "xor": lax.bitwise_xor,
+}
+
+
+class AxisView:
+    """Groups that are the lines of the mesh along `axes` (rank order: major axis first)."""
+
+    def __init__(self, groups: isa.Groups, ctx: KernelContext):
+        self.axes = list(groups.axes)
+        self.nm = ctx.nm
+        self.sizes = ctx.mesh.axis_sizes
+        self.rest = [a for a in range(self.nm) if a not in self.axes]
+
+    def gather(self, x):
+        """[rest mesh..., group_size, local...], broadcast along the group's axes."""
+        full = tuple(self.sizes[a] if a in self.axes else x.shape[a] for a in range(self.nm))
+        x = jnp.broadcast_to(x, full + x.shape[self.nm:])
+        y = lax.transpose(x, tuple(self.rest + self.axes) + tuple(range(self.nm, x.ndim)))
+        n_rest = len(self.rest)
+        return y.reshape(y.shape[:n_rest] + (-1,) + y.shape[n_rest + len(self.axes):])
+
+    def replicated(self, y):
+        """[rest..., local...] (the same on every member) -> mesh layout."""
+        return self._place(y, ())
+
+    def per_member(self, y):
+        """[rest..., group_size, local...] (member r gets entry r) -> mesh layout."""
+        n_rest = len(self.rest)
+        y = y.reshape(y.shape[:n_rest] + tuple(self.sizes[a] for a in self.axes)
+                      + y.shape[n_rest + 1:])
+        return self._place(y, tuple(self.axes))
+
+    def _place(self, y, placed_axes):
+        lead = self.rest + list(placed_axes)
+        local = y.shape[len(lead):]
+        missing = [a for a in range(self.nm) if a not in lead]
+        y = y.reshape((1,) * len(missing) + y.shape)
+        order = missing + lead
+        perm = [order.index(a) for a in range(self.nm)] + list(range(self.nm, self.nm + len(local)))
+        return lax.transpose(y, tuple(perm))
+
+
+class DeviceView:
+    """Arbitrary groups of logical device ids: work on the flattened device dim."""
+
+    def __init__(self, groups: isa.Groups, ctx: KernelContext):
+        self.groups = np.asarray(groups.device_groups, dtype=np.int64)  # [n_groups, size]
+        self.nm = ctx.nm
+        self.sizes = ctx.mesh.axis_sizes
+        n = ctx.mesh.num_devices
+        self.group_of = np.full(n, -1, np.int64)
+        self.rank_of = np.full(n, -1, np.int64)
+        for g, members in enumerate(self.groups):
+            self.group_of[members] = g
+            self.rank_of[members] = np.arange(len(members))
+        if (self.group_of < 0).any():
+            missing = np.nonzero(self.group_of < 0)[0].tolist()
+            raise ValueError(f"devices {missing} are in no replica group")
+
+    def gather(self, x):
+        flat = jnp.broadcast_to(x, tuple(self.sizes) + x.shape[self.nm:])
+        flat = flat.reshape((-1,) + x.shape[self.nm:])
+        return flat[self.groups]
+
+    def replicated(self, y):
+        return y[self.group_of].reshape(tuple(self.sizes) + y.shape[1:])
+
+    def per_member(self, y):
+        return y[self.group_of, self.rank_of].reshape(tuple(self.sizes) + y.shape[2:])
+
+
+def _view(groups: isa.Groups, ctx: KernelContext):
+    return AxisView(groups, ctx) if groups.axes is not None else DeviceView(groups, ctx)
+
+
+def _fold(y, axis: int, reduction: str, rounding):
+    """Combine the members along `axis` in rank order, rounding each partial result."""
+    combine = COMBINE[reduction]
+    dtype = y.dtype
+    members = [lax.index_in_dim(y, i, axis, keepdims=False) for i in range(y.shape[axis])]
+    acc = members[0]
+    for m in members[1:]:
+        acc = numerics.round_to(combine(numerics.widen(acc), numerics.widen(m)),
+                                np.dtype(dtype).name, rounding)
+    return acc
+
+
+# Reductions for which combining k copies of one value needs no fold: k * v, or v itself.
+_IDEMPOTENT = ("maximum", "minimum", "and", "or")
+
+
+def _reduce_members(x, groups: isa.Groups, reduction: str, ctx: KernelContext):
+    """(view, [rest..., local...]): the reduction of x over each group."""
+    if groups.axes is None:
+        view = DeviceView(groups, ctx)
+        return view, _fold(view.gather(x), 1, reduction, ctx.rounding)
+    replicated = [a for a in groups.axes if x.shape[a] == 1]
+    if reduction not in _IDEMPOTENT + ("add",):
+        replicated = []
+    varying = [a for a in groups.axes if a not in replicated]
+    if varying:
+        inner = AxisView(isa.Groups(groups.device_groups, tuple(varying)), ctx)
+        x = inner.gather(x)
+        x = _fold(x, len(inner.rest), reduction, ctx.rounding)
+    # x: [mesh dims other than `varying`..., local]; the `replicated` ones have size 1.
+    if reduction == "add" and replicated:
+        copies = int(np.prod([ctx.mesh.axis_sizes[a] for a in replicated], dtype=np.int64))
+        x = numerics.round_to(numerics.widen(x) * copies, np.dtype(x.dtype).name, ctx.rounding)
+    view = AxisView(groups, ctx)
+    lead_axes = [a for a in range(ctx.nm) if a not in varying]
+    kept = [i for i, a in enumerate(lead_axes) if a not in replicated]
+    return view, x.reshape(tuple(x.shape[i] for i in kept) + x.shape[len(lead_axes):])
+
+
+def _member_axis(view) -> int:
+    return len(view.rest) if isinstance(view, AxisView) else 1
+
+
+@kernel(isa.AllReduce)
+def all_reduce(instr: isa.AllReduce, args, ctx: KernelContext):
+    view, reduced = _reduce_members(args[0], instr.groups, instr.reduction, ctx)
+    return [view.replicated(reduced)]
+
+
+@kernel(isa.ReduceScatter)
+def reduce_scatter(instr: isa.ReduceScatter, args, ctx: KernelContext):
+    view, reduced = _reduce_members(args[0], instr.groups, instr.reduction, ctx)
+    lead = reduced.ndim - (args[0].ndim - ctx.nm)
+    size = instr.groups.group_size
+    d = lead + instr.dimension
+    y = reduced.reshape(reduced.shape[:d] + (size, reduced.shape[d] // size)
+                        + reduced.shape[d + 1:])
+    y = jnp.moveaxis(y, d, lead)  # member index after the group dims
+    return [view.per_member(y)]
+
+
+@kernel(isa.AllGather)
+def all_gather(instr: isa.AllGather, args, ctx: KernelContext):
+    view = _view(instr.groups, ctx)
+    y = view.gather(args[0])  # [lead..., size, local...]
+    lead = _member_axis(view)
+    d = lead + instr.dimension  # position of the gathered dim once the member dim is gone
+    y = jnp.moveaxis(y, lead, d)
+    y = y.reshape(y.shape[:d] + (y.shape[d] * y.shape[d + 1],) + y.shape[d + 2:])
+    return [view.replicated(y)]
+
+
+@kernel(isa.AllToAll)
+def all_to_all(instr: isa.AllToAll, args, ctx: KernelContext):
+    """Member s cuts its value into `size` blocks along split_dimension and sends block r to
+    member r, which concatenates the blocks it receives along concat_dimension in order s."""
+    view = _view(instr.groups, ctx)
+    y = view.gather(args[0])  # [lead..., sender, local...]
+    lead = _member_axis(view)
+    size = instr.groups.group_size
+    split = lead + 1 + instr.split_dimension
+    y = y.reshape(y.shape[:split] + (size, y.shape[split] // size) + y.shape[split + 1:])
+    y = jnp.moveaxis(y, split, lead)  # [lead..., receiver, sender, local with split cut]
+    concat = lead + 2 + instr.concat_dimension
+    y = jnp.moveaxis(y, lead + 1, concat - 1)
+    y = y.reshape(y.shape[:concat - 1] + (y.shape[concat - 1] * y.shape[concat],)
+                  + y.shape[concat + 1:])
+    return [view.per_member(y)]
+
+
+@kernel(isa.CollectivePermute)
+def collective_permute(instr: isa.CollectivePermute, args, ctx: KernelContext):
+    (x,) = args
+    n = ctx.mesh.num_devices
+    source = np.full(n, -1, np.int64)
+    for s, t in instr.pairs:
+        source[t] = s
+    flat = ctx.full(x).reshape((n,) + x.shape[ctx.nm:])
+    received = flat[np.maximum(source, 0)]
+    if (source < 0).any():
+        mask = (source >= 0).reshape((n,) + (1,) * (x.ndim - ctx.nm))
+        received = jnp.where(mask, received, jnp.zeros((), x.dtype))
+    return [ctx.fit(received.reshape(ctx.mesh.axis_sizes + x.shape[ctx.nm:]), instr)]

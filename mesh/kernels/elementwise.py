@@ -1,0 +1,109 @@
+"""Elementwise ops, the constant/iota/device-id producers and type conversions."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from mesh import dtypes, isa, numerics
+from mesh.kernels import kernel
+from mesh.kernels.context import KernelContext
+
+UNARY = {
+    "abs": lax.abs, "negate": lax.neg, "sign": lax.sign, "floor": lax.floor, "ceil": lax.ceil,
+    "round_nearest_afz": lambda x: lax.round(x, lax.RoundingMethod.AWAY_FROM_ZERO),
+    "round_nearest_even": lambda x: lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN),
+    "exponential": lax.exp, "exponential_minus_one": lax.expm1, "log": lax.log,
+    "log_plus_one": lax.log1p, "logistic": lax.logistic, "tanh": lax.tanh, "sine": lax.sin,
+    "cosine": lax.cos, "tan": lax.tan, "sqrt": lax.sqrt, "rsqrt": lax.rsqrt, "cbrt": lax.cbrt,
+    "erf": lax.erf, "erf_inv": lax.erf_inv, "is_finite": lax.is_finite, "not": lax.bitwise_not,
+    "popcnt": lax.population_count, "count_leading_zeros": lax.clz,
+}
+
+BINARY = {
+    "add": lax.add, "subtract": lax.sub, "multiply": lax.mul, "divide": lax.div,
+    "remainder": lax.rem, "maximum": lax.max, "minimum": lax.min, "power": lax.pow,
+    "atan2": lax.atan2, "and": lax.bitwise_and, "or": lax.bitwise_or, "xor": lax.bitwise_xor,
+    "shift_left": lax.shift_left, "shift_right_arithmetic": lax.shift_right_arithmetic,
+    "shift_right_logical": lax.shift_right_logical,
+}
+
+COMPARISONS = {"EQ": lax.eq, "NE": lax.ne, "LT": lax.lt, "LE": lax.le, "GT": lax.gt, "GE": lax.ge}
+
+# Ops whose result type is not the type of their (widened) operands.
+OTHER = ("compare", "select", "clamp", "convert")
+
+ELEMENTWISE_OPS = frozenset(UNARY) | frozenset(BINARY) | frozenset(OTHER)
+
+
+def _align_rank(x: jnp.ndarray, nm: int, rank: int) -> jnp.ndarray:
+    """A local scalar broadcast against rank-`rank` operands (clamp/select allow scalars)."""
+    local = x.ndim - nm
+    if local == rank:
+        return x
+    return x.reshape(x.shape[:nm] + (1,) * rank)
+
+
+def _compare(instr: isa.Elementwise, lhs, rhs):
+    if instr.compare_type == "TOTALORDER":
+        # Total order on floats: -NaN < -Inf < ... < -0 < +0 < ... < Inf < NaN.
+        lhs, rhs = _total_order_key(lhs), _total_order_key(rhs)
+    return COMPARISONS[instr.direction](lhs, rhs)
+
+
+def _total_order_key(x):
+    """Integers ordered like the floats' total order: negative floats have their magnitude
+    bits flipped so that they sort below the positive ones in reverse magnitude."""
+    signed = jnp.dtype(f"int{x.dtype.itemsize * 8}")
+    i = lax.bitcast_convert_type(x, signed)
+    return jnp.where(i < 0, i ^ jnp.iinfo(signed).max, i)
+
+
+@kernel(isa.Elementwise)
+def elementwise(instr: isa.Elementwise, args, ctx: KernelContext):
+    out_type = ctx.out_info(instr).type
+    op = instr.op
+    if op == "convert":
+        (x,) = args
+        return [numerics.round_to(numerics.widen(x), out_type.dtype, ctx.rounding)
+                if dtypes.is_float(out_type.dtype) and dtypes.is_float(dtypes.dtype_name(x.dtype))
+                else lax.convert_element_type(x, dtypes.numpy_dtype(out_type.dtype))]
+    rank = out_type.rank
+    if op == "select":
+        pred, on_true, on_false = (_align_rank(a, ctx.nm, rank) for a in args)
+        return [jnp.where(pred, on_true, on_false)]
+    wide = [numerics.widen(_align_rank(a, ctx.nm, rank)) for a in args]
+    if op == "compare":
+        return [_compare(instr, *wide)]
+    if op == "clamp":
+        lo, x, hi = wide
+        result = lax.min(lax.max(x, lo), hi)
+    elif op in UNARY:
+        result = UNARY[op](*wide)
+    else:
+        result = BINARY[op](*jnp.broadcast_arrays(*wide))
+    return [numerics.round_to(result, out_type.dtype, ctx.rounding)]
+
+
+@kernel(isa.Constant)
+def constant(instr: isa.Constant, args, ctx: KernelContext):
+    value = np.asarray(instr.value)
+    return [jnp.asarray(value.reshape(ctx.out_shape(instr)))]
+
+
+@kernel(isa.Iota)
+def iota(instr: isa.Iota, args, ctx: KernelContext):
+    out_type = ctx.out_info(instr).type
+    x = lax.broadcasted_iota(dtypes.numpy_dtype(out_type.dtype), out_type.shape, instr.dimension)
+    return [x.reshape(ctx.out_shape(instr))]
+
+
+@kernel(isa.DeviceId)
+def device_id(instr: isa.DeviceId, args, ctx: KernelContext):
+    """Logical device ids, row-major over the mesh: each chip sees its own."""
+    ids = np.arange(ctx.mesh.num_devices, dtype=np.uint32).reshape(ctx.mesh.axis_sizes)
+    if instr.kind == "replica":
+        ids = np.zeros_like(ids)
+    return [jnp.asarray(ids.reshape(ctx.out_shape(instr)))]
+

@@ -1,0 +1,97 @@
+"""dot_general on the Tensor Engine.
+
+Model (nki.isa.nc_matmul; ../shared/trn2_facts.md): the PE array multiplies BF16/FP16/FP8
+inputs exactly and sums a pass of up to 128 contraction elements in FP32; passes accumulate
+into an FP32 PSUM tile one after another; the result is rounded once to the output type.
+Here each pass is one FP32 matmul on the host (exact products: every narrow float is an FP32
+value, and a product of two of them fits FP32's 24-bit significand) and passes are added in
+order. Integer inputs accumulate exactly in their integer output type.
+
+Mesh dims: a mesh axis along which both operands vary is a batch dim, one along which only
+one operand varies is a free dim of that operand, and one along which neither varies is not
+computed at all (the product is replicated there).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from mesh import dtypes, isa, numerics
+from mesh.kernels import kernel
+from mesh.kernels.context import KernelContext
+
+
+@kernel(isa.Matmul)
+def matmul(instr: isa.Matmul, args, ctx: KernelContext):
+    lhs, rhs = args
+    nm = ctx.nm
+    both = [a for a in range(nm) if lhs.shape[a] > 1 and rhs.shape[a] > 1]
+    lhs_only = [a for a in range(nm) if lhs.shape[a] > 1 and rhs.shape[a] == 1]
+    rhs_only = [a for a in range(nm) if rhs.shape[a] > 1 and lhs.shape[a] == 1]
+    lhs3 = _to_batch_free_k(lhs, nm, both, lhs_only, instr.lhs_batch, instr.lhs_contract)
+    rhs3 = _to_batch_free_k(rhs, nm, both, rhs_only, instr.rhs_batch, instr.rhs_contract)
+    out = _passes(lhs3, rhs3, instr, ctx)
+
+    # out dims: (both mesh, local batch, lhs-only mesh, lhs free, rhs-only mesh, rhs free)
+    local_batch = tuple(lhs.shape[nm + d] for d in instr.lhs_batch)
+    lhs_free = _free_shape(lhs, nm, instr.lhs_batch, instr.lhs_contract)
+    rhs_free = _free_shape(rhs, nm, instr.rhs_batch, instr.rhs_contract)
+    mesh_sizes = ctx.mesh.axis_sizes
+    out = out.reshape(tuple(mesh_sizes[a] for a in both) + local_batch
+                      + tuple(mesh_sizes[a] for a in lhs_only) + lhs_free
+                      + tuple(mesh_sizes[a] for a in rhs_only) + rhs_free)
+    groups = [both, list(local_batch), lhs_only, list(lhs_free), rhs_only, list(rhs_free)]
+    starts = np.cumsum([0] + [len(g) for g in groups])
+    mesh_pos = {a: int(starts[0]) + i for i, a in enumerate(both)}
+    mesh_pos.update({a: int(starts[2]) + i for i, a in enumerate(lhs_only)})
+    mesh_pos.update({a: int(starts[4]) + i for i, a in enumerate(rhs_only)})
+    local_order = (list(range(starts[1], starts[2])) + list(range(starts[3], starts[4]))
+                   + list(range(starts[5], starts[6])))
+    mesh_order = [mesh_pos[a] for a in range(nm) if a in mesh_pos]
+    out = lax.transpose(out, tuple(mesh_order + local_order))
+    return [out.reshape(ctx.out_shape(instr))]
+
+
+def _free_shape(x, nm, batch, contract) -> tuple[int, ...]:
+    local = x.shape[nm:]
+    return tuple(s for d, s in enumerate(local) if d not in batch and d not in contract)
+
+
+def _to_batch_free_k(x, nm, both, only, batch, contract):
+    """x as [B, F, K]: B = (shared mesh dims, local batch dims), F = (own mesh dims, free dims),
+    K = contraction dims flattened in the dot's order."""
+    local_rank = x.ndim - nm
+    free = [d for d in range(local_rank) if d not in batch and d not in contract]
+    perm = (both + [nm + d for d in batch] + only + [nm + d for d in free]
+            + [nm + d for d in contract])
+    dropped = [a for a in range(nm) if a not in both and a not in only]  # size-1 mesh dims
+    y = lax.transpose(x, tuple(dropped + perm))
+    shape = y.shape[len(dropped):]
+    nb = len(both) + len(batch)
+    nf = len(only) + len(free)
+    return y.reshape((int(np.prod(shape[:nb], dtype=np.int64)),
+                      int(np.prod(shape[nb:nb + nf], dtype=np.int64)),
+                      int(np.prod(shape[nb + nf:], dtype=np.int64))))
+
+
+def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext):
+    """[B,M,K] x [B,N,K] -> [B,M,N], K cut into passes accumulated in FP32 in order."""
+    out_dtype = instr.out_dtype
+    dims = (((2,), (2,)), ((0,), (0,)))
+    if not dtypes.is_float(out_dtype):
+        acc = dtypes.numpy_dtype(out_dtype)
+        return lax.dot_general(lhs3.astype(acc), rhs3.astype(acc), dims,
+                               preferred_element_type=acc)
+    lhs3 = lhs3.astype(jnp.float32)
+    rhs3 = rhs3.astype(jnp.float32)
+    k = lhs3.shape[2]
+    acc = None
+    for k0 in range(0, max(k, 1), instr.pass_size):
+        k1 = min(k0 + instr.pass_size, k)
+        part = lax.dot_general(lhs3[:, :, k0:k1], rhs3[:, :, k0:k1], dims,
+                               precision=lax.Precision.HIGHEST,
+                               preferred_element_type=jnp.float32)
+        acc = part if acc is None else acc + part
+    return numerics.round_to(acc, out_dtype, ctx.rounding)

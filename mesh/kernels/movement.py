@@ -1,0 +1,109 @@
+"""Data movement: layout changes, slicing, padding, and splitting/assembling shardings."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from mesh import isa
+from mesh.kernels import kernel
+from mesh.kernels.context import KernelContext
+from mesh.kernels.devices import broadcast_mesh, map_devices
+from mesh.sharding import split_order
+
+
+def _mesh_dims(nm: int) -> tuple[int, ...]:
+    return tuple(range(nm))
+
+
+@kernel(isa.Reshape)
+def reshape(instr: isa.Reshape, args, ctx: KernelContext):
+    (x,) = args
+    return [x.reshape(x.shape[:ctx.nm] + instr.shape)]
+
+
+@kernel(isa.BroadcastInDim)
+def broadcast_in_dim(instr: isa.BroadcastInDim, args, ctx: KernelContext):
+    (x,) = args
+    nm = ctx.nm
+    dims = _mesh_dims(nm) + tuple(nm + d for d in instr.dimensions)
+    return [lax.broadcast_in_dim(x, x.shape[:nm] + instr.shape, dims)]
+
+
+@kernel(isa.Transpose)
+def transpose(instr: isa.Transpose, args, ctx: KernelContext):
+    (x,) = args
+    nm = ctx.nm
+    return [lax.transpose(x, _mesh_dims(nm) + tuple(nm + p for p in instr.permutation))]
+
+
+@kernel(isa.Slice)
+def slice_(instr: isa.Slice, args, ctx: KernelContext):
+    (x,) = args
+    mesh = x.shape[:ctx.nm]
+    return [lax.slice(x, (0,) * ctx.nm + instr.start, mesh + instr.limit,
+                      (1,) * ctx.nm + instr.strides)]
+
+
+@kernel(isa.Reverse)
+def reverse(instr: isa.Reverse, args, ctx: KernelContext):
+    (x,) = args
+    return [lax.rev(x, tuple(ctx.nm + d for d in instr.dimensions))]
+
+
+@kernel(isa.Concatenate)
+def concatenate(instr: isa.Concatenate, args, ctx: KernelContext):
+    return [lax.concatenate(broadcast_mesh(args, ctx.nm), ctx.nm + instr.dimension)]
+
+
+@kernel(isa.Pad)
+def pad(instr: isa.Pad, args, ctx: KernelContext):
+    config = list(zip(instr.low, instr.high, instr.interior))
+    return map_devices(lambda x, v: [lax.pad(x, v, config)], args, ctx.nm)
+
+
+@kernel(isa.DynamicSlice)
+def dynamic_slice(instr: isa.DynamicSlice, args, ctx: KernelContext):
+    """Start indices are clamped into range, as the spec says (lax does the same)."""
+    return map_devices(lambda x, *starts: [lax.dynamic_slice(x, starts, instr.sizes)],
+                       args, ctx.nm)
+
+
+@kernel(isa.DynamicUpdateSlice)
+def dynamic_update_slice(instr: isa.DynamicUpdateSlice, args, ctx: KernelContext):
+    return map_devices(lambda x, update, *starts: [lax.dynamic_update_slice(x, update, starts)],
+                       args, ctx.nm)
+
+
+@kernel(isa.Shard)
+def shard(instr: isa.Shard, args, ctx: KernelContext):
+    """Global value -> per-chip pieces: dim d is cut into blocks over its mesh axes (major
+    first) and block i of axis a goes to the chips at coordinate i along a."""
+    (x,) = args
+    nm, sizes = ctx.nm, ctx.mesh.axis_sizes
+    local = ctx.out_info(instr).type.shape
+    global_ = x.shape[nm:]
+    split_shape, order = split_order(instr.dim_axes, sizes, local)
+    unused = [a for a in range(nm) if a not in order]
+    y = x.reshape(tuple(1 for _ in unused) + split_shape)
+    perm_from = unused + order  # current dim i holds logical dim perm_from[i]
+    inverse = [perm_from.index(i) for i in range(nm + len(global_))]
+    return [lax.transpose(y, tuple(inverse))]
+
+
+@kernel(isa.Unshard)
+def unshard(instr: isa.Unshard, args, ctx: KernelContext):
+    """Per-chip pieces -> global value (inverse of `shard`); along mesh axes no dim is split
+    over, the piece of the chip at coordinate 0 is taken."""
+    (x,) = args
+    nm, sizes = ctx.nm, ctx.mesh.axis_sizes
+    local = x.shape[nm:]
+    split_shape, order = split_order(instr.dim_axes, sizes, local)
+    used = set(order) - set(range(nm, nm + len(local)))
+    index = tuple(slice(None) if a in used else slice(0, 1) for a in range(nm))
+    x = x[index]
+    x = jnp.broadcast_to(x, tuple(sizes[a] if a in used else 1 for a in range(nm)) + local)
+    unused = [a for a in range(nm) if a not in used]
+    y = lax.transpose(x, tuple(unused + order))
+    return [y.reshape(ctx.out_shape(instr))]
+

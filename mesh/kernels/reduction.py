@@ -1,0 +1,67 @@
+"""Reductions over local dims (the Vector engine's reduce).
+
+Narrow floats are widened to FP32, reduced, combined with the init value and rounded once
+to the output type; XLA's reduction order (pairwise, vectorised) is used within a chip.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from mesh import isa, numerics
+from mesh.kernels import kernel
+from mesh.kernels.context import KernelContext
+from mesh.kernels.devices import broadcast_mesh
+
+MONOIDS = {
+    "add": (jnp.sum, lax.add),
+    "multiply": (jnp.prod, lax.mul),
+    "maximum": (jnp.max, lax.max),
+    "minimum": (jnp.min, lax.min),
+    "and": (jnp.all, lax.bitwise_and),
+    "or": (jnp.any, lax.bitwise_or),
+    "xor": (None, lax.bitwise_xor),
+}
+
+
+@kernel(isa.Reduce)
+def reduce(instr: isa.Reduce, args, ctx: KernelContext):
+    n = len(args) // 2
+    operands, inits = args[:n], args[n:]
+    axes = tuple(ctx.nm + d for d in instr.dimensions)
+    if instr.combiner is not None and n == 1:
+        return [_monoid_reduce(instr, operands[0], inits[0], axes, ctx)]
+    return _general_reduce(instr, operands, inits, axes, ctx)
+
+
+def _monoid_reduce(instr, x, init, axes, ctx):
+    whole, combine = MONOIDS[instr.combiner]
+    out_dtype = ctx.out_info(instr).type.dtype
+    wide = numerics.widen(x)
+    if x.dtype == jnp.bool_ and instr.combiner in ("and", "or"):
+        reduced = whole(wide, axis=axes, keepdims=False)
+    elif whole is None or x.dtype == jnp.bool_:
+        reduced = lax.reduce(wide, jnp.zeros((), wide.dtype) if instr.combiner == "xor"
+                             else _identity(instr.combiner, wide.dtype), combine, axes)
+    else:
+        reduced = whole(wide, axis=axes).astype(wide.dtype)
+    init = numerics.widen(init).reshape(init.shape[:ctx.nm] + (1,) * (reduced.ndim - ctx.nm))
+    return numerics.round_to(combine(reduced, init), out_dtype, ctx.rounding)
+
+
+def _identity(combiner: str, dtype):
+    return {"and": jnp.ones((), dtype), "or": jnp.zeros((), dtype)}[combiner]
+
+
+def _general_reduce(instr, operands, inits, axes, ctx):
+    """lax.reduce with the op's own reducer body, run as a scalar sub-program whose block
+    arguments are the accumulators followed by the new elements."""
+    nm = ctx.nm
+    if any(i.shape[:nm] != (1,) * nm for i in inits):
+        raise NotImplementedError("a reduce whose init value differs from chip to chip")
+    operands = broadcast_mesh(operands, nm)
+    scalar_inits = tuple(i.reshape(()) for i in inits)
+    results = lax.reduce(tuple(operands), scalar_inits,
+                         lambda acc, x: tuple(ctx.run(instr.body, list(acc) + list(x))), axes)
+    return list(results)

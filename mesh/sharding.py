@@ -1,0 +1,75 @@
+"""How a global array maps onto per-chip pieces: sdy-style dimension shardings.
+
+`dim_axes[d]` lists the logical mesh axes dim d is split over, major first; the piece of
+the chip at mesh coordinates c holds, along dim d, block (c[a1], c[a2], ...) of the dim.
+Host-side split/assemble for PJRT-style per-device buffers; the executor's Shard/Unshard
+kernels use the same block order.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+DimAxes = tuple[tuple[int, ...], ...]
+
+
+def split_order(dim_axes: DimAxes, axis_sizes: Sequence[int], local: Sequence[int]):
+    """The global array's shape with each dim split as (axis blocks..., local size), and for
+    each of those dims the array dim it becomes: a mesh axis a, or nm + d for local dim d."""
+    nm = len(axis_sizes)
+    split_shape: list[int] = []
+    order: list[int] = []
+    for d, axes in enumerate(dim_axes):
+        for a in axes:
+            split_shape.append(axis_sizes[a])
+            order.append(a)
+        split_shape.append(local[d])
+        order.append(nm + d)
+    return tuple(split_shape), order
+
+
+def local_shape(global_shape: Sequence[int], dim_axes: DimAxes,
+                axis_sizes: Sequence[int]) -> tuple[int, ...]:
+    """Per-chip shape of a global shape under a sharding; ValueError if a dim does not divide."""
+    shape = []
+    for d, (size, axes) in enumerate(zip(global_shape, dim_axes)):
+        parts = int(np.prod([axis_sizes[a] for a in axes], dtype=np.int64))
+        if size % parts:
+            raise ValueError(f"dim {d} of size {size} does not split into {parts} pieces")
+        shape.append(size // parts)
+    return tuple(shape)
+
+
+def assemble(pieces: Sequence[np.ndarray], dim_axes: DimAxes,
+             axis_sizes: Sequence[int]) -> np.ndarray:
+    """The global array from per-device pieces (logical device order). Along mesh axes no
+    dim is split over, the pieces must be equal copies; ValueError otherwise."""
+    nm = len(axis_sizes)
+    stacked = np.stack([np.asarray(p) for p in pieces]).reshape(tuple(axis_sizes)
+                                                                + np.shape(pieces[0]))
+    used = {a for axes in dim_axes for a in axes}
+    unused = [a for a in range(nm) if a not in used]
+    first = stacked[tuple(slice(None) if a in used else slice(0, 1) for a in range(nm))]
+    if not np.array_equal(np.broadcast_to(first, stacked.shape), stacked, equal_nan=True):
+        raise ValueError("per-device buffers differ along mesh axes the array is replicated "
+                         f"over ({[a for a in unused]}); the program expects equal copies")
+    local = stacked.shape[nm:]
+    split_shape, order = split_order(dim_axes, axis_sizes, local)
+    global_shape = tuple(l * int(np.prod([axis_sizes[a] for a in axes], dtype=np.int64))
+                         for l, axes in zip(local, dim_axes))
+    return np.transpose(first, unused + order).reshape(global_shape)
+
+
+def split(array: np.ndarray, dim_axes: DimAxes, axis_sizes: Sequence[int]) -> list[np.ndarray]:
+    """Per-device pieces (logical device order) of a global array."""
+    nm = len(axis_sizes)
+    local = local_shape(array.shape, dim_axes, axis_sizes)
+    split_shape, order = split_order(dim_axes, axis_sizes, local)
+    unused = [a for a in range(nm) if a not in order]
+    y = np.asarray(array).reshape((1,) * len(unused) + split_shape)
+    source = unused + order
+    y = np.transpose(y, [source.index(i) for i in range(nm + len(local))])
+    y = np.broadcast_to(y, tuple(axis_sizes) + local)
+    return [np.array(p) for p in y.reshape((-1,) + local)]

@@ -1,0 +1,402 @@
+"""The chip-to-chip torus of a Trainium2 machine, and how a logical mesh is placed on it.
+
+Presets and their numbers come from /work/shared/trn2_facts.md ("Topologies"). Chips are
+numbered row-major over the torus coordinates; links are per direction, so a chip with
+6 neighbours can send 6 x link_bandwidth and receive as much at the same time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mesh.chip import ChipSpec
+
+# Seconds per hop; trn2_facts: "about 1-2 us per hop inside a server" (AWS Neuron runtime
+# docs). The facts give no separate figure for the z ring between servers, so it uses the same.
+DEFAULT_HOP_LATENCY_S = 1.5e-6
+# Bytes/s per direction per neighbour link (seed 001).
+IN_SERVER_LINK_BANDWIDTH = 128e9  # x, y: inside a 16-chip server
+ACROSS_SERVER_LINK_BANDWIDTH = 64e9  # z: the ring across the 4 servers of an UltraServer
+
+
+@dataclass(frozen=True)
+class Link:
+    """One direction of the cable between two neighbouring chips."""
+
+    src: int  # chip id
+    dst: int  # chip id
+    axis: int  # physical torus axis index
+    direction: int  # +1 or -1 along `axis`
+    bandwidth: float  # bytes/s in this direction
+    latency: float  # seconds per hop
+
+    def __post_init__(self) -> None:
+        if self.direction not in (1, -1):
+            raise ValueError(f"Link.direction must be +1 or -1, got {self.direction}")
+        if not self.bandwidth > 0:
+            raise ValueError(f"Link.bandwidth must be positive bytes/s, got {self.bandwidth}")
+        if not self.latency >= 0:
+            raise ValueError(f"Link.latency must be >= 0 seconds, got {self.latency}")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A torus of Trainium2 chips.
+
+    ``shape[i]`` chips lie on a ring along physical axis ``i``; each chip links to the next
+    and previous chip of every ring (wrapping around). Link bandwidth (bytes/s per direction
+    per neighbour link) and latency (seconds per hop) are set per axis. Sequences passed for
+    tuple fields are converted to tuples. A latency of 0 is allowed (bandwidth-only models).
+    """
+
+    name: str
+    shape: tuple[int, ...]  # chips per torus axis
+    axis_names: tuple[str, ...]  # physical axis names, e.g. ('x', 'y', 'z')
+    link_bandwidth: tuple[float, ...]  # bytes/s per direction per neighbour link, per axis
+    link_latency: tuple[float, ...]  # seconds per hop, per axis
+    chip: ChipSpec = field(default_factory=ChipSpec)
+
+    def __post_init__(self) -> None:
+        shape = tuple(_as_int(s, "Topology.shape") for s in self.shape)
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "axis_names", tuple(self.axis_names))
+        object.__setattr__(self, "link_bandwidth", tuple(float(b) for b in self.link_bandwidth))
+        object.__setattr__(self, "link_latency", tuple(float(t) for t in self.link_latency))
+        if not shape or any(s < 1 for s in shape):
+            raise ValueError(f"Topology.shape must be a non-empty tuple of sizes >= 1, got {shape}")
+        for name in ("axis_names", "link_bandwidth", "link_latency"):
+            values = getattr(self, name)
+            if len(values) != len(shape):
+                raise ValueError(
+                    f"Topology.{name} has {len(values)} entries {values} but shape {shape} has "
+                    f"{len(shape)} axes"
+                )
+        if len(set(self.axis_names)) != len(self.axis_names):
+            raise ValueError(f"Topology.axis_names must be distinct, got {self.axis_names}")
+        if not all(b > 0 for b in self.link_bandwidth):
+            raise ValueError(
+                f"Topology.link_bandwidth must be positive bytes/s, got {self.link_bandwidth}"
+            )
+        if not all(t >= 0 for t in self.link_latency):
+            raise ValueError(f"Topology.link_latency must be >= 0 seconds, got {self.link_latency}")
+        if not isinstance(self.chip, ChipSpec):
+            raise ValueError(f"Topology.chip must be a ChipSpec, got {type(self.chip).__name__}")
+
+    @property
+    def num_chips(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        """Number of physical torus axes."""
+        return len(self.shape)
+
+    @property
+    def diameter(self) -> int:
+        """Most hops between any two chips."""
+        return sum(size // 2 for size in self.shape)
+
+    def coords(self, chip_id: int) -> tuple[int, ...]:
+        """Torus coordinates of ``chip_id`` (row-major numbering)."""
+        self._check_chip(chip_id)
+        out = []
+        for size in reversed(self.shape):
+            chip_id, c = divmod(chip_id, size)
+            out.append(c)
+        return tuple(reversed(out))
+
+    def chip_id(self, coords: Sequence[int]) -> int:
+        """Chip id at torus ``coords`` (row-major numbering)."""
+        if len(coords) != self.ndim:
+            raise ValueError(
+                f"coords {tuple(coords)} have {len(coords)} entries, "
+                f"torus {self.shape} has {self.ndim} axes"
+            )
+        chip = 0
+        for axis, (c, size) in enumerate(zip(coords, self.shape)):
+            if not 0 <= c < size:
+                raise ValueError(
+                    f"coordinate {c} on axis {axis} ({self.axis_names[axis]!r}) "
+                    f"is out of range [0, {size})"
+                )
+            chip = chip * size + c
+        return chip
+
+    def neighbours(self, chip_id: int) -> tuple[tuple[int, int, int], ...]:
+        """``(neighbour chip, axis, direction)`` for every link leaving ``chip_id``.
+
+        On an axis of size 2 the +1 and -1 neighbour are the same chip; it is listed once,
+        with direction +1. Axes of size 1 contribute no neighbour.
+        """
+        self._check_chip(chip_id)
+        return tuple(
+            (self._step(chip_id, axis, direction), axis, direction)
+            for axis, size in enumerate(self.shape)
+            for direction in _ring_directions(size)
+        )
+
+    def ring(self, axis: int, chip_id: int) -> tuple[int, ...]:
+        """Chips along torus ``axis`` through ``chip_id``, in + order from coordinate 0."""
+        self._check_axis(axis)
+        c = list(self.coords(chip_id))
+        return tuple(self.chip_id(c[:axis] + [i] + c[axis + 1 :]) for i in range(self.shape[axis]))
+
+    def link(self, src: int, dst: int) -> Link:
+        """The link from ``src`` to its immediate neighbour ``dst``."""
+        for chip, axis, direction in self.neighbours(src):
+            if chip == dst:
+                return self._link(src, axis, direction)
+        raise ValueError(
+            f"chips {src} {self.coords(src)} and {dst} {self.coords(dst)} are not neighbours "
+            f"on torus '{self.name}' {self.shape}"
+        )
+
+    def route(self, src: int, dst: int) -> tuple[Link, ...]:
+        """Links of the dimension-order route from ``src`` to ``dst``.
+
+        Axis 0 first, then 1, ...; on each ring the shorter way round, ties going +1.
+        """
+        target = self.coords(dst)
+        here = src
+        links = []
+        for axis, size in enumerate(self.shape):
+            steps, direction = _ring_offset(self.coords(here)[axis], target[axis], size)
+            for _ in range(steps):
+                links.append(self._link(here, axis, direction))
+                here = links[-1].dst
+        return tuple(links)
+
+    def hops(self, src: int, dst: int) -> int:
+        """Length of the shortest route (torus Manhattan distance with wraparound)."""
+        a, b = self.coords(src), self.coords(dst)
+        return sum(_ring_offset(x, y, size)[0] for x, y, size in zip(a, b, self.shape))
+
+    def with_overrides(self, **fields: object) -> Topology:
+        """A copy with ``fields`` replaced, e.g. ``link_bandwidth=(100e9,) * 3``."""
+        return _replace(self, fields)
+
+    def _step(self, chip_id: int, axis: int, direction: int) -> int:
+        c = list(self.coords(chip_id))
+        c[axis] = (c[axis] + direction) % self.shape[axis]
+        return self.chip_id(c)
+
+    def _link(self, src: int, axis: int, direction: int) -> Link:
+        return Link(
+            src=src,
+            dst=self._step(src, axis, direction),
+            axis=axis,
+            direction=direction,
+            bandwidth=self.link_bandwidth[axis],
+            latency=self.link_latency[axis],
+        )
+
+    def _check_chip(self, chip_id: int) -> None:
+        if not 0 <= chip_id < self.num_chips:
+            raise ValueError(
+                f"chip id {chip_id} is out of range [0, {self.num_chips}) for topology '{self.name}'"
+            )
+
+    def _check_axis(self, axis: int) -> None:
+        if not 0 <= axis < self.ndim:
+            raise ValueError(f"axis {axis} is out of range [0, {self.ndim}) for torus {self.shape}")
+
+
+def _as_int(value: object, what: str) -> int:
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{what} entries must be integers, got {value!r}") from None
+
+
+def _ring_directions(size: int) -> tuple[int, ...]:
+    """Directions with a distinct neighbour on a ring of ``size`` chips."""
+    return {1: (), 2: (1,)}.get(size, (1, -1))
+
+
+def _ring_offset(a: int, b: int, size: int) -> tuple[int, int]:
+    """(hops, direction) from coordinate ``a`` to ``b`` on a ring: shorter way, ties +1."""
+    forward = (b - a) % size
+    backward = (a - b) % size
+    return (forward, 1) if forward <= backward else (backward, -1)
+
+
+def _replace(topo: Topology, fields: dict[str, object]) -> Topology:
+    known = [f.name for f in dataclasses.fields(Topology)]
+    unknown = sorted(set(fields) - set(known))
+    if unknown:
+        raise TypeError(f"unknown Topology field(s) {unknown}; fields are {known}")
+    return dataclasses.replace(topo, **fields)
+
+
+_PRESETS: dict[str, Topology] = {
+    "trn2": Topology(
+        name="trn2",
+        shape=(4, 4),
+        axis_names=("x", "y"),
+        link_bandwidth=(IN_SERVER_LINK_BANDWIDTH,) * 2,
+        link_latency=(DEFAULT_HOP_LATENCY_S,) * 2,
+    ),
+    "trn2-ultra": Topology(
+        name="trn2-ultra",
+        shape=(4, 4, 4),
+        axis_names=("x", "y", "z"),
+        link_bandwidth=(IN_SERVER_LINK_BANDWIDTH,) * 2 + (ACROSS_SERVER_LINK_BANDWIDTH,),
+        link_latency=(DEFAULT_HOP_LATENCY_S,) * 3,
+    ),
+    "trn2-ultra-max": Topology(  # concept SKU "trn2-ultra-max-plus" (seed 001)
+        name="trn2-ultra-max",
+        shape=(4, 4, 16),
+        axis_names=("x", "y", "z"),
+        link_bandwidth=(IN_SERVER_LINK_BANDWIDTH,) * 2 + (ACROSS_SERVER_LINK_BANDWIDTH,),
+        link_latency=(DEFAULT_HOP_LATENCY_S,) * 3,
+    ),
+}
+TOPOLOGY_NAMES: tuple[str, ...] = tuple(_PRESETS)
+
+
+def get_topology(name: str = "trn2-ultra", **overrides: object) -> Topology:
+    """The preset ``name`` (see ``TOPOLOGY_NAMES``) with any Topology field overridden.
+
+    >>> get_topology("trn2-ultra", link_bandwidth=(100e9, 100e9, 50e9)).num_chips
+    64
+    """
+    if name not in _PRESETS:
+        raise ValueError(f"unknown topology {name!r}; known presets: {list(TOPOLOGY_NAMES)}")
+    return _replace(_PRESETS[name], overrides)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where each device of a logical mesh sits on the torus (made by ``place_mesh``).
+
+    Logical device ids are row-major over ``axis_sizes``, as in JAX's ``replica_groups``.
+    ``physical_axes[i]`` lists the physical torus axes logical axis ``i`` varies along.
+    """
+
+    topology_name: str
+    topology_shape: tuple[int, ...]
+    axis_sizes: tuple[int, ...]
+    axis_names: tuple[str, ...]
+    device_to_chip: tuple[int, ...]  # logical device id -> chip id
+    physical_axes: tuple[tuple[int, ...], ...]  # per logical axis
+
+    def __post_init__(self) -> None:
+        n = math.prod(self.axis_sizes)
+        if sorted(self.device_to_chip) != list(range(n)):
+            raise ValueError(
+                f"Placement.device_to_chip must be a permutation of range({n}), "
+                f"got {self.device_to_chip}"
+            )
+        if not len(self.axis_names) == len(self.physical_axes) == len(self.axis_sizes):
+            raise ValueError(
+                f"Placement needs one name and one physical-axes entry per logical axis "
+                f"{self.axis_sizes}, got {self.axis_names} and {self.physical_axes}"
+            )
+
+    def chip_of(self, device_id: int) -> int:
+        """Chip id of logical device ``device_id``."""
+        if not 0 <= device_id < len(self.device_to_chip):
+            raise ValueError(f"device id {device_id} is out of range [0, {len(self.device_to_chip)})")
+        return self.device_to_chip[device_id]
+
+    def device_of(self, chip_id: int) -> int:
+        """Logical device id placed on chip ``chip_id``."""
+        if not 0 <= chip_id < len(self.device_to_chip):
+            raise ValueError(f"chip id {chip_id} is out of range [0, {len(self.device_to_chip)})")
+        return self.device_to_chip.index(chip_id)
+
+    def is_torus_ring(self, logical_axis: int) -> bool:
+        """True when logical axis ``logical_axis`` is exactly one whole physical axis.
+
+        Its consecutive devices, including last -> first, are then torus neighbours.
+        """
+        axes = self.physical_axes[logical_axis]
+        return len(axes) == 1 and self.topology_shape[axes[0]] == self.axis_sizes[logical_axis]
+
+
+def place_mesh(topology: Topology, axis_sizes: Sequence[int], axis_names: Sequence[str]) -> Placement:
+    """Place a logical mesh of ``axis_sizes`` devices on the chips of ``topology``.
+
+    Rule:
+      1. Each logical axis (in logical order) whose size equals the size of a still-unused
+         physical axis takes that whole physical axis, the lowest-index one if several
+         match. On trn2-ultra a (4, 4, 4) mesh is the identity: logical axis i is physical
+         axis i, and each is a physical ring with wraparound links.
+      2. The other logical axes are laid out row-major, in logical order, over the
+         remaining physical axes flattened row-major, in physical order. Such an axis
+         (e.g. 8 or 64 chips on trn2-ultra) spans several physical axes: its neighbours
+         are not all torus neighbours, and traffic along it is routed hop by hop.
+    Size-1 logical axes take no physical axis.
+    """
+    sizes, names = _check_mesh(topology, axis_sizes, axis_names)
+    whole = _match_whole_axes(sizes, topology.shape)
+    rest_logical = [i for i in range(len(sizes)) if i not in whole]
+    rest_physical = [p for p in range(topology.ndim) if p not in whole.values()]
+
+    logical = np.indices(sizes).reshape(len(sizes), -1)  # [logical axis, device]
+    physical = np.zeros((topology.ndim, logical.shape[1]), dtype=np.int64)  # [physical axis, device]
+    for i, p in whole.items():
+        physical[p] = logical[i]
+    flat = np.zeros(logical.shape[1], dtype=np.int64)
+    for i in rest_logical:
+        flat = flat * sizes[i] + logical[i]
+    for p in reversed(rest_physical):
+        flat, physical[p] = np.divmod(flat, topology.shape[p])
+
+    chips = np.zeros(logical.shape[1], dtype=np.int64)
+    for p, size in enumerate(topology.shape):
+        chips = chips * size + physical[p]
+    return Placement(
+        topology_name=topology.name,
+        topology_shape=topology.shape,
+        axis_sizes=sizes,
+        axis_names=names,
+        device_to_chip=tuple(int(c) for c in chips),
+        physical_axes=_varying_axes(physical, sizes),
+    )
+
+
+def _check_mesh(
+    topo: Topology, axis_sizes: Sequence[int], axis_names: Sequence[str]
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    sizes = tuple(_as_int(s, "mesh axis_sizes") for s in axis_sizes)
+    names = tuple(axis_names)
+    if not sizes or any(s < 1 for s in sizes):
+        raise ValueError(f"mesh shape must be a non-empty tuple of sizes >= 1, got {sizes}")
+    if len(names) != len(sizes) or len(set(names)) != len(names):
+        raise ValueError(
+            f"mesh axis names {names} must be {len(sizes)} distinct names for shape {sizes}"
+        )
+    if math.prod(sizes) != topo.num_chips:
+        raise ValueError(
+            f"mesh shape {sizes} has {math.prod(sizes)} devices but topology '{topo.name}' has "
+            f"{topo.num_chips} chips (torus shape {topo.shape})"
+        )
+    return sizes, names
+
+
+def _match_whole_axes(sizes: tuple[int, ...], shape: tuple[int, ...]) -> dict[int, int]:
+    """Logical axis -> physical axis for logical axes that take a whole physical axis."""
+    unused = list(range(len(shape)))
+    whole = {}
+    for i, size in enumerate(sizes):
+        match = next((p for p in unused if shape[p] == size), None) if size > 1 else None
+        if match is not None:
+            whole[i] = match
+            unused.remove(match)
+    return whole
+
+
+def _varying_axes(physical: np.ndarray, sizes: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """For each logical axis, the physical axes whose coordinate changes along it."""
+    grid = physical.reshape((physical.shape[0], *sizes))  # [physical axis, *logical axes]
+    return tuple(
+        tuple(p for p in range(grid.shape[0]) if np.any(np.diff(grid[p], axis=i) != 0))
+        for i in range(len(sizes))
+    )

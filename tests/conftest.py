@@ -1,0 +1,9 @@
+"""Test-wide setup: 64 CPU host devices for the JAX reference runs.
+
+The config must be set before any JAX backend starts, so it is done at import of the
+root conftest, before test modules import jax_trn2 or use jax.
+"""
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", 64)

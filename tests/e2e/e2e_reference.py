@@ -1,0 +1,72 @@
+"""Helpers for end-to-end tests: run one shard_map program through jax_trn2.jit and
+through jax.jit on CPU host devices, and compare."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+from jax.sharding import AxisType
+
+import jax_trn2
+
+# Tolerances, relative to the largest reference magnitude, where the two runs may add in a
+# different order: FP32 re-association changes a sum of n terms by up to ~n*eps*sum|x|
+# (eps = 2**-24; the programs here add at most a few hundred terms, so 2**-14 covers it).
+# BF16/FP16 results are rounded once from FP32 sums that may differ in their last FP32 bits,
+# so the two results may round to neighbouring values: 2 ulps of the output type.
+FLOAT_RTOL = {
+    "float32": 2.0 ** -14,
+    "float64": 2.0 ** -40,
+    "bfloat16": 2 * 2.0 ** -7,
+    "float16": 2 * 2.0 ** -10,
+}
+
+
+def cpu_mesh(shape: tuple[int, ...], names: tuple[str, ...]):
+    devices = jax.devices("cpu")[: math.prod(shape)]
+    return jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape),
+                         devices=devices)
+
+
+def run_both(body, shape, names, in_specs, out_specs, *args, topology="trn2-ultra",
+             check_vma=True):
+    """(simulated result, CPU reference) of shard_map(body) over a mesh of `shape`."""
+    sim_mesh = jax_trn2.make_mesh(shape, names, topology=topology)
+    ref_mesh = cpu_mesh(shape, names)
+    sim = jax_trn2.jit(jax.shard_map(body, mesh=sim_mesh, in_specs=in_specs,
+                                     out_specs=out_specs, check_vma=check_vma))
+    ref = jax.jit(jax.shard_map(body, mesh=ref_mesh, in_specs=in_specs,
+                                out_specs=out_specs, check_vma=check_vma))
+    return sim(*args), ref(*args)
+
+
+def assert_matches(got, want, exact: bool = False) -> None:
+    """Exact for integers, bools and data movement; FLOAT_RTOL otherwise."""
+    got_leaves, got_tree = jax.tree.flatten(got)
+    want_leaves, want_tree = jax.tree.flatten(want)
+    assert got_tree == want_tree
+    for g, w in zip(got_leaves, want_leaves):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, g.dtype, w.shape, w.dtype)
+        if exact or not np.issubdtype(w.dtype, np.inexact) and w.dtype.kind != "V":
+            np.testing.assert_array_equal(g, w)
+            continue
+        wide_g, wide_w = g.astype(np.float64), w.astype(np.float64)
+        scale = max(float(np.nanmax(np.abs(wide_w))) if wide_w.size else 0.0, 1e-30)
+        rtol = FLOAT_RTOL[w.dtype.name]
+        np.testing.assert_allclose(wide_g, wide_w, rtol=rtol, atol=rtol * scale)
+
+
+def random_array(rng, shape, dtype):
+    """Values that exercise the type: normals for floats, a spread of ints, random bools."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.random(shape) < 0.5
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return rng.integers(max(info.min, -100), min(info.max, 100), shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
