@@ -7,6 +7,7 @@ from typing import Any
 from jax_trn2.device import PLATFORM_NAME, Buffer, Device
 from jax_trn2.executable import LoadedExecutable
 from jax_trn2.mesh import DEFAULT_TOPOLOGY
+from mesh import numerics
 from mesh.topology import Topology, get_topology
 
 class Client:
@@ -26,9 +27,14 @@ class Client:
     def device_count(self) -> int:
         return len(self._devices)
 
-    def compile(self, program: Any) -> LoadedExecutable:
-        """Compile StableHLO (MLIR text, bytecode, or a jaxlib ir.Module) for this machine."""
-        return LoadedExecutable.from_stablehlo(self.topology, program)
+    def compile(self, program: Any, *, rounding: str = "nearest",
+                seed: int = 0) -> LoadedExecutable:
+        """Compile StableHLO (MLIR text, bytecode, or a jaxlib ir.Module) for this machine.
+
+        `rounding` is "nearest" (round-to-nearest-even) or "stochastic" (with `seed`) for
+        every rounding to BF16/FP16/FP8 (mesh.numerics)."""
+        return LoadedExecutable.from_stablehlo(self.topology, program,
+                                               rounding=numerics.Rounding(rounding, seed))
 
     def buffer_from_pyval(self, array: Any, device: Device | None = None) -> Buffer:
         """Put a host array on a chip (the first one by default)."""

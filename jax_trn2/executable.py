@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import os
+from functools import cached_property
+from typing import Any, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +13,9 @@ import numpy as np
 import lowering
 from jax_trn2.device import Buffer, Device
 from jax_trn2.mesh import placement_for, topology_for
-from mesh import dtypes, isa, printer, sharding
+from lowering.plan import plan_program
+from mesh import dtypes, isa, numerics, printer, sharding, trace
+from mesh.estimate import ProgramEstimate, target_text
 from mesh.executor import compile_program
 from mesh.topology import Placement, Topology
 
@@ -22,29 +26,55 @@ class LoadedExecutable:
     `execute` takes and returns global arrays (shard_map bodies split and assemble them by
     the module's shardings); `execute_sharded` takes and returns one buffer list per device,
     as PJRT does.
+
+    A module with mhlo.num_replicas x mhlo.num_partitions processes and no sdy.mesh is SPMD
+    code that each process runs on its own arguments, on the mesh ('replica', 'partition')
+    (lowering.replica_groups.ProcessGrid): `execute_sharded` gives each device its own
+    buffers and returns each device's results; `execute` gives every device the same
+    arguments and returns device 0's results. The process count must be the chip count of
+    the topology (16 for trn2, 64 for trn2-ultra, 256 for trn2-ultra-max).
     """
 
     def __init__(self, program: isa.Program, topology: Topology,
-                 arg_names: Sequence[str] | None = None):
+                 arg_names: Sequence[str] | None = None,
+                 rounding: numerics.Rounding = numerics.NEAREST):
         self.program = program
         self.topology = topology
+        self.rounding = rounding
         self.placement: Placement | None = placement_for(topology, program.mesh.axis_sizes,
                                                          program.mesh.axis_names)
+        # What runs is the planned program: matmuls tiled, collectives mapped on the torus.
+        self.program = plan_program(program, topology, self.placement)
         self.arg_names = tuple(arg_names) if arg_names is not None else \
             tuple(f"argument {i}" for i in range(len(program.inputs)))
-        layouts = [jax.ShapeDtypeStruct((1,) * program.mesh.rank + program.values[v].type.shape,
+        layouts = [jax.ShapeDtypeStruct(self._layout_shape(v),
                                         dtypes.numpy_dtype(program.values[v].type.dtype))
                    for v in program.inputs]
-        self._run = compile_program(program).lower(*layouts).compile()
+        self._run = compile_program(self.program, rounding).lower(*layouts).compile()
 
     @classmethod
     def from_stablehlo(cls, topology: Topology | str | None, stablehlo: Any,
-                       arg_names: Sequence[str] | None = None) -> "LoadedExecutable":
-        """Lower and compile StableHLO for `topology` (None: the one the mesh was made for)."""
+                       arg_names: Sequence[str] | None = None,
+                       rounding: numerics.Rounding = numerics.NEAREST) -> "LoadedExecutable":
+        """Lower and compile StableHLO for `topology` (None: the one the mesh was made for),
+        rounding to narrow floats as `rounding` says."""
         program = lowering.lower(stablehlo)
         if not isinstance(topology, Topology):
             topology = topology_for(program.mesh.axis_sizes, program.mesh.axis_names, topology)
-        return cls(program, topology, arg_names)
+        if program.mesh.axis_names == ("replica", "partition") and \
+                program.mesh.num_devices != topology.num_chips:
+            replicas, partitions = program.mesh.axis_sizes
+            raise ValueError(
+                f"the module has {replicas} replicas x {partitions} partitions = "
+                f"{program.mesh.num_devices} processes, but topology '{topology.name}' has "
+                f"{topology.num_chips} chips: jax-trn2 runs one process per chip of a whole "
+                "topology (trn2: 16, trn2-ultra: 64, trn2-ultra-max: 256)")
+        return cls(program, topology, arg_names, rounding)
+
+    def _layout_shape(self, value: int) -> tuple[int, ...]:
+        """Array shape of a value in the executor's layout (mesh dims + local dims)."""
+        info = self.program.values[value]
+        return self.program.mesh.layout_shape(info.varying) + info.type.shape
 
     def devices(self) -> list[Device]:
         """The chips the program runs on, in logical device order (row-major over the mesh)."""
@@ -52,29 +82,87 @@ class LoadedExecutable:
         return [Device(c, self.topology.coords(c)) for c in chips]
 
     def as_text(self) -> str:
-        """The Trn2 program listing."""
-        return printer.program_text(self.program)
+        """The Trn2 program listing, headed by the machine it was planned for."""
+        return target_text(self.topology, self.placement) + "\n" + \
+            printer.program_text(self.program)
+
+    @cached_property
+    def estimate(self) -> ProgramEstimate:
+        """Estimated per-chip costs and timeline of the program (mesh.estimate)."""
+        return ProgramEstimate(self.program, self.topology, self.placement)
+
+    def timed_text(self) -> str:
+        """The listing with an estimated start and duration on every instruction, and the
+        step-time summary."""
+        return self.estimate.listing()
+
+    def cost_analysis(self) -> dict:
+        """Per-chip 'flops', 'bytes accessed', 'transcendentals', 'optimal_seconds' (the
+        estimated step time), as jax's cost_analysis, plus a 'trn2' breakdown."""
+        return self.estimate.cost_analysis()
+
+    def save_trace(self, path: str | os.PathLike, chips: Iterable[int] | None = None) -> None:
+        """Write the estimated timeline as Chrome trace-event JSON (Perfetto,
+        chrome://tracing): one process per chip (all, or the chip ids `chips`)."""
+        trace.write_trace(path, self.estimate.trace(chips))
 
     def execute(self, args: Sequence[Any]) -> list[jax.Array]:
-        """Run on global arrays; returns the global results."""
+        """Run on global arrays; returns the global results (of an SPMD module: every
+        device gets `args`, and the results are device 0's)."""
         arrays = self._check_args(args)
         nm = self.program.mesh.rank
-        outs = self._run(*[a.reshape((1,) * nm + a.shape) for a in arrays])
+        outs = self._run(*[jnp.broadcast_to(a.reshape((1,) * nm + a.shape), self._layout_shape(v))
+                           for a, v in zip(arrays, self.program.inputs)])
         return [o[(0,) * nm] for o in outs]
 
     def execute_sharded(self, per_device_args: Sequence[Sequence[Any]]) -> list[list[Buffer]]:
         """Run on one argument list per device (logical device order); returns one result
-        list per device. Inputs the program replicates must be equal on every device."""
+        list per device. A shard_map program's arguments are assembled from the pieces by
+        their shardings (pieces of an argument it replicates must be equal); an SPMD
+        module's arguments are each device's own."""
         devices = self.devices()
         if len(per_device_args) != len(devices):
             raise TypeError(f"execute_sharded: expected argument lists for {len(devices)} "
                             f"devices, got {len(per_device_args)}")
-        globals_ = [self._assemble(i, [np.asarray(dev_args[i]) for dev_args in per_device_args])
-                    for i in range(len(self.program.inputs))]
-        outs = self.execute(globals_)
-        per_output = [self._split(i, np.asarray(o)) for i, o in enumerate(outs)]
+        for d, dev_args in enumerate(per_device_args):
+            if len(dev_args) != len(self.program.inputs):
+                raise TypeError(f"execute_sharded: device {d} has {len(dev_args)} arguments, "
+                                f"expected {len(self.program.inputs)}")
+        outs = self._run(*[self._device_input(i, [dev_args[i] for dev_args in per_device_args])
+                           for i in range(len(self.program.inputs))])
+        per_output = [self._device_results(i, o) for i, o in enumerate(outs)]
         return [[Buffer(pieces[d], device) for pieces in per_output]
                 for d, device in enumerate(devices)]
+
+    def _device_input(self, i: int, pieces: list[Any]) -> jnp.ndarray:
+        """Input i in the executor's layout from one piece per device."""
+        value = self.program.inputs[i]
+        expected = self.program.values[value].type
+        if self.program.values[value].varying:  # an SPMD module's per-device argument
+            arrays = [self._check_arg(f"{self.arg_names[i]} of device {d}", p, expected)
+                      for d, p in enumerate(pieces)]
+            return jnp.stack(arrays).reshape(self._layout_shape(value))
+        dim_axes = self._sharding(self.program.input_shardings, i, expected.rank)
+        piece_type = isa.TensorType(sharding.local_shape(expected.shape, dim_axes,
+                                                         self.program.mesh.axis_sizes),
+                                    expected.dtype)
+        pieces = [np.asarray(self._check_arg(f"{self.arg_names[i]} of device {d}", p,
+                                             piece_type)) for d, p in enumerate(pieces)]
+        global_ = self._assemble(i, pieces)
+        array = self._check_arg(self.arg_names[i], global_, expected)
+        return array.reshape(self._layout_shape(value))
+
+    def _device_results(self, i: int, result: jnp.ndarray) -> list[np.ndarray]:
+        """Each device's piece of output i: split by its sharding, else the device's own."""
+        mesh = self.program.mesh
+        dim_axes = self.program.output_shardings[i] \
+            if i < len(self.program.output_shardings) else None
+        if dim_axes is not None:
+            return sharding.split(np.asarray(result[(0,) * mesh.rank]), dim_axes,
+                                  mesh.axis_sizes)
+        local = result.shape[mesh.rank:]
+        per_device = np.broadcast_to(np.asarray(result), tuple(mesh.axis_sizes) + local)
+        return list(per_device.reshape((-1,) + local))
 
     def _assemble(self, i: int, pieces: list[np.ndarray]) -> np.ndarray:
         dim_axes = self._sharding(self.program.input_shardings, i, pieces[0].ndim)
@@ -82,10 +170,6 @@ class LoadedExecutable:
             return sharding.assemble(pieces, dim_axes, self.program.mesh.axis_sizes)
         except ValueError as e:
             raise ValueError(f"{self.arg_names[i]}: {e}") from None
-
-    def _split(self, i: int, array: np.ndarray) -> list[np.ndarray]:
-        dim_axes = self._sharding(self.program.output_shardings, i, array.ndim)
-        return sharding.split(array, dim_axes, self.program.mesh.axis_sizes)
 
     @staticmethod
     def _sharding(shardings: tuple, i: int, rank: int):
@@ -106,6 +190,8 @@ class LoadedExecutable:
     def _check_arg(name: str, arg: Any, expected: isa.TensorType) -> jnp.ndarray:
         if isinstance(arg, Buffer):
             arg = arg.to_jax()
+        if isinstance(arg, jax.Array) and len(arg.sharding.device_set) > 1:
+            arg = np.asarray(arg)  # sharded over host devices: gather it for the simulated mesh
         if isinstance(arg, (bool, int, float)):  # Python scalars take the parameter's type
             arg = np.asarray(arg, dtype=dtypes.numpy_dtype(expected.dtype))
         shape, dtype = tuple(np.shape(arg)), getattr(arg, "dtype", None)

@@ -10,6 +10,7 @@ import jax
 from jax import tree_util
 
 from jax_trn2.executable import LoadedExecutable
+from mesh import numerics
 
 
 class Compiled:
@@ -31,8 +32,20 @@ class Compiled:
         return tree_util.tree_unflatten(self.out_tree, self.executable.execute(leaves))
 
     def as_text(self) -> str:
-        """The Trn2 program listing."""
-        return self.executable.as_text()
+        """The Trn2 program listing with an estimated start and duration on every line,
+        and the estimated step time, MFU and engine busy times."""
+        return self.executable.timed_text()
+
+    def cost_analysis(self) -> dict:
+        """Per-chip 'flops', 'bytes accessed', 'transcendentals' and 'optimal_seconds' (the
+        estimated step time), as jax's, plus a 'trn2' breakdown (engines, communication)."""
+        return self.executable.cost_analysis()
+
+    def save_trace(self, path, chips=None) -> None:
+        """Write the estimated timeline as Chrome trace-event JSON for Perfetto or
+        chrome://tracing: one process per chip (all, or the chip ids in `chips`), one thread
+        per engine."""
+        self.executable.save_trace(path, chips)
 
 
 class Lowered:
@@ -69,10 +82,12 @@ class Jitted:
     signature (shapes, dtypes, weak types, pytree structure and static arguments)."""
 
     def __init__(self, fun: Callable, static_argnums: int | Sequence[int] = (),
-                 static_argnames: str | Sequence[str] = (), topology: str | None = None):
+                 static_argnames: str | Sequence[str] = (), topology: str | None = None,
+                 rounding: numerics.Rounding = numerics.NEAREST):
         functools.update_wrapper(self, fun)
         self._fun = fun
         self._topology = topology
+        self.rounding = rounding
         try:
             self._params = list(inspect.signature(fun).parameters.values())
         except (TypeError, ValueError):
@@ -108,7 +123,7 @@ class Jitted:
     def __call__(self, *args, **kwargs) -> Any:
         static, dyn_args, dyn_kwargs = self._split(args, kwargs)
         leaves, tree = tree_util.tree_flatten((dyn_args, dyn_kwargs))
-        key = (static, tree, tuple(jax.typeof(leaf) for leaf in leaves))
+        key = (self.rounding, static, tree, tuple(jax.typeof(leaf) for leaf in leaves))
         compiled = self._cache.get(key)
         if compiled is None:
             compiled = self.lower(*args, **kwargs).compile()
@@ -121,7 +136,7 @@ class Jitted:
         _, dyn_args, dyn_kwargs = self._split(args, kwargs)
         executable = LoadedExecutable.from_stablehlo(
             self._topology, jax_lowered.compiler_ir("stablehlo"),
-            arg_names=self._arg_names(dyn_args, dyn_kwargs, len(args)))
+            arg_names=self._arg_names(dyn_args, dyn_kwargs, len(args)), rounding=self.rounding)
         return Lowered(jax_lowered, executable, jax_lowered.in_tree, jax_lowered.out_tree)
 
     def _arg_names(self, dyn_args: tuple, dyn_kwargs: dict, n_args: int) -> list[str]:
@@ -143,14 +158,22 @@ class Jitted:
 
 
 def jit(fun: Callable | None = None, *, static_argnums: int | Sequence[int] = (),
-        static_argnames: str | Sequence[str] = (), topology: str | None = None):
+        static_argnames: str | Sequence[str] = (), topology: str | None = None,
+        rounding: str = "nearest", seed: int = 0):
     """Like `jax.jit`, but runs on the simulated Trainium2 mesh.
 
     Pytrees in and out, keyword arguments, static arguments, and a compiled-program cache
     keyed like jax.jit's. `topology` defaults to the one the shard_map's mesh was made for
     by `jax_trn2.make_mesh` (trn2-ultra otherwise). Usable as `@jit` or `@jit(...)`.
+
+    `rounding` says how results are rounded to BF16/FP16/FP8: "nearest" (round-to-nearest-
+    even, the hardware default) or "stochastic" (Trainium2's opt-in stochastic rounding,
+    random bits from `seed`: the same seed reproduces the same results, call after call).
+    See mesh.numerics for the arithmetic model.
     """
+    policy = numerics.Rounding(rounding, seed)
     if fun is None:
         return functools.partial(jit, static_argnums=static_argnums,
-                                 static_argnames=static_argnames, topology=topology)
-    return Jitted(fun, static_argnums, static_argnames, topology)
+                                 static_argnames=static_argnames, topology=topology,
+                                 rounding=rounding, seed=seed)
+    return Jitted(fun, static_argnums, static_argnames, topology, policy)

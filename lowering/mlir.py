@@ -83,6 +83,41 @@ class DotDims:
 
 
 @dataclass(frozen=True)
+class GatherDims:
+    """stablehlo.gather's dimension numbers."""
+
+    offset_dims: tuple[int, ...]
+    collapsed_slice_dims: tuple[int, ...]
+    operand_batching_dims: tuple[int, ...]
+    start_indices_batching_dims: tuple[int, ...]
+    start_index_map: tuple[int, ...]
+    index_vector_dim: int
+
+
+@dataclass(frozen=True)
+class ScatterDims:
+    """stablehlo.scatter's dimension numbers."""
+
+    update_window_dims: tuple[int, ...]
+    inserted_window_dims: tuple[int, ...]
+    input_batching_dims: tuple[int, ...]
+    scatter_indices_batching_dims: tuple[int, ...]
+    scatter_dims_to_operand_dims: tuple[int, ...]
+    index_vector_dim: int
+
+
+@dataclass(frozen=True)
+class ConvDims:
+    """stablehlo.convolution's dimension numbers in lax.ConvDimensionNumbers order:
+    lhs (batch, feature, spatial...), rhs (output feature, input feature, spatial...),
+    out (batch, feature, spatial...)."""
+
+    lhs_spec: tuple[int, ...]
+    rhs_spec: tuple[int, ...]
+    out_spec: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class DimSharding:
     """One sdy tensor sharding: the mesh axis names each dim is split over (major first)."""
 
@@ -147,6 +182,29 @@ def _dot_dims(attr) -> DotDims:
                    tuple(attr.lhs_contracting_dimensions), tuple(attr.rhs_contracting_dimensions))
 
 
+def _gather_dims(attr) -> GatherDims:
+    return GatherDims(tuple(attr.offset_dims), tuple(attr.collapsed_slice_dims),
+                      tuple(attr.operand_batching_dims), tuple(attr.start_indices_batching_dims),
+                      tuple(attr.start_index_map), int(attr.index_vector_dim))
+
+
+def _scatter_dims(attr) -> ScatterDims:
+    return ScatterDims(tuple(attr.update_window_dims), tuple(attr.inserted_window_dims),
+                       tuple(attr.input_batching_dims),
+                       tuple(attr.scatter_indices_batching_dims),
+                       tuple(attr.scattered_dims_to_operand_dims), int(attr.index_vector_dim))
+
+
+def _conv_dims(attr) -> ConvDims:
+    return ConvDims(
+        (attr.input_batch_dimension, attr.input_feature_dimension,
+         *attr.input_spatial_dimensions),
+        (attr.kernel_output_feature_dimension, attr.kernel_input_feature_dimension,
+         *attr.kernel_spatial_dimensions),
+        (attr.output_batch_dimension, attr.output_feature_dimension,
+         *attr.output_spatial_dimensions))
+
+
 def _tensor_sharding(attr) -> DimSharding:
     dims = tuple(tuple(_axis_ref(sdy.AxisRefAttr(a)) for a in sdy.DimensionShardingAttr(d).axes)
                  for d in attr.dimension_shardings)
@@ -175,6 +233,10 @@ _DECODERS: list[tuple[type, Any]] = [
     (ir.FlatSymbolRefAttr, lambda a: a.value),
     (ir.TypeAttr, lambda a: str(a.value)),
     (hlo.DotDimensionNumbers, _dot_dims),
+    (hlo.GatherDimensionNumbers, _gather_dims),
+    (hlo.ScatterDimensionNumbers, _scatter_dims),
+    (hlo.ConvDimensionNumbers, _conv_dims),
+    (hlo.RngAlgorithmAttr, lambda a: a.value),
     (hlo.ComparisonDirectionAttr, lambda a: a.value),
     (hlo.ComparisonTypeAttr, lambda a: a.value),
     (hlo.ChannelHandle, lambda a: (a.handle, a.channel_type)),

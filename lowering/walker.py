@@ -11,11 +11,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from jaxlib.mlir import ir
 
-from lowering import mlir
+from lowering import hlo_sharding, mlir
 from lowering.errors import LoweringError, UnsupportedOpError, located
 from lowering.registry import RULES
+from lowering.replica_groups import ProcessGrid
 from mesh import isa
 
 TERMINATORS = frozenset({"func.return", "stablehlo.return", "sdy.return"})
@@ -63,6 +65,7 @@ class ProgramBuilder:
         self.mesh = mesh
         self.instructions: list[isa.Instruction] = []
         self.values: dict[int, isa.ValueInfo] = {}
+        self.known: dict[int, np.ndarray] = {}  # values known while lowering (lowering.folding)
         self._next = first_id
 
     def new_value(self, type_: isa.TensorType, varying: frozenset[int]) -> int:
@@ -80,13 +83,21 @@ class ProgramBuilder:
 class LoweringContext:
     """What a rule may do: look at values, emit instructions, lower the op's regions."""
 
-    def __init__(self, walker: "Walker", builder: ProgramBuilder):
+    def __init__(self, walker: "Walker", builder: ProgramBuilder,
+                 env: Mapping[Any, int] | None = None):
         self.walker = walker
         self.builder = builder
+        self.env = env if env is not None else {}  # MLIR values in scope -> value ids
 
     @property
     def mesh(self) -> isa.MeshSpec:
         return self.builder.mesh
+
+    @property
+    def grid(self) -> ProcessGrid:
+        """How StableHLO's replicas and partitions lie on the mesh (partition_id, replica_id,
+        and the replica_groups of collectives refer to them)."""
+        return self.walker.grid
 
     def type(self, value: int) -> isa.TensorType:
         return self.builder.values[value].type
@@ -96,14 +107,16 @@ class LoweringContext:
 
     def emit(self, cls: type, op: Op, /, ins: Sequence[int] | None = None,
              out_types: Sequence[isa.TensorType] | None = None,
-             varying: frozenset[int] | None = None, **params) -> tuple[int, ...]:
+             varying: frozenset[int] | None = None,
+             out_layouts: Sequence[frozenset[int]] | None = None, **params) -> tuple[int, ...]:
         """Emit one instruction; outputs vary along the union of the inputs' axes unless
-        `varying` says otherwise."""
+        `varying` says otherwise (or `out_layouts`, one layout per output)."""
         ins = tuple(op.operands if ins is None else ins)
         out_types = tuple(op.result_types if out_types is None else out_types)
         if varying is None:
             varying = frozenset().union(*(self.varying(v) for v in ins))
-        outs = tuple(self.builder.new_value(t, varying) for t in out_types)
+        layouts = [varying] * len(out_types) if out_layouts is None else list(out_layouts)
+        outs = tuple(self.builder.new_value(t, v) for t, v in zip(out_types, layouts, strict=True))
         self.builder.instructions.append(cls(outs, ins, loc=op.loc, **params))
         return outs
 
@@ -111,8 +124,14 @@ class LoweringContext:
         """Lower a region's block in place, its arguments bound to `args`."""
         return self.walker.lower_block(region.block, args, self.builder)
 
-    def call(self, function: str, args: Sequence[int]) -> list[int]:
-        return self.walker.lower_block(self.walker.function_block(function), args, self.builder)
+    def call(self, function: str, args: Sequence[int], loc: str = "") -> list[int]:
+        """Inline a function; its ops without a user source line are reported at `loc`."""
+        self.walker.call_locations.append(loc)
+        try:
+            return self.walker.lower_block(self.walker.function_block(function), args,
+                                           self.builder)
+        finally:
+            self.walker.call_locations.pop()
 
     def scalar_program(self, region: Region, name: str) -> isa.Program:
         """A region as a separate program with no mesh dims (a reducer or comparator body)."""
@@ -121,6 +140,42 @@ class LoweringContext:
         outputs = self.walker.lower_block(region.block, inputs, builder)
         return builder.program(inputs, outputs, name)
 
+    def sub_programs(self, regions: Sequence[Region], arg_layouts: Sequence[frozenset[int]],
+                     names: Sequence[str]) -> tuple[list[isa.Program], tuple[int, ...]]:
+        """Regions of one op (a loop's cond and body, a conditional's branches) as separate
+        programs over this program's mesh.
+
+        Each program takes its block's arguments, with layouts `arg_layouts`, followed by the
+        values of the enclosing scope that any of the regions uses (StableHLO regions may use
+        values defined outside them); returns the programs and those captured value ids.
+        Value ids stay unique across the enclosing program and its sub-programs.
+        """
+        free = _free_values([r._region for r in regions])
+        captured = tuple(self.env[v] for v in free)
+        programs = []
+        for region, name in zip(regions, names, strict=True):
+            if len(region.arg_types) != len(arg_layouts):
+                raise LoweringError(f"internal: region {name} has {len(region.arg_types)} "
+                                    f"arguments, given {len(arg_layouts)} layouts")
+            builder = ProgramBuilder(self.mesh, first_id=self.builder._next)
+            args = [builder.new_value(t, v) for t, v in zip(region.arg_types, arg_layouts)]
+            outer = {v: builder.new_value(self.type(c), self.varying(c))
+                     for v, c in zip(free, captured)}
+            outputs = self.walker.lower_block(region.block, args, builder, outer)
+            self.builder._next = builder._next
+            programs.append(builder.program(args + list(outer.values()), outputs, name))
+        return programs, captured
+
+    def constant_value(self, value: int) -> np.ndarray | None:
+        """The per-chip value of `value` when a Constant of this program defines it."""
+        for instr in reversed(self.builder.instructions):
+            if value in instr.outs:
+                if isinstance(instr, isa.Constant) and \
+                        np.shape(instr.value) == self.type(value).shape:
+                    return np.asarray(instr.value)
+                return None
+        return None
+
 
 class Walker:
     """Lowers one StableHLO module to a Trn2 `Program`."""
@@ -128,6 +183,7 @@ class Walker:
     def __init__(self, module: ir.Module):
         self.module = module
         self.functions: dict[str, Any] = {}
+        self.call_locations: list[str] = []  # user source lines of the func.calls being inlined
         meshes: dict[str, isa.MeshSpec] = {}
         for op in module.body.operations:
             op = op.operation  # the generic op (a FuncOp view's .name is its symbol)
@@ -138,7 +194,18 @@ class Walker:
                 meshes[attrs["sym_name"]] = mlir.mesh_spec(op)
         if "main" not in self.functions:
             raise LoweringError("the module has no public function 'main'")
-        self.mesh = _the_mesh(meshes, mlir.Attributes(module.operation))
+        if not any(m.rank for m in meshes.values()):  # a GSPMD program names its mesh only
+            gspmd_mesh = hlo_sharding.module_mesh(module)  # through its shardings
+            if gspmd_mesh is not None:
+                meshes[hlo_sharding.SHARDING_ATTR] = gspmd_mesh
+        # HloShardings that Sharding custom calls put on values, for SPMDFullToShardShape.
+        self.value_shardings: dict[int, str] = {}
+        self.grid = _process_grid(meshes, mlir.Attributes(module.operation))
+        self.mesh = self.grid.mesh
+        # Without an sdy.mesh, main is the code each process runs on its own arguments
+        # (SPMD), so they vary along every mesh axis; with one, they are global values.
+        self.argument_layout = frozenset() if any(m.rank for m in meshes.values()) \
+            else frozenset(range(self.mesh.rank))
 
     def function_block(self, name: str):
         try:
@@ -149,8 +216,8 @@ class Walker:
     def lower(self) -> isa.Program:
         builder = ProgramBuilder(self.mesh)
         block = self.function_block("main")
-        inputs = [builder.new_value(mlir.tensor_type(a.type), frozenset())
-                  for a in block.arguments]
+        inputs = [builder.new_value(_argument_type(i, a), self.argument_layout)
+                  for i, a in enumerate(block.arguments)]
         outputs = self.lower_block(block, inputs, builder)
         main = mlir.Attributes(self.functions["main"])
         return builder.program(
@@ -169,9 +236,13 @@ class Walker:
                                 for dim in sharding.dims))
         return tuple(result)
 
-    def lower_block(self, block, args: Sequence[int], builder: ProgramBuilder) -> list[int]:
-        env: dict[Any, int] = dict(zip(block.arguments, args))
-        ctx = LoweringContext(self, builder)
+    def lower_block(self, block, args: Sequence[int], builder: ProgramBuilder,
+                    captured: Mapping[Any, int] | None = None) -> list[int]:
+        """Lower a block, its arguments bound to `args` and the values it uses from enclosing
+        scopes to `captured`."""
+        env: dict[Any, int] = dict(captured or {})
+        env.update(zip(block.arguments, args))
+        ctx = LoweringContext(self, builder, env)
         for operation in block.operations:
             operation = operation.operation
             if operation.name in TERMINATORS:
@@ -186,7 +257,8 @@ class Walker:
         raise LoweringError("a block has no terminator")
 
     def _decode(self, operation, env) -> Op:
-        loc = mlir.source_location(operation.location)
+        loc = mlir.source_location(operation.location) or next(
+            (c for c in reversed(self.call_locations) if c), "")
         try:
             return Op(name=operation.name,
                       operands=tuple(env[v] for v in operation.operands),
@@ -217,25 +289,61 @@ class Walker:
             raise cls(located(message, op.name, op.loc, mlir.source_line(op.loc))) from e
 
 
+def _free_values(regions) -> list:
+    """MLIR values that ops inside `regions` (at any depth) use but that are defined outside
+    them, in order of first use."""
+    defined, used = set(), []
+
+    def visit(region) -> None:
+        for block in region.blocks:
+            defined.update(block.arguments)
+            for operation in block.operations:
+                operation = operation.operation
+                used.extend(operation.operands)
+                defined.update(operation.results)
+                for inner in operation.regions:
+                    visit(inner)
+
+    for region in regions:
+        visit(region)
+    return list(dict.fromkeys(v for v in used if v not in defined))
+
+
+def _argument_type(index: int, argument) -> isa.TensorType:
+    try:
+        return mlir.tensor_type(argument.type)
+    except mlir.UnsupportedTypeError as e:
+        raise UnsupportedOpError(f"argument {index} of @main: {e}") from None
+
+
 def _first_line(operation) -> str:
     text = operation.get_asm(large_elements_limit=8)
     line = text.strip().splitlines()[0] if text.strip() else operation.name
     return line if len(line) < 300 else line[:300] + " ..."
 
 
-def _the_mesh(meshes: dict[str, isa.MeshSpec], module_attrs) -> isa.MeshSpec:
-    """The module's mesh: its (non-empty) sdy.mesh, else one axis over its partitions."""
+def _process_grid(meshes: dict[str, isa.MeshSpec], module_attrs) -> ProcessGrid:
+    """The module's mesh and process grid: its (non-empty) sdy.mesh, one replica with a
+    partition per device (a jax program); else the mesh ('replica', 'partition') of its
+    mhlo.num_replicas x mhlo.num_partitions (an SPMD module; no mesh for one process)."""
     distinct = {m for m in meshes.values() if m.rank}
     if len(distinct) > 1:
         raise LoweringError(f"the module uses several meshes {sorted(map(str, distinct))}; "
                             "jax-trn2 runs one mesh per program")
-    if distinct:
-        return distinct.pop()
     partitions = module_attrs["mhlo.num_partitions"] if "mhlo.num_partitions" in module_attrs \
         else 1
     replicas = module_attrs["mhlo.num_replicas"] if "mhlo.num_replicas" in module_attrs else 1
-    if partitions * replicas > 1:
-        raise UnsupportedOpError(
-            f"a module with mhlo.num_partitions={partitions}, mhlo.num_replicas={replicas} "
-            "and no sdy.mesh is not supported yet: write the program with jax.shard_map")
-    return isa.MeshSpec((), ())
+    if partitions < 1 or replicas < 1:
+        raise LoweringError(f"mhlo.num_partitions={partitions}, mhlo.num_replicas={replicas}: "
+                            "both must be at least 1")
+    if distinct:
+        mesh = distinct.pop()
+        if replicas != 1 or partitions not in (1, mesh.num_devices):
+            raise LoweringError(
+                f"a module with sdy.mesh {mesh} ({mesh.num_devices} devices) and "
+                f"mhlo.num_replicas={replicas}, mhlo.num_partitions={partitions}: jax-trn2 "
+                "runs an sdy.mesh as one replica with one partition per device")
+        return ProcessGrid(mesh, (), tuple(range(mesh.rank)))
+    if partitions * replicas == 1:
+        return ProcessGrid(isa.MeshSpec((), ()), (), ())
+    return ProcessGrid(isa.MeshSpec(("replica", "partition"), (replicas, partitions)), (0,), (1,))

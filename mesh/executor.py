@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from mesh import isa
+from mesh import isa, numerics
 from mesh.kernels import kernel_for
 from mesh.kernels.context import KernelContext
 
@@ -58,6 +58,23 @@ def _to_layout(x: jnp.ndarray, program: isa.Program, value: int, instr) -> jnp.n
     return x
 
 
-def compile_program(program: isa.Program, rounding: Callable | None = None) -> Callable:
-    """One jax.jit-compiled function of the program's input arrays (executor layout)."""
-    return jax.jit(lambda *args: run_program(program, args, rounding))
+# XLA may otherwise drop a rounding to a narrow float between two ops (it "allows excess
+# precision"); the engines round every result to its type, so every rounding must stay.
+EXACT_PRECISION = {"xla_allow_excess_precision": False}
+
+
+def compile_program(program: isa.Program,
+                    rounding: numerics.Rounding = numerics.NEAREST) -> Callable:
+    """One jax.jit-compiled function of the program's input arrays (executor layout).
+
+    `rounding` is the policy for rounding to narrow floats; each trace gets a fresh rounding
+    hook, so a stochastic program's rounding sites are numbered the same way every time.
+    """
+    def run(*args):
+        # StableHLO has 64-bit values even when the user's jax has no jax_enable_x64
+        # (jax.random's u64 counters, RNG states): they keep their type in the executor.
+        with jax.enable_x64(True):
+            return run_program(program, args, rounding.rounder())
+
+    return jax.jit(run, compiler_options=EXACT_PRECISION)
+

@@ -122,6 +122,14 @@ class Groups:
         return len(self.device_groups[0])
 
 
+class Plan:
+    """How the hardware carries out one instruction (a matmul's tiling, a collective's route
+    over the torus), attached by the planning pass; `describe()` gives its listing text."""
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True, eq=False)
 class Instruction:
     """One instruction: reads values `ins`, defines values `outs`.
@@ -160,9 +168,12 @@ class Iota(Instruction):
 
 @dataclass(frozen=True, eq=False)
 class DeviceId(Instruction):
-    """partition_id / replica_id: the chip's logical device id within its kind."""
+    """partition_id / replica_id: the row-major index of the chip's coordinates along the
+    mesh axes `axes` (every axis for the partition id of a shard_map program; the process
+    grid of the module says which: lowering.replica_groups.ProcessGrid)."""
 
     kind: str  # "partition" or "replica"
+    axes: tuple[int, ...]
     engine: ClassVar[str] = GPSIMD
 
 
@@ -171,6 +182,8 @@ class DeviceId(Instruction):
 TRANSCENDENTAL_OPS = frozenset({
     "exponential", "exponential_minus_one", "log", "log_plus_one", "logistic", "tanh", "sine",
     "cosine", "tan", "sqrt", "rsqrt", "cbrt", "erf", "atan2", "power", "erf_inv",
+    "acos", "acosh", "asin", "asinh", "atan", "atanh", "cosh", "sinh", "erfc", "lgamma",
+    "digamma", "bessel_i1e", "polygamma", "zeta",
 })
 
 
@@ -224,6 +237,7 @@ class Matmul(Instruction):
     rhs_contract: tuple[int, ...]
     out_dtype: str
     pass_size: int = 128  # PE-array rows: the contraction length of one matmul pass
+    tiling: Plan | None = None  # mesh.tensor_engine.MatmulTiling, set by planning
     engine: ClassVar[str] = TENSOR
 
 
@@ -295,18 +309,25 @@ class Reverse(Instruction):
 @dataclass(frozen=True, eq=False)
 class Shard(Instruction):
     """Split a global value into per-chip pieces: `dim_axes[d]` are the mesh axes dim d is
-    split over, major first (sdy's dimension sharding)."""
+    split over, major first (sdy's dimension sharding).
+
+    `manual_axes` are the mesh axes of the split (a shard_map over some axes only; None: all
+    of them): the value is global along them (the chip at coordinate 0 holds it) and keeps
+    its layout along the others."""
 
     dim_axes: tuple[tuple[int, ...], ...]
+    manual_axes: tuple[int, ...] | None = None
     engine: ClassVar[str] = DMA
 
 
 @dataclass(frozen=True, eq=False)
 class Unshard(Instruction):
-    """Assemble per-chip pieces into the global value (inverse of Shard). Along mesh axes that
-    no dim is split over, the value of the chip at coordinate 0 is taken."""
+    """Assemble per-chip pieces into the global value (inverse of Shard). Along `manual_axes`
+    (None: all) that no dim is split over, the value of the chip at coordinate 0 is taken;
+    along axes that are not manual the value keeps its layout."""
 
     dim_axes: tuple[tuple[int, ...], ...]
+    manual_axes: tuple[int, ...] | None = None
     engine: ClassVar[str] = DMA
 
 
@@ -319,6 +340,7 @@ REDUCTIONS = ("add", "multiply", "maximum", "minimum", "and", "or", "xor")
 class AllReduce(Instruction):
     groups: Groups
     reduction: str  # one of REDUCTIONS
+    plan: Plan | None = None  # mesh.collective_model.CollectivePlan, set by planning
     engine: ClassVar[str] = COLLECTIVE
 
 
@@ -326,6 +348,7 @@ class AllReduce(Instruction):
 class AllGather(Instruction):
     groups: Groups
     dimension: int
+    plan: Plan | None = None
     engine: ClassVar[str] = COLLECTIVE
 
 
@@ -334,6 +357,7 @@ class ReduceScatter(Instruction):
     groups: Groups
     dimension: int
     reduction: str
+    plan: Plan | None = None
     engine: ClassVar[str] = COLLECTIVE
 
 
@@ -342,6 +366,7 @@ class AllToAll(Instruction):
     groups: Groups
     split_dimension: int
     concat_dimension: int
+    plan: Plan | None = None
     engine: ClassVar[str] = COLLECTIVE
 
 
@@ -350,7 +375,155 @@ class CollectivePermute(Instruction):
     """Send from each source device to its target; devices no one sends to receive zeros."""
 
     pairs: tuple[tuple[int, int], ...]  # (source, target) logical device ids
+    plan: Plan | None = None
     engine: ClassVar[str] = COLLECTIVE
+
+
+# --- indexing, sorting, windows, convolution, random bits ---------------------------------
+# Dimension numbers are as in the StableHLO spec; all dims are local (per-chip) dims.
+
+@dataclass(frozen=True, eq=False)
+class Gather(Instruction):
+    """ins = (operand, start_indices): slices of the operand at data-dependent starts (an
+    indirect DMA). Start indices are clamped so that each slice lies inside the operand."""
+
+    offset_dims: tuple[int, ...]
+    collapsed_slice_dims: tuple[int, ...]
+    operand_batching_dims: tuple[int, ...]
+    start_indices_batching_dims: tuple[int, ...]
+    start_index_map: tuple[int, ...]
+    index_vector_dim: int
+    slice_sizes: tuple[int, ...]
+    indices_are_sorted: bool = False
+    engine: ClassVar[str] = DMA
+
+
+# Scatter combiners: REPLACE writes the update over the operand element, the others combine.
+REPLACE = "replace"
+SCATTER_COMBINERS = (REPLACE, "add", "multiply", "minimum", "maximum")
+
+
+@dataclass(frozen=True, eq=False)
+class Scatter(Instruction):
+    """ins = (*operands, scatter_indices, *updates): each update window is combined into the
+    operands at its start index; windows that do not fit inside the operand are skipped.
+
+    With one operand, `combiner` may name one of SCATTER_COMBINERS; otherwise `body` is the
+    spec's update computation over scalars (operand elements, then update elements),
+    applied one update window after another in row-major order of the update scatter
+    indices.
+    """
+
+    update_window_dims: tuple[int, ...]
+    inserted_window_dims: tuple[int, ...]
+    input_batching_dims: tuple[int, ...]
+    scatter_indices_batching_dims: tuple[int, ...]
+    scatter_dims_to_operand_dims: tuple[int, ...]
+    index_vector_dim: int
+    combiner: str | None
+    body: Program | None = None
+    indices_are_sorted: bool = False
+    unique_indices: bool = False
+    engine: ClassVar[str] = GPSIMD  # read-modify-write of the operand
+
+
+@dataclass(frozen=True, eq=False)
+class Sort(Instruction):
+    """Sort all operands along `dimension` by a comparator over (lhs, rhs) element pairs.
+
+    `num_keys` is set when the comparator is the one lax.sort builds: lexicographic order of
+    the first `num_keys` operands, floats in total order with -0.0 == +0.0 and all NaNs
+    equal and last. Otherwise `comparator` is the op's own comparator, a scalar program
+    whose arguments are lhs_0, rhs_0, lhs_1, rhs_1, ...
+    """
+
+    dimension: int
+    is_stable: bool
+    num_keys: int | None
+    comparator: Program | None = None
+    engine: ClassVar[str] = GPSIMD
+
+
+@dataclass(frozen=True, eq=False)
+class TopK(Instruction):
+    """chlo.top_k: the k largest elements along the last dim, largest first, ties in index
+    order, and their int32 indices."""
+
+    k: int
+    engine: ClassVar[str] = GPSIMD
+
+
+@dataclass(frozen=True, eq=False)
+class ReduceWindow(Instruction):
+    """ins = (*operands, *init_values): a reduction over each window of the (base-dilated,
+    padded) operands. `combiner` names a known monoid (see Reduce), else `body` reduces."""
+
+    window_dimensions: tuple[int, ...]
+    window_strides: tuple[int, ...]
+    base_dilations: tuple[int, ...]
+    window_dilations: tuple[int, ...]
+    padding: tuple[tuple[int, int], ...]  # (low, high) per dim
+    combiner: str | None
+    body: Program | None = None
+    engine: ClassVar[str] = VECTOR
+
+
+@dataclass(frozen=True, eq=False)
+class SelectAndScatter(Instruction):
+    """ins = (operand, source, init_value): in each window of the padded operand, `select`
+    picks one element (the first, replaced by each later one it does not prefer); the
+    source element of that window is combined into the result there (the result starts as
+    init_value). `scatter_combiner` is one of REDUCTIONS, else `scatter_body` combines."""
+
+    window_dimensions: tuple[int, ...]
+    window_strides: tuple[int, ...]
+    padding: tuple[tuple[int, int], ...]
+    select: Program
+    scatter_combiner: str | None
+    scatter_body: Program | None = None
+    engine: ClassVar[str] = VECTOR
+
+
+@dataclass(frozen=True, eq=False)
+class Convolution(Instruction):
+    """ins = (lhs, rhs): convolution on the Tensor Engine, as StableHLO describes it.
+
+    `lhs_spec` = (batch dim, feature dim, spatial dims...), `rhs_spec` = (output feature dim,
+    input feature dim, spatial dims...), `out_spec` = (batch dim, feature dim, spatial
+    dims...), as lax.ConvDimensionNumbers. Float inputs are read in FP32, products summed in
+    FP32 and the result rounded once to `out_dtype`, as for Matmul.
+    """
+
+    lhs_spec: tuple[int, ...]
+    rhs_spec: tuple[int, ...]
+    out_spec: tuple[int, ...]
+    window_strides: tuple[int, ...]
+    padding: tuple[tuple[int, int], ...]
+    lhs_dilation: tuple[int, ...]
+    rhs_dilation: tuple[int, ...]
+    window_reversal: tuple[bool, ...]
+    feature_group_count: int
+    batch_group_count: int
+    out_dtype: str
+    engine: ClassVar[str] = TENSOR
+
+
+@dataclass(frozen=True, eq=False)
+class RngBitGenerator(Instruction):
+    """ins = (state,); outs = (new state, random bits): the named algorithm (DEFAULT,
+    THREE_FRY or PHILOX) run on each chip's own state."""
+
+    algorithm: str
+    engine: ClassVar[str] = GPSIMD
+
+
+@dataclass(frozen=True, eq=False)
+class ReducePrecision(Instruction):
+    """Round floats to a format with `exponent_bits` and `mantissa_bits`, kept in their type."""
+
+    exponent_bits: int
+    mantissa_bits: int
+    engine: ClassVar[str] = VECTOR
 
 
 # --- programs ----------------------------------------------------------------------------

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
-from mesh import isa
+from mesh import isa, isa_control
 
 
 def value_text(program: isa.Program, value: int) -> str:
@@ -17,12 +19,16 @@ def value_text(program: isa.Program, value: int) -> str:
 def params_text(instr: isa.Instruction) -> str:
     parts = []
     for name, value in instr.params().items():
+        if isinstance(value, isa.Plan):  # shown on lines of its own (plan_lines)
+            continue
         if isinstance(value, np.ndarray):
             value = f"<{value.dtype}{list(value.shape)}>" if value.size > 8 else value.tolist()
         elif isinstance(value, isa.Groups):
             value = _groups_text(value)
         elif isinstance(value, isa.Program):
             value = f"<{value.name}: {len(value.instructions)} instructions>"
+        elif isinstance(value, tuple) and value and isinstance(value[0], isa.Program):
+            value = f"<{len(value)} programs>"
         elif name == "pairs" and len(value) > 8:
             value = f"<{len(value)} pairs>"
         parts.append(f"{name}={value}")
@@ -43,11 +49,41 @@ def instruction_text(program: isa.Program, instr: isa.Instruction) -> str:
     return f"{outs} = {instr.engine}.{instr.mnemonic}({ins}){' ' + params if params else ''}{loc}"
 
 
-def program_text(program: isa.Program) -> str:
-    """The whole program: a header with the mesh, inputs, instructions, outputs."""
+def plan_lines(instr: isa.Instruction, indent: str) -> list[str]:
+    """How the hardware runs the instruction (tiling, torus plan), indented under it."""
+    return [indent + line for value in instr.params().values() if isinstance(value, isa.Plan)
+            for line in value.describe().splitlines()]
+
+
+def _region_lines(instr: isa.Instruction, indent: str) -> list[str]:
+    """The sub-programs of a loop or conditional, indented under it: `body x4(%inputs):`,
+    their instructions, and `yield %outputs`."""
+    if not isinstance(instr, isa_control.ControlFlow):
+        return []
+    lines = []
+    for label, sub in instr.regions():
+        lines.append(f"{indent}{label}({', '.join(value_text(sub, v) for v in sub.inputs)}):")
+        for inner in sub.instructions:
+            lines.append(f"{indent}  {instruction_text(sub, inner)}")
+            lines += plan_lines(inner, indent + "      ")
+            lines += _region_lines(inner, indent + "    ")
+        lines.append(f"{indent}  yield " + ", ".join(f"%{v}" for v in sub.outputs))
+    return lines
+
+
+def program_text(program: isa.Program, prefix: Callable[[int], str] | None = None) -> str:
+    """The whole program: a header with the mesh, inputs, instructions, outputs.
+
+    `prefix(i)` (e.g. estimated times) starts the line of instruction i; other lines are
+    padded to line up."""
+    width = len(prefix(0)) if prefix and program.instructions else 0
+    pad = " " * width
     lines = [f"trn2.program @{program.name} mesh={program.mesh} "
              f"({program.mesh.num_devices} chips)"]
-    lines.append("  inputs: " + ", ".join(value_text(program, v) for v in program.inputs))
-    lines += ["  " + instruction_text(program, i) for i in program.instructions]
-    lines.append("  outputs: " + ", ".join(value_text(program, v) for v in program.outputs))
+    lines.append(pad + "  inputs: " + ", ".join(value_text(program, v) for v in program.inputs))
+    for i, instr in enumerate(program.instructions):
+        lines.append((prefix(i) if prefix else "") + "  " + instruction_text(program, instr))
+        lines += plan_lines(instr, pad + "      ")
+        lines += _region_lines(instr, pad + "    ")
+    lines.append(pad + "  outputs: " + ", ".join(value_text(program, v) for v in program.outputs))
     return "\n".join(lines)

@@ -157,16 +157,21 @@ class Topology:
             f"on torus '{self.name}' {self.shape}"
         )
 
-    def route(self, src: int, dst: int) -> tuple[Link, ...]:
+    def route(self, src: int, dst: int, tie_direction: int = 1) -> tuple[Link, ...]:
         """Links of the dimension-order route from ``src`` to ``dst``.
 
-        Axis 0 first, then 1, ...; on each ring the shorter way round, ties going +1.
+        Axis 0 first, then 1, ...; on each ring the shorter way round, ties (half-way round
+        a ring of 3 or more) going ``tie_direction`` (+1 or -1).
         """
+        if tie_direction not in (1, -1):
+            raise ValueError(f"tie_direction must be +1 or -1, got {tie_direction}")
         target = self.coords(dst)
         here = src
         links = []
         for axis, size in enumerate(self.shape):
             steps, direction = _ring_offset(self.coords(here)[axis], target[axis], size)
+            if size > 2 and 2 * steps == size:
+                direction = tie_direction
             for _ in range(steps):
                 links.append(self._link(here, axis, direction))
                 here = links[-1].dst

@@ -1,10 +1,16 @@
 """Lowering rules, one module per op family; importing them fills lowering.registry.RULES."""
 
 from lowering.rules import (  # noqa: F401
+    bits,
     collectives,
+    control_flow,
+    convolution,
     dot,
     elementwise,
+    indexing,
     movement,
     reduction,
+    sort,
     structure,
+    windows,
 )

@@ -1,18 +1,33 @@
-"""Collectives: replica groups decoded into logical mesh axes."""
+"""Collectives: replica groups decoded into logical mesh axes.
+
+A collective's replica_groups (or source_target_pairs) name replicas, partitions or
+flattened process ids as its channel_id and use_global_device_ids say (the StableHLO spec's
+grouping strategies); the module's process grid turns them into logical device ids.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
 from lowering.registry import rule
-from lowering.replica_groups import decode_groups
+from lowering.replica_groups import decode_groups, grouping_mode
 from lowering.rules.reduction import monoid
 from lowering.walker import LoweringContext, Op
 from mesh import isa
 
 
+def _mode(op: Op) -> str:
+    channel_id = op.attr("channel_handle", (0, 0))[0]
+    return grouping_mode(op.name, channel_id, bool(op.attr("use_global_device_ids", False)))
+
+
+def _process_groups(ctx: LoweringContext, op: Op, complete: bool = True) -> np.ndarray:
+    """The op's groups as logical device ids [groups, size]."""
+    return ctx.grid.process_groups(np.asarray(op.attrs["replica_groups"]), _mode(op), complete)
+
+
 def _groups(ctx: LoweringContext, op: Op) -> isa.Groups:
-    return decode_groups(np.asarray(op.attrs["replica_groups"]), ctx.mesh)
+    return decode_groups(_process_groups(ctx, op), ctx.mesh)
 
 
 def _reduction(ctx: LoweringContext, op: Op) -> str:
@@ -41,6 +56,8 @@ def _per_member(ctx: LoweringContext, value: int, groups: isa.Groups) -> frozens
 @rule("stablehlo.all_reduce")
 def all_reduce(ctx: LoweringContext, op: Op):
     groups, reduction = _groups(ctx, op), _reduction(ctx, op)
+    if groups.group_size == 1:  # every device alone: nothing to combine
+        return op.operands
     return tuple(ctx.emit(isa.AllReduce, op, ins=(v,), out_types=(t,),
                           varying=_same_within_groups(ctx, v, groups),
                           groups=groups, reduction=reduction)[0]
@@ -50,6 +67,8 @@ def all_reduce(ctx: LoweringContext, op: Op):
 @rule("stablehlo.all_gather")
 def all_gather(ctx: LoweringContext, op: Op):
     groups = _groups(ctx, op)
+    if groups.group_size == 1:
+        return op.operands
     return tuple(ctx.emit(isa.AllGather, op, ins=(v,), out_types=(t,),
                           varying=_same_within_groups(ctx, v, groups),
                           groups=groups, dimension=op.attrs["all_gather_dim"])[0]
@@ -59,6 +78,8 @@ def all_gather(ctx: LoweringContext, op: Op):
 @rule("stablehlo.reduce_scatter")
 def reduce_scatter(ctx: LoweringContext, op: Op):
     groups, reduction = _groups(ctx, op), _reduction(ctx, op)
+    if groups.group_size == 1:
+        return op.operands
     (v,) = op.operands
     return ctx.emit(isa.ReduceScatter, op, varying=_per_member(ctx, v, groups), groups=groups,
                     dimension=op.attrs["scatter_dimension"], reduction=reduction)
@@ -70,6 +91,8 @@ def all_to_all(ctx: LoweringContext, op: Op):
     if groups.group_size != op.attrs["split_count"]:
         raise ValueError(f"split_count {op.attrs['split_count']} differs from the replica "
                          f"group size {groups.group_size}")
+    if groups.group_size == 1:
+        return op.operands
     return tuple(ctx.emit(isa.AllToAll, op, ins=(v,), out_types=(t,),
                           varying=_per_member(ctx, v, groups), groups=groups,
                           split_dimension=op.attrs["split_dimension"],
@@ -79,10 +102,7 @@ def all_to_all(ctx: LoweringContext, op: Op):
 
 @rule("stablehlo.collective_permute")
 def collective_permute(ctx: LoweringContext, op: Op):
-    pairs = np.asarray(op.attrs["source_target_pairs"], dtype=np.int64).reshape(-1, 2)
-    n = ctx.mesh.num_devices
-    if pairs.size and (pairs.min() < 0 or pairs.max() >= n):
-        raise ValueError(f"source_target_pairs name devices outside 0..{n - 1}")
+    pairs = ctx.grid.process_pairs(np.asarray(op.attrs["source_target_pairs"]), _mode(op))
     for column, role in ((0, "source"), (1, "target")):
         ids, counts = np.unique(pairs[:, column], return_counts=True)
         if (counts > 1).any():
@@ -92,12 +112,29 @@ def collective_permute(ctx: LoweringContext, op: Op):
                     pairs=tuple((int(s), int(t)) for s, t in pairs))
 
 
+@rule("stablehlo.collective_broadcast")
+def collective_broadcast(ctx: LoweringContext, op: Op):
+    """Each group's first member sends its operand to the others; a device in no group gets
+    zeros. A one-to-many collective_permute."""
+    groups = _process_groups(ctx, op, complete=False)
+    pairs = np.stack([np.repeat(groups[:, 0], groups.shape[1]), groups.ravel()], axis=1)
+    (v,) = op.operands
+    return ctx.emit(isa.CollectivePermute, op, varying=_permute_layout(ctx, v, pairs),
+                    pairs=tuple((int(s), int(t)) for s, t in pairs))
+
+
 def _permute_layout(ctx: LoweringContext, value: int, pairs: np.ndarray) -> frozenset[int]:
-    """The result varies along the axes data moves along (and those the input varies
-    along); where some device receives nothing it gets zeros, so the result varies along
-    every axis."""
-    if len(set(pairs[:, 1].tolist())) < ctx.mesh.num_devices:
-        return frozenset(range(ctx.mesh.rank))
-    coords = ctx.mesh.device_coords()
-    moved = coords[pairs[:, 0]] != coords[pairs[:, 1]]
-    return ctx.varying(value) | frozenset(np.nonzero(moved.any(axis=0))[0].tolist())
+    """The axes along which the result differs from chip to chip. A source sends the
+    operand's copy named by its coordinates along the axes the operand varies along; a chip
+    that receives nothing gets zeros. The result varies along an axis where what the chips
+    receive changes along it (which need not be an axis the data moves along)."""
+    mesh = ctx.mesh
+    varying = sorted(ctx.varying(value))
+    coords = mesh.device_coords()
+    copy_of = np.ravel_multi_index(tuple(coords[:, varying].T),
+                                   tuple(mesh.axis_sizes[a] for a in varying)) \
+        if varying else np.zeros(mesh.num_devices, np.int64)
+    received = np.full(mesh.num_devices, -1, np.int64)  # -1: zeros
+    received[pairs[:, 1]] = copy_of[pairs[:, 0]]
+    received = received.reshape(mesh.axis_sizes)
+    return frozenset(a for a in range(mesh.rank) if (np.diff(received, axis=a) != 0).any())

@@ -4,36 +4,48 @@ from __future__ import annotations
 
 import numpy as np
 
+from lowering import folding
 from lowering.registry import rule
 from lowering.walker import LoweringContext, Op
 from mesh import isa
 from mesh.kernels.elementwise import BINARY, UNARY
 
-# StableHLO and CHLO spellings of ops whose kernel name differs from the op name.
-RENAMED = {"chlo.erf": "erf", "chlo.erf_inv": "erf_inv", "chlo.tan": "tan",
-           "stablehlo.round_nearest_afz": "round_nearest_afz"}
+# Kernel ops jax emits in the CHLO dialect (the others are StableHLO ops; tan is both).
+CHLO = frozenset({"acos", "acosh", "asin", "asinh", "atan", "atanh", "cosh", "sinh", "tan",
+                  "erf", "erfc", "erf_inv", "lgamma", "digamma", "bessel_i1e", "square",
+                  "is_inf", "is_pos_inf", "is_neg_inf", "next_after", "polygamma", "zeta"})
 
 
 def _elementwise(ctx: LoweringContext, op: Op):
-    name = RENAMED.get(op.name, op.short_name)
-    return ctx.emit(isa.Elementwise, op, op=name)
+    return _emit_elementwise(ctx, op, op=op.short_name)
 
 
-for _name in list(UNARY) + list(BINARY) + ["select", "clamp", "convert"]:
-    rule(f"stablehlo.{_name}")(_elementwise)
-rule(*(n for n in RENAMED if n.startswith("chlo.")))(_elementwise)
+def _emit_elementwise(ctx: LoweringContext, op: Op, /, **params) -> tuple[int, ...]:
+    """An Elementwise instruction, or the Constant it computes when its operands are
+    known while lowering (integer arithmetic on device ids: lowering.folding)."""
+    return folding.fold(ctx, op, isa.Elementwise, **params) or \
+        ctx.emit(isa.Elementwise, op, **params)
+
+
+for _name in list(UNARY) + list(BINARY) + ["select", "clamp", "convert", "bitcast_convert"]:
+    _dialects = ("chlo", "stablehlo") if _name == "tan" else \
+        ("chlo",) if _name in CHLO else ("stablehlo",)
+    rule(*(f"{d}.{_name}" for d in _dialects))(_elementwise)
 
 
 @rule("stablehlo.compare")
 def compare(ctx: LoweringContext, op: Op):
-    return ctx.emit(isa.Elementwise, op, op="compare", direction=op.attrs["comparison_direction"],
-                    compare_type=op.attr("compare_type", ""))
+    return _emit_elementwise(ctx, op, op="compare",
+                             direction=op.attrs["comparison_direction"],
+                             compare_type=op.attr("compare_type", ""))
 
 
 @rule("stablehlo.constant")
 def constant(ctx: LoweringContext, op: Op):
-    value = np.asarray(op.attrs["value"])
-    return ctx.emit(isa.Constant, op, value=value.reshape(op.result_types[0].shape))
+    value = np.asarray(op.attrs["value"]).reshape(op.result_types[0].shape)
+    (out,) = ctx.emit(isa.Constant, op, value=value)
+    folding.remember(ctx, out, value.reshape((1,) * ctx.mesh.rank + value.shape))
+    return (out,)
 
 
 @rule("stablehlo.iota")
@@ -44,5 +56,7 @@ def iota(ctx: LoweringContext, op: Op):
 @rule("stablehlo.partition_id", "stablehlo.replica_id")
 def device_id(ctx: LoweringContext, op: Op):
     kind = "partition" if op.short_name == "partition_id" else "replica"
-    varying = frozenset(range(ctx.mesh.rank)) if kind == "partition" else frozenset()
-    return ctx.emit(isa.DeviceId, op, varying=varying, kind=kind)
+    axes = ctx.grid.partition_axes if kind == "partition" else ctx.grid.replica_axes
+    (out,) = ctx.emit(isa.DeviceId, op, ins=(), varying=frozenset(axes), kind=kind, axes=axes)
+    folding.remember_source(ctx, out, isa.DeviceId, kind=kind, axes=axes)
+    return (out,)

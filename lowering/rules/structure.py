@@ -3,40 +3,52 @@
 from __future__ import annotations
 
 from lowering.registry import rule
+from lowering.rules import gspmd
 from lowering.walker import LoweringContext, Op
 from mesh import isa
 
 
-def _dim_axes(ctx: LoweringContext, sharding) -> tuple[tuple[int, ...], ...]:
-    return tuple(tuple(ctx.mesh.axis_index(a) for a in dim) for dim in sharding.dims)
+def _dim_axes(ctx: LoweringContext, sharding,
+              manual: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """The manual mesh axes each dim is split over (other axes in a sharding are
+    automatic: the body sees the dim whole along them)."""
+    return tuple(tuple(ctx.mesh.axis_index(a) for a in dim if ctx.mesh.axis_index(a) in manual)
+                 for dim in sharding.dims)
 
 
 @rule("sdy.manual_computation")
 def manual_computation(ctx: LoweringContext, op: Op):
     """A shard_map body: split the global operands by in_shardings, run the body per chip,
-    assemble the results by out_shardings."""
+    assemble the results by out_shardings.
+
+    Only the manual axes are split (a shard_map with axis_names= some axes, or the nested
+    one jax emits for axis_index there): along the others, values keep their layout."""
+    manual = tuple(sorted(ctx.mesh.axis_index(a) for a in op.attrs["manual_axes"]))
+    manual_axes = manual if len(manual) < ctx.mesh.rank else None  # None: all (the listing)
     pieces = []
     for value, sharding, local in zip(op.operands, op.attrs["in_shardings"],
                                       op.regions[0].arg_types):
-        if ctx.varying(value):
-            raise NotImplementedError("a shard_map nested inside another shard_map")
-        dim_axes = _dim_axes(ctx, sharding)
+        dim_axes = _dim_axes(ctx, sharding, manual)
+        split = frozenset(a for axes in dim_axes for a in axes)
         pieces += ctx.emit(isa.Shard, op, ins=(value,), out_types=(local,),
-                           varying=frozenset(a for axes in dim_axes for a in axes),
-                           dim_axes=dim_axes)
+                           varying=(ctx.varying(value) - frozenset(manual)) | split,
+                           dim_axes=dim_axes, manual_axes=manual_axes)
     results = ctx.inline_region(op.regions[0], pieces)
     return tuple(ctx.emit(isa.Unshard, op, ins=(value,), out_types=(global_,),
-                          varying=frozenset(), dim_axes=_dim_axes(ctx, sharding))[0]
+                          varying=ctx.varying(value) - frozenset(manual),
+                          dim_axes=_dim_axes(ctx, sharding, manual),
+                          manual_axes=manual_axes)[0]
                  for value, sharding, global_ in zip(results, op.attrs["out_shardings"],
                                                      op.result_types))
 
 
 @rule("func.call")
 def call(ctx: LoweringContext, op: Op):
-    return ctx.call(op.attrs["callee"], op.operands)
+    return ctx.call(op.attrs["callee"], op.operands, op.loc)
 
 
-@rule("sdy.sharding_constraint", "sdy.reshard", "stablehlo.optimization_barrier")
+@rule("sdy.sharding_constraint", "sdy.reshard", "sdy.propagation_barrier",
+      "stablehlo.optimization_barrier")
 def identity(ctx: LoweringContext, op: Op):
     """Sharding hints and barriers do not change values."""
     return op.operands
@@ -45,6 +57,16 @@ def identity(ctx: LoweringContext, op: Op):
 @rule("stablehlo.custom_call")
 def custom_call(ctx: LoweringContext, op: Op):
     target = op.attrs["call_target_name"]
-    if target == "Sharding" and op.operand_types == op.result_types:
-        return op.operands
+    if target in gspmd.CUSTOM_CALLS:
+        return gspmd.CUSTOM_CALLS[target](ctx, op)
+    if target == "CustomSPMDPartitioning":
+        raise NotImplementedError(
+            "jax.experimental.custom_partitioning partitions with a Python callback that "
+            "jax-trn2 cannot run: write the partitioned computation with jax.shard_map")
     raise NotImplementedError(f"stablehlo.custom_call @{target} is not supported by jax-trn2")
+
+
+@rule("sdy.sharding_group")
+def sharding_group(ctx: LoweringContext, op: Op):
+    """shard_alike's hint that values share a sharding: no value, nothing to run."""
+    return ()

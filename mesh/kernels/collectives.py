@@ -6,9 +6,10 @@ When the groups are lines of the mesh along some axes (`Groups.axes`), the view 
 transpose of the mesh dims and groups along axes the value does not vary along are not
 materialised; otherwise it is a gather over the flattened device dim.
 
-Reductions add the members' values one after another in rank order, each partial sum rounded
-to the operand's type, as a ring does when it forwards partial sums between chips in that
-type (the accumulation itself is FP32 on the collective engines).
+Reductions add the members' values in the order of the ring algorithm (each chunk starts at
+the member after its owner and goes around the ring; mesh.kernels.ring_order), each partial
+sum rounded to the operand's type, as a ring does when it forwards partial sums between chips
+in that type (the accumulation itself is FP32 on the collective engines).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from mesh import isa, numerics
+from mesh import isa
 from mesh.kernels import kernel
 from mesh.kernels.context import KernelContext
+from mesh.kernels.elementwise import boolean_equivalent
+from mesh.kernels.ring_order import ring_reduce
 
 COMBINE = {
     "add": lax.add, "multiply": lax.mul, "maximum": lax.max, "minimum": lax.min,
@@ -35,6 +38,11 @@ class AxisView:
         self.nm = ctx.nm
         self.sizes = ctx.mesh.axis_sizes
         self.rest = [a for a in range(self.nm) if a not in self.axes]
+
+    def lines(self, x):
+        """[rest mesh..., one dim per group axis (size 1 where x does not vary along it),
+        local...]: each group's members, not broadcast."""
+        return lax.transpose(x, tuple(self.rest + self.axes) + tuple(range(self.nm, x.ndim)))
 
     def gather(self, x):
         """[rest mesh..., group_size, local...], broadcast along the group's axes."""
@@ -98,43 +106,29 @@ def _view(groups: isa.Groups, ctx: KernelContext):
     return AxisView(groups, ctx) if groups.axes is not None else DeviceView(groups, ctx)
 
 
-def _fold(y, axis: int, reduction: str, rounding):
-    """Combine the members along `axis` in rank order, rounding each partial result."""
-    combine = COMBINE[reduction]
-    dtype = y.dtype
-    members = [lax.index_in_dim(y, i, axis, keepdims=False) for i in range(y.shape[axis])]
-    acc = members[0]
-    for m in members[1:]:
-        acc = numerics.round_to(combine(numerics.widen(acc), numerics.widen(m)),
-                                np.dtype(dtype).name, rounding)
-    return acc
-
-
-# Reductions for which combining k copies of one value needs no fold: k * v, or v itself.
-_IDEMPOTENT = ("maximum", "minimum", "and", "or")
-
-
-def _reduce_members(x, groups: isa.Groups, reduction: str, ctx: KernelContext):
-    """(view, [rest..., local...]): the reduction of x over each group."""
+def _reduce_members(x, groups: isa.Groups, reduction: str, ctx: KernelContext,
+                    scatter_dimension: int | None = None):
+    """(view, [rest..., local...]): the reduction of x over each group, every element added
+    in the order of the ring algorithm (mesh.kernels.ring_order). For a reduce-scatter the
+    ring's chunks are the blocks along `scatter_dimension`."""
     if groups.axes is None:
         view = DeviceView(groups, ctx)
-        return view, _fold(view.gather(x), 1, reduction, ctx.rounding)
-    replicated = [a for a in groups.axes if x.shape[a] == 1]
-    if reduction not in _IDEMPOTENT + ("add",):
-        replicated = []
-    varying = [a for a in groups.axes if a not in replicated]
-    if varying:
-        inner = AxisView(isa.Groups(groups.device_groups, tuple(varying)), ctx)
-        x = inner.gather(x)
-        x = _fold(x, len(inner.rest), reduction, ctx.rounding)
-    # x: [mesh dims other than `varying`..., local]; the `replicated` ones have size 1.
-    if reduction == "add" and replicated:
-        copies = int(np.prod([ctx.mesh.axis_sizes[a] for a in replicated], dtype=np.int64))
-        x = numerics.round_to(numerics.widen(x) * copies, np.dtype(x.dtype).name, ctx.rounding)
-    view = AxisView(groups, ctx)
-    lead_axes = [a for a in range(ctx.nm) if a not in varying]
-    kept = [i for i, a in enumerate(lead_axes) if a not in replicated]
-    return view, x.reshape(tuple(x.shape[i] for i in kept) + x.shape[len(lead_axes):])
+        members, ring_sizes = view.gather(x), (groups.group_size,)
+    else:
+        view = AxisView(groups, ctx)
+        members, ring_sizes = view.lines(x), tuple(ctx.mesh.axis_sizes[a] for a in groups.axes)
+    lead = members.ndim - len(ring_sizes) - (x.ndim - ctx.nm)
+    first_local = lead + len(ring_sizes)
+    if scatter_dimension is not None:
+        members = jnp.moveaxis(members, first_local + scatter_dimension, first_local)
+    flat = members.reshape(members.shape[:first_local] + (-1,))
+    combine = COMBINE[boolean_equivalent(reduction, x.dtype)]
+    reduced = ring_reduce(flat, lead, ring_sizes, combine, ctx.rounding)
+    local = members.shape[first_local:]
+    reduced = reduced.reshape(reduced.shape[:lead] + local)
+    if scatter_dimension is not None:
+        reduced = jnp.moveaxis(reduced, lead, lead + scatter_dimension)
+    return view, reduced
 
 
 def _member_axis(view) -> int:
@@ -149,7 +143,8 @@ def all_reduce(instr: isa.AllReduce, args, ctx: KernelContext):
 
 @kernel(isa.ReduceScatter)
 def reduce_scatter(instr: isa.ReduceScatter, args, ctx: KernelContext):
-    view, reduced = _reduce_members(args[0], instr.groups, instr.reduction, ctx)
+    view, reduced = _reduce_members(args[0], instr.groups, instr.reduction, ctx,
+                                    scatter_dimension=instr.dimension)
     lead = reduced.ndim - (args[0].ndim - ctx.nm)
     size = instr.groups.group_size
     d = lead + instr.dimension

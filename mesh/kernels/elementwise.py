@@ -19,6 +19,12 @@ UNARY = {
     "cosine": lax.cos, "tan": lax.tan, "sqrt": lax.sqrt, "rsqrt": lax.rsqrt, "cbrt": lax.cbrt,
     "erf": lax.erf, "erf_inv": lax.erf_inv, "is_finite": lax.is_finite, "not": lax.bitwise_not,
     "popcnt": lax.population_count, "count_leading_zeros": lax.clz,
+    # CHLO (jax's ops above StableHLO): the same functions lax's CPU lowering computes.
+    "acos": lax.acos, "acosh": lax.acosh, "asin": lax.asin, "asinh": lax.asinh,
+    "atan": lax.atan, "atanh": lax.atanh, "cosh": lax.cosh, "sinh": lax.sinh,
+    "erfc": lax.erfc, "lgamma": lax.lgamma, "digamma": lax.digamma,
+    "bessel_i1e": lax.bessel_i1e, "square": lax.square, "is_inf": lambda x: lax.abs(x) == jnp.inf,
+    "is_pos_inf": lambda x: x == jnp.inf, "is_neg_inf": lambda x: x == -jnp.inf,
 }
 
 BINARY = {
@@ -27,14 +33,26 @@ BINARY = {
     "atan2": lax.atan2, "and": lax.bitwise_and, "or": lax.bitwise_or, "xor": lax.bitwise_xor,
     "shift_left": lax.shift_left, "shift_right_arithmetic": lax.shift_right_arithmetic,
     "shift_right_logical": lax.shift_right_logical,
+    "next_after": lax.nextafter, "polygamma": lax.polygamma, "zeta": lax.zeta,
 }
 
 COMPARISONS = {"EQ": lax.eq, "NE": lax.ne, "LT": lax.lt, "LE": lax.le, "GT": lax.gt, "GE": lax.ge}
 
 # Ops whose result type is not the type of their (widened) operands.
-OTHER = ("compare", "select", "clamp", "convert")
+OTHER = ("compare", "select", "clamp", "convert", "bitcast_convert")
 
 ELEMENTWISE_OPS = frozenset(UNARY) | frozenset(BINARY) | frozenset(OTHER)
+
+# Ops defined on the operands' own type, not computed in FP32: the neighbouring float.
+OWN_TYPE_OPS = frozenset({"next_after"})
+
+# StableHLO's add and multiply of booleans are logical or and and.
+BOOLEAN_ARITHMETIC = {"add": "or", "multiply": "and"}
+
+
+def boolean_equivalent(op: str, dtype) -> str:
+    """The op that computes `op` on operands of `dtype` (differs for bool add/multiply)."""
+    return BOOLEAN_ARITHMETIC.get(op, op) if dtype == np.bool_ else op
 
 
 def _align_rank(x: jnp.ndarray, nm: int, rank: int) -> jnp.ndarray:
@@ -69,11 +87,14 @@ def elementwise(instr: isa.Elementwise, args, ctx: KernelContext):
         return [numerics.round_to(numerics.widen(x), out_type.dtype, ctx.rounding)
                 if dtypes.is_float(out_type.dtype) and dtypes.is_float(dtypes.dtype_name(x.dtype))
                 else lax.convert_element_type(x, dtypes.numpy_dtype(out_type.dtype))]
+    if op == "bitcast_convert":  # a wider or narrower type drops or adds the last dim
+        return [lax.bitcast_convert_type(args[0], dtypes.numpy_dtype(out_type.dtype))]
     rank = out_type.rank
     if op == "select":
         pred, on_true, on_false = (_align_rank(a, ctx.nm, rank) for a in args)
         return [jnp.where(pred, on_true, on_false)]
-    wide = [numerics.widen(_align_rank(a, ctx.nm, rank)) for a in args]
+    aligned = [_align_rank(a, ctx.nm, rank) for a in args]
+    wide = aligned if op in OWN_TYPE_OPS else [numerics.widen(a) for a in aligned]
     if op == "compare":
         return [_compare(instr, *wide)]
     if op == "clamp":
@@ -81,8 +102,13 @@ def elementwise(instr: isa.Elementwise, args, ctx: KernelContext):
         result = lax.min(lax.max(x, lo), hi)
     elif op in UNARY:
         result = UNARY[op](*wide)
+    elif op == "divide":
+        # XLA rewrites a / broadcast(b) as a * broadcast(1 / b), which is not correctly
+        # rounded; the barrier keeps the layout broadcast from turning into that.
+        lhs, rhs = jnp.broadcast_arrays(*wide)
+        result = lax.div(lhs, lax.optimization_barrier(rhs))
     else:
-        result = BINARY[op](*jnp.broadcast_arrays(*wide))
+        result = BINARY[boolean_equivalent(op, wide[0].dtype)](*jnp.broadcast_arrays(*wide))
     return [numerics.round_to(result, out_type.dtype, ctx.rounding)]
 
 
@@ -101,9 +127,11 @@ def iota(instr: isa.Iota, args, ctx: KernelContext):
 
 @kernel(isa.DeviceId)
 def device_id(instr: isa.DeviceId, args, ctx: KernelContext):
-    """Logical device ids, row-major over the mesh: each chip sees its own."""
-    ids = np.arange(ctx.mesh.num_devices, dtype=np.uint32).reshape(ctx.mesh.axis_sizes)
-    if instr.kind == "replica":
-        ids = np.zeros_like(ids)
+    """Each chip's id: the row-major index of its coordinates along `instr.axes`."""
+    sizes = [ctx.mesh.axis_sizes[a] if a in instr.axes else 1 for a in range(ctx.nm)]
+    ids = np.zeros(sizes, dtype=np.uint32)
+    for a in instr.axes:
+        ids = ids * sizes[a] + np.arange(sizes[a], dtype=np.uint32).reshape(
+            [-1 if d == a else 1 for d in range(ctx.nm)])
     return [jnp.asarray(ids.reshape(ctx.out_shape(instr)))]
 

@@ -3,9 +3,13 @@
 Model (nki.isa.nc_matmul; ../shared/trn2_facts.md): the PE array multiplies BF16/FP16/FP8
 inputs exactly and sums a pass of up to 128 contraction elements in FP32; passes accumulate
 into an FP32 PSUM tile one after another; the result is rounded once to the output type.
-Here each pass is one FP32 matmul on the host (exact products: every narrow float is an FP32
-value, and a product of two of them fits FP32's 24-bit significand) and passes are added in
-order. Integer inputs accumulate exactly in their integer output type.
+Here each pass is one host matmul with FP32 accumulation, and passes are added in order.
+BF16 and FP8 inputs go to the host as BF16 (every FP8 value is a BF16 value), so that CPUs
+with BF16 dot instructions run them at their BF16 rate; a product of two BF16 values fits
+FP32's 24-bit significand, so products are exact either way. Other float inputs go as FP32.
+(Host BF16 dot instructions flush subnormal products to zero; a product that small is below
+FP32's normal range and lost in any FP32 sum with a normal value.) Integer inputs accumulate
+exactly in their integer output type.
 
 Mesh dims: a mesh axis along which both operands vary is a batch dim, one along which only
 one operand varies is a free dim of that operand, and one along which neither varies is not
@@ -84,14 +88,27 @@ def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext):
         acc = dtypes.numpy_dtype(out_dtype)
         return lax.dot_general(lhs3.astype(acc), rhs3.astype(acc), dims,
                                preferred_element_type=acc)
-    lhs3 = lhs3.astype(jnp.float32)
-    rhs3 = rhs3.astype(jnp.float32)
-    k = lhs3.shape[2]
+    host = _host_dtype(lhs3.dtype, rhs3.dtype)
+    lhs3, rhs3 = lhs3.astype(host), rhs3.astype(host)
+    batch, k = lhs3.shape[0], lhs3.shape[2]
+    if batch == 1:  # a plain GEMM is faster on the host than a batch of one
+        lhs3, rhs3, dims = lhs3[0], rhs3[0], (((1,), (1,)), ((), ()))
     acc = None
     for k0 in range(0, max(k, 1), instr.pass_size):
         k1 = min(k0 + instr.pass_size, k)
-        part = lax.dot_general(lhs3[:, :, k0:k1], rhs3[:, :, k0:k1], dims,
+        part = lax.dot_general(lhs3[..., k0:k1], rhs3[..., k0:k1], dims,
                                precision=lax.Precision.HIGHEST,
                                preferred_element_type=jnp.float32)
         acc = part if acc is None else acc + part
+    if batch == 1:
+        acc = acc[None]
     return numerics.round_to(acc, out_dtype, ctx.rounding)
+
+
+_BF16_EXACT = dtypes.FP8_TYPES | {"bfloat16"}
+
+
+def _host_dtype(lhs_dtype, rhs_dtype):
+    """BF16 when both operands are exactly BF16 values (BF16 or FP8), else FP32."""
+    names = {np.dtype(lhs_dtype).name, np.dtype(rhs_dtype).name}
+    return jnp.bfloat16 if names <= _BF16_EXACT else jnp.float32

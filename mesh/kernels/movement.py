@@ -64,15 +64,41 @@ def pad(instr: isa.Pad, args, ctx: KernelContext):
 
 @kernel(isa.DynamicSlice)
 def dynamic_slice(instr: isa.DynamicSlice, args, ctx: KernelContext):
-    """Start indices are clamped into range, as the spec says (lax does the same)."""
-    return map_devices(lambda x, *starts: [lax.dynamic_slice(x, starts, instr.sizes)],
+    """Start indices are clamped into range, as the spec says (lax does the same once told
+    not to wrap negative ones). Starts that are the same on every chip (a loop counter)
+    slice all chips at once."""
+    x, *starts = args
+    if _same_on_every_chip(starts, ctx.nm):
+        return [lax.dynamic_slice(x, _with_mesh_starts(starts, ctx.nm),
+                                  x.shape[:ctx.nm] + instr.sizes, allow_negative_indices=False)]
+    return map_devices(lambda x, *starts: [lax.dynamic_slice(x, starts, instr.sizes,
+                                                             allow_negative_indices=False)],
                        args, ctx.nm)
 
 
 @kernel(isa.DynamicUpdateSlice)
 def dynamic_update_slice(instr: isa.DynamicUpdateSlice, args, ctx: KernelContext):
-    return map_devices(lambda x, update, *starts: [lax.dynamic_update_slice(x, update, starts)],
-                       args, ctx.nm)
+    x, update, *starts = args
+    if _same_on_every_chip(starts, ctx.nm):
+        x, update = broadcast_mesh([x, update], ctx.nm)
+        return [lax.dynamic_update_slice(x, update, _with_mesh_starts(starts, ctx.nm),
+                                         allow_negative_indices=False)]
+    return map_devices(lambda x, update, *starts: [lax.dynamic_update_slice(
+        x, update, starts, allow_negative_indices=False)], args, ctx.nm)
+
+
+def _same_on_every_chip(values, nm: int) -> bool:
+    return all(v.shape[:nm] == (1,) * nm for v in values)
+
+
+def _with_mesh_starts(starts, nm: int) -> tuple:
+    """Scalar start indices for the whole array: 0 along the mesh dims, then `starts`."""
+    dtype = starts[0].dtype if starts else jnp.int32
+    return (jnp.zeros((), dtype),) * nm + tuple(s.reshape(()) for s in starts)
+
+
+def _manual_axes(instr, nm: int) -> tuple[int, ...]:
+    return tuple(range(nm)) if instr.manual_axes is None else instr.manual_axes
 
 
 @kernel(isa.Shard)
@@ -81,11 +107,13 @@ def shard(instr: isa.Shard, args, ctx: KernelContext):
     first) and block i of axis a goes to the chips at coordinate i along a."""
     (x,) = args
     nm, sizes = ctx.nm, ctx.mesh.axis_sizes
+    manual = _manual_axes(instr, nm)
+    x = x[tuple(slice(0, 1) if a in manual else slice(None) for a in range(nm))]
     local = ctx.out_info(instr).type.shape
     global_ = x.shape[nm:]
     split_shape, order = split_order(instr.dim_axes, sizes, local)
     unused = [a for a in range(nm) if a not in order]
-    y = x.reshape(tuple(1 for _ in unused) + split_shape)
+    y = x.reshape(tuple(x.shape[a] for a in unused) + split_shape)
     perm_from = unused + order  # current dim i holds logical dim perm_from[i]
     inverse = [perm_from.index(i) for i in range(nm + len(global_))]
     return [lax.transpose(y, tuple(inverse))]
@@ -97,12 +125,15 @@ def unshard(instr: isa.Unshard, args, ctx: KernelContext):
     over, the piece of the chip at coordinate 0 is taken."""
     (x,) = args
     nm, sizes = ctx.nm, ctx.mesh.axis_sizes
+    manual = _manual_axes(instr, nm)
     local = x.shape[nm:]
     split_shape, order = split_order(instr.dim_axes, sizes, local)
     used = set(order) - set(range(nm, nm + len(local)))
-    index = tuple(slice(None) if a in used else slice(0, 1) for a in range(nm))
+    index = tuple(slice(0, 1) if a in manual and a not in used else slice(None)
+                  for a in range(nm))
     x = x[index]
-    x = jnp.broadcast_to(x, tuple(sizes[a] if a in used else 1 for a in range(nm)) + local)
+    x = jnp.broadcast_to(x, tuple(sizes[a] if a in used else x.shape[a] for a in range(nm))
+                         + local)
     unused = [a for a in range(nm) if a not in used]
     y = lax.transpose(x, tuple(unused + order))
     return [y.reshape(ctx.out_shape(instr))]

@@ -6,22 +6,24 @@ to the output type; XLA's reduction order (pairwise, vectorised) is used within 
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 from jax import lax
 
 from mesh import isa, numerics
 from mesh.kernels import kernel
 from mesh.kernels.context import KernelContext
 from mesh.kernels.devices import broadcast_mesh
+from mesh.kernels.elementwise import boolean_equivalent
 
+# combiner -> (reduction over axes, binary op); each handles bools and empty axes (giving
+# the identity of the combiner).
 MONOIDS = {
-    "add": (jnp.sum, lax.add),
-    "multiply": (jnp.prod, lax.mul),
-    "maximum": (jnp.max, lax.max),
-    "minimum": (jnp.min, lax.min),
-    "and": (jnp.all, lax.bitwise_and),
-    "or": (jnp.any, lax.bitwise_or),
-    "xor": (None, lax.bitwise_xor),
+    "add": (lax.reduce_sum, lax.add),
+    "multiply": (lax.reduce_prod, lax.mul),
+    "maximum": (lax.reduce_max, lax.max),
+    "minimum": (lax.reduce_min, lax.min),
+    "and": (lax.reduce_and, lax.bitwise_and),
+    "or": (lax.reduce_or, lax.bitwise_or),
+    "xor": (lax.reduce_xor, lax.bitwise_xor),
 }
 
 
@@ -36,22 +38,11 @@ def reduce(instr: isa.Reduce, args, ctx: KernelContext):
 
 
 def _monoid_reduce(instr, x, init, axes, ctx):
-    whole, combine = MONOIDS[instr.combiner]
+    whole, combine = MONOIDS[boolean_equivalent(instr.combiner, x.dtype)]
     out_dtype = ctx.out_info(instr).type.dtype
-    wide = numerics.widen(x)
-    if x.dtype == jnp.bool_ and instr.combiner in ("and", "or"):
-        reduced = whole(wide, axis=axes, keepdims=False)
-    elif whole is None or x.dtype == jnp.bool_:
-        reduced = lax.reduce(wide, jnp.zeros((), wide.dtype) if instr.combiner == "xor"
-                             else _identity(instr.combiner, wide.dtype), combine, axes)
-    else:
-        reduced = whole(wide, axis=axes).astype(wide.dtype)
+    reduced = whole(numerics.widen(x), axes)
     init = numerics.widen(init).reshape(init.shape[:ctx.nm] + (1,) * (reduced.ndim - ctx.nm))
     return numerics.round_to(combine(reduced, init), out_dtype, ctx.rounding)
-
-
-def _identity(combiner: str, dtype):
-    return {"and": jnp.ones((), dtype), "or": jnp.zeros((), dtype)}[combiner]
 
 
 def _general_reduce(instr, operands, inits, axes, ctx):

@@ -10,6 +10,7 @@ import numpy as np
 from jax.sharding import AxisType
 
 import jax_trn2
+from mesh.executor import EXACT_PRECISION
 
 # Tolerances, relative to the largest reference magnitude, where the two runs may add in a
 # different order: FP32 re-association changes a sum of n terms by up to ~n*eps*sum|x|
@@ -37,8 +38,11 @@ def run_both(body, shape, names, in_specs, out_specs, *args, topology="trn2-ultr
     ref_mesh = cpu_mesh(shape, names)
     sim = jax_trn2.jit(jax.shard_map(body, mesh=sim_mesh, in_specs=in_specs,
                                      out_specs=out_specs, check_vma=check_vma))
+    # The reference rounds every op's result to its type, as StableHLO says and the
+    # simulator does (by default XLA on CPU may keep BF16 intermediates in FP32).
     ref = jax.jit(jax.shard_map(body, mesh=ref_mesh, in_specs=in_specs,
-                                out_specs=out_specs, check_vma=check_vma))
+                                out_specs=out_specs, check_vma=check_vma),
+                  compiler_options=EXACT_PRECISION)
     return sim(*args), ref(*args)
 
 
@@ -57,6 +61,15 @@ def assert_matches(got, want, exact: bool = False) -> None:
         scale = max(float(np.nanmax(np.abs(wide_w))) if wide_w.size else 0.0, 1e-30)
         rtol = FLOAT_RTOL[w.dtype.name]
         np.testing.assert_allclose(wide_g, wide_w, rtol=rtol, atol=rtol * scale)
+
+
+def assert_same_bits(got, want) -> None:
+    """Equal bit for bit, leaf by leaf: -0.0 differs from +0.0, NaNs are equal only with
+    equal bits (for results that only move data or are defined bit for bit)."""
+    def bits(x):
+        x = np.asarray(x)
+        return x.view(f"uint{x.dtype.itemsize * 8}")
+    assert_matches(jax.tree.map(bits, got), jax.tree.map(bits, want), exact=True)
 
 
 def random_array(rng, shape, dtype):

@@ -1,0 +1,266 @@
+"""Numerics reports: how far results on the simulated Trainium2 are from a reference.
+
+    report = jax_trn2.numerics.compare(step, a, b)   # runs step on trn2 and on CPU JAX
+    print(report)                                     # one row per output leaf
+
+`compare` runs a function through `jax_trn2.jit` and through `jax.jit` on CPU JAX and reports,
+per output leaf: dtype, shape, the largest absolute error, the largest error in ULPs of the
+output dtype, the fraction of elements that are bit-exact, and where the worst element is.
+`report` does the same for any two pytrees (say an FP8 result against a BF16 one, or against
+a float64 reference). From the shell: `jax-trn2 compare script.py:function`.
+
+A function whose shard_map uses a `jax_trn2.make_mesh()` mesh runs unchanged on CPU JAX: the
+arguments are placed, replicated, on a mesh of CPU devices of the same shape, and the
+shard_map runs on those devices. CPU JAX must then have as many devices as the mesh has
+chips: `jax.config.update("jax_num_cpu_devices", 64)` before JAX first runs anything
+(`jax-trn2 compare` does this for you).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import inspect
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import ml_dtypes
+import numpy as np
+from jax import tree_util
+from jax.sharding import AxisType, NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from jax_trn2.jit import Jitted, jit
+from mesh import dtypes, isa
+from mesh.topology import TOPOLOGY_NAMES, get_topology
+
+# CPU devices `jax-trn2 compare` asks CPU JAX for: one per chip of the largest topology.
+CLI_CPU_DEVICES = max(get_topology(name).num_chips for name in TOPOLOGY_NAMES)
+
+
+@dataclass(frozen=True)
+class LeafReport:
+    """How one output leaf compares: errors are |got - want|, ULPs those of `dtype` (the
+    checked result's type) at each reference value (`max_ulp_error`) or at the leaf's largest
+    reference magnitude (`max_ulp_error_at_scale`: near-zero results of cancelling sums do not
+    dominate it). NaN against NaN counts as exact; a non-finite value against anything else
+    is an infinite error."""
+
+    path: str  # the leaf's place in the output pytree, e.g. "[0]['w']"; "" for a lone array
+    dtype: str
+    shape: tuple[int, ...]
+    max_abs_error: float
+    max_ulp_error: float
+    max_ulp_error_at_scale: float
+    exact_fraction: float
+    worst_index: tuple[int, ...] | None  # None when every element is exact
+    got_at_worst: float | None
+    want_at_worst: float | None
+
+
+@dataclass(frozen=True)
+class NumericsReport:
+    """Per-leaf comparison of a result (`got_label`) with a reference (`want_label`)."""
+
+    leaves: tuple[LeafReport, ...]
+    got_label: str = "trn2"
+    want_label: str = "reference"
+
+    def __str__(self) -> str:
+        header = ("output", "dtype", "shape", "max abs err", "max ulp err", "at scale",
+                  "bit-exact", "worst at", self.got_label, self.want_label)
+        rows = [header] + [_row(leaf) for leaf in self.leaves]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+        lines = [f"numerics: {self.got_label} vs {self.want_label}"]
+        lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+        return "\n".join(lines)
+
+
+def _row(leaf: LeafReport) -> tuple[str, ...]:
+    worst = "-" if leaf.worst_index is None else str(tuple(leaf.worst_index))
+    value = (lambda v: "-" if v is None else f"{v:.6g}")
+    return (leaf.path or "out", leaf.dtype, f"[{','.join(map(str, leaf.shape))}]",
+            f"{leaf.max_abs_error:.4g}", f"{leaf.max_ulp_error:.4g}",
+            f"{leaf.max_ulp_error_at_scale:.4g}", f"{leaf.exact_fraction:.2%}", worst,
+            value(leaf.got_at_worst),
+            value(leaf.want_at_worst))
+
+
+def ulp(x: Any, dtype: Any) -> np.ndarray:
+    """The spacing of `dtype`'s values at |x| (float64): 2**(max(e, emin) - mantissa bits)
+    for |x| in [2**e, 2**(e+1)), the smallest subnormal at 0; 1 for integers and bools."""
+    dtype = np.dtype(dtype)
+    x = np.abs(np.asarray(x, np.float64))
+    if not _is_float(dtype):
+        return np.ones_like(x)
+    info = ml_dtypes.finfo(dtype)
+    _, exponent = np.frexp(x)  # x = m * 2**exponent with m in [0.5, 1)
+    exponent = np.where(x > 0, np.maximum(exponent - 1, info.minexp), info.minexp)
+    return np.ldexp(1.0, exponent - info.nmant)
+
+
+def report(got: Any, want: Any, *, got_label: str = "trn2",
+           want_label: str = "reference") -> NumericsReport:
+    """Compare two pytrees of arrays of the same structure and shapes, leaf by leaf; ULPs
+    are those of each `got` leaf's dtype (the reference may be wider, e.g. float64)."""
+    got_leaves, got_tree = tree_util.tree_flatten_with_path(got)
+    want_leaves, want_tree = tree_util.tree_flatten(want)
+    if got_tree != want_tree:
+        raise ValueError(f"result structure {got_tree} differs from the reference's "
+                         f"{want_tree}")
+    return NumericsReport(tuple(_compare_leaf(tree_util.keystr(path), np.asarray(g),
+                                              np.asarray(w))
+                                for (path, g), w in zip(got_leaves, want_leaves)),
+                          got_label, want_label)
+
+
+def _compare_leaf(path: str, got: np.ndarray, want: np.ndarray) -> LeafReport:
+    if got.shape != want.shape:
+        raise ValueError(f"output {path or 'out'}: shape {got.shape} differs from the "
+                         f"reference's {want.shape}")
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    both_nan = np.isnan(g) & np.isnan(w)
+    if got.dtype == want.dtype:  # bit patterns, so that -0 against +0 is not exact
+        bits = f"u{got.dtype.itemsize}"
+        exact = (got.view(bits) == want.view(bits)) | both_nan
+    else:
+        exact = (g == w) | both_nan
+    with np.errstate(invalid="ignore", over="ignore"):
+        abs_error = np.where(exact | (g == w), 0.0, np.abs(g - w))
+        abs_error = np.where(np.isnan(abs_error), np.inf, abs_error)
+        ulps = abs_error / ulp(np.where(np.isfinite(w), w, 0.0), got.dtype)
+    if not exact.size or exact.all():
+        return LeafReport(path, got.dtype.name, got.shape, 0.0, 0.0, 0.0, 1.0, None, None,
+                          None)
+    finite = np.abs(w[np.isfinite(w)])
+    scale_ulp = ulp(finite.max() if finite.size else 0.0, got.dtype)
+    worst = np.unravel_index(int(np.argmax(np.where(exact, -1.0, ulps))), got.shape)
+    return LeafReport(path, got.dtype.name, got.shape, float(abs_error.max()),
+                      float(ulps.max()), float(abs_error.max() / scale_ulp),
+                      float(exact.mean()), tuple(int(i) for i in worst), float(g[worst]),
+                      float(w[worst]))
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or dtype.name in dtypes.LOW_PRECISION_FLOATS
+
+
+def compare(fun: Callable, *args, **kwargs) -> NumericsReport:
+    """Run `fun(*args, **kwargs)` on the simulated mesh and on CPU JAX, and report how the
+    results differ, per output leaf.
+
+    `fun` is a plain function (jitted here with jax_trn2.jit and jax.jit) or a
+    `jax_trn2.jit` function, whose static arguments and rounding mode are kept: compare
+    `jax_trn2.jit(f, rounding="stochastic", seed=0)` to see stochastic rounding. A shard_map
+    over a `jax_trn2.make_mesh()` mesh runs on CPU devices of a mesh of the same shape; CPU
+    JAX needs that many devices (RuntimeError otherwise, saying how to get them).
+    """
+    simulated = fun if isinstance(fun, Jitted) else jit(fun)
+    lowered = simulated.lower(*args, **kwargs)  # compiled once; its program gives the mesh
+    _, dyn_args, dyn_kwargs = simulated._split(args, kwargs)
+    got = lowered.compile()(*dyn_args, **dyn_kwargs)
+    reference = simulated._jax_jit  # jax.jit of the same function, static arguments and all
+    placement = _cpu_placement(lowered.program.mesh)
+    put = (lambda x: jax.device_put(x, placement)
+           if isinstance(x, (np.ndarray, jax.Array, np.generic)) else x)
+    want = reference(*tree_util.tree_map(put, args), **tree_util.tree_map(put, kwargs))
+    return report(got, want, got_label=f"trn2 (rounding {simulated.rounding})",
+                  want_label="CPU JAX")
+
+
+def _cpu_placement(mesh: isa.MeshSpec):
+    """Where CPU JAX runs a program for `mesh`: replicated over a CPU mesh of its shape, or on
+    one CPU device when the program has no mesh."""
+    cpus = jax.devices("cpu")
+    if not mesh.rank:
+        return SingleDeviceSharding(cpus[0])
+    if len(cpus) < mesh.num_devices:
+        raise RuntimeError(
+            f"the program runs on a mesh {mesh} of {mesh.num_devices} chips, but CPU JAX has "
+            f"{len(cpus)} devices for the reference run: call "
+            f"jax.config.update('jax_num_cpu_devices', {mesh.num_devices}) before JAX first "
+            "runs anything (or run `jax-trn2 compare`)")
+    cpu_mesh = jax.make_mesh(mesh.axis_sizes, mesh.axis_names,
+                             axis_types=(AxisType.Auto,) * mesh.rank,
+                             devices=cpus[:mesh.num_devices])
+    return NamedSharding(cpu_mesh, PartitionSpec())
+
+
+def add_compare(subparsers) -> None:
+    """Add the `compare` subcommand to jax_trn2.cli's parser."""
+    parser = subparsers.add_parser(
+        "compare", help="run a function on the simulated mesh and on CPU JAX; print the "
+                        "numerics report",
+        description="Run script.py:function on the simulated Trainium2 mesh and on CPU JAX "
+                    "and print, per output, the largest errors (absolute and in ULPs of the "
+                    "output dtype), the fraction bit-exact and the worst element.")
+    parser.add_argument("target", help="script.py:function (a plain or jax_trn2.jit function)")
+    parser.add_argument("--args", dest="args_function", default="example_args",
+                        help="function in the same script that returns the arguments: a tuple "
+                             "of positional arguments, or (args, kwargs) (default: "
+                             "%(default)s; not needed by a function without parameters)")
+    parser.add_argument("--rounding", choices=("nearest", "stochastic"), default=None,
+                        help="rounding mode for a plain function (default: nearest)")
+    parser.add_argument("--seed", type=int, default=0, help="stochastic rounding seed")
+    parser.set_defaults(run=compare_command)
+
+
+def compare_command(args: argparse.Namespace) -> int:
+    """`jax-trn2 compare script.py:function`: print the numerics report; returns 0.
+    ValueError (OSError for a missing script) says what is wrong with the target."""
+    try:
+        jax.config.update("jax_num_cpu_devices", CLI_CPU_DEVICES)
+    except RuntimeError:
+        pass  # JAX already runs (compare called in-process): _cpu_placement checks the count
+    script, fun = _load_target(args.target)
+    if args.rounding is not None:
+        if isinstance(fun, Jitted):
+            raise ValueError(f"{args.target} is a jax_trn2.jit function with its own rounding "
+                             "mode; --rounding applies to plain functions")
+        fun = jit(fun, rounding=args.rounding, seed=args.seed)
+    call_args, call_kwargs = _example_arguments(script, fun, args.args_function, args.target)
+    print(compare(fun, *call_args, **call_kwargs))
+    return 0
+
+
+def _load_target(target: str):
+    path, sep, name = target.rpartition(":")
+    if not sep or not path or not name:
+        raise ValueError(f"expected script.py:function, got {target!r}")
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    spec = importlib.util.spec_from_file_location(file.stem, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(file.resolve().parent))  # the script's own imports
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, name, None)):
+        raise ValueError(f"{path} has no function {name!r}")
+    return module, getattr(module, name)
+
+
+def _example_arguments(module, fun: Callable, args_function: str, target: str):
+    """(args, kwargs) from the script's `args_function`, or none for a function that takes
+    no arguments."""
+    builder = getattr(module, args_function, None)
+    if builder is None:
+        if _required_parameters(fun):
+            raise ValueError(f"{target} takes arguments: define {args_function}() in the "
+                             "script, returning them (a tuple, or (args, kwargs)), or name "
+                             "another function with --args")
+        return (), {}
+    made = builder()
+    if isinstance(made, tuple) and len(made) == 2 and isinstance(made[1], dict):
+        return tuple(made[0]), made[1]
+    return (tuple(made) if isinstance(made, (tuple, list)) else (made,)), {}
+
+
+def _required_parameters(fun: Callable) -> int:
+    try:
+        params = inspect.signature(fun).parameters.values()
+    except (TypeError, ValueError):
+        return 0
+    return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+               for p in params)

@@ -1,0 +1,76 @@
+"""Integer values known at lowering time on every chip, and folding arithmetic on them.
+
+jax computes `axis_index` from `partition_id` with integer division and remainder. The
+device id varies along every mesh axis, but `partition_id / 16 % 4` varies along x only.
+Evaluating such arithmetic while lowering (each chip's value is known) gives the result the
+layout it really has, so what is computed from it (a dynamic_slice of a weight at the chip's
+position along x) is stored and computed once per x coordinate, not on all chips.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from lowering.walker import LoweringContext, Op
+from mesh import dtypes, isa
+from mesh.executor import run_program
+
+# Largest value folded, in elements over all its per-chip copies: index arithmetic works on
+# scalars; a large table stays an ordinary instruction.
+FOLD_LIMIT = 4096
+
+
+def remember(ctx: LoweringContext, value: int, array: np.ndarray) -> None:
+    """Record `value` as known: `array` holds it in the executor layout (mesh dims, size 1
+    where it is replicated, then the per-chip dims). Only small integer and bool values are
+    kept: those are what index arithmetic folds."""
+    if _foldable(ctx.type(value), array.size):
+        ctx.builder.known[value] = array
+
+
+def remember_source(ctx: LoweringContext, value: int, cls: type, /, **params) -> None:
+    """Record the value an instruction without operands (a device id) defines, by running
+    that instruction."""
+    info = ctx.builder.values[value]
+    if _foldable(info.type, int(np.prod(ctx.mesh.layout_shape(info.varying))) * info.type.size):
+        remember(ctx, value, _evaluate(ctx, cls((-1,), (), **params), [], info.type,
+                                       info.varying))
+
+
+def fold(ctx: LoweringContext, op: Op, cls: type, /, **params) -> tuple[int, ...] | None:
+    """Emit the op as a Constant when all its operands are known and its result is a small
+    integer or bool; None (nothing emitted) otherwise."""
+    (result_type,) = op.result_types
+    known = [ctx.builder.known.get(v) for v in op.operands]
+    varying = frozenset().union(*(ctx.varying(v) for v in op.operands))
+    copies = int(np.prod(ctx.mesh.layout_shape(varying)))
+    if not op.operands or any(k is None for k in known) or \
+            not _foldable(result_type, copies * result_type.size):
+        return None
+    array = _evaluate(ctx, cls((-1,), tuple(op.operands), **params), known, result_type,
+                      varying)
+    layout = frozenset(a for a in varying if not (array == array.take([0], axis=a)).all())
+    array = array[tuple(slice(None) if a in layout else slice(0, 1)
+                        for a in range(ctx.mesh.rank))]
+    # A replicated result is an ordinary constant, one per-chip value.
+    value = array if layout else array.reshape(result_type.shape)
+    (out,) = ctx.emit(isa.Constant, op, ins=(), varying=layout, value=value)
+    remember(ctx, out, array)
+    return (out,)
+
+
+def _foldable(type_: isa.TensorType, elements: int) -> bool:
+    return not dtypes.is_float(type_.dtype) and elements <= FOLD_LIMIT
+
+
+def _evaluate(ctx: LoweringContext, instr: isa.Instruction, args: list[np.ndarray],
+              result_type: isa.TensorType, varying: frozenset[int]) -> np.ndarray:
+    """Run one instruction on known values with its executor kernel, as the program would."""
+    values = {v: ctx.builder.values[v] for v in instr.ins}
+    values[-1] = isa.ValueInfo(result_type, varying)
+    program = isa.Program(ctx.mesh, (instr,), tuple(dict.fromkeys(instr.ins)), (-1,), values)
+    inputs = [args[instr.ins.index(v)] for v in program.inputs]
+    with jax.enable_x64(True):  # 64-bit integers keep their type, as in the executor
+        (result,) = run_program(program, inputs)
+    return np.asarray(result)

@@ -1,0 +1,83 @@
+"""sort and top_k.
+
+jax builds every sort's comparator the same way (lax.sort: lexicographic over the first
+num_keys operands, floats in total order after -0.0 -> +0.0 and NaN -> one NaN). A sort whose
+comparator is exactly the one lax.sort builds for its operand types and some num_keys runs
+as lax.sort; any other comparator is run as a scalar program.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+from jax import lax
+
+from lowering.registry import rule
+from lowering.walker import LoweringContext, Op, ProgramBuilder, Region, Walker
+from mesh import dtypes, isa
+
+
+@rule("stablehlo.sort")
+def sort(ctx: LoweringContext, op: Op):
+    comparator = ctx.scalar_program(op.regions[0], "comparator")
+    types = tuple(t.dtype for t in op.operand_types)
+    num_keys = next((k for k in range(1, len(types) + 1)
+                     if same_computation(comparator, lax_comparator(types, k))), None)
+    rank = op.operand_types[0].rank
+    dimension = op.attr("dimension", -1)
+    return ctx.emit(isa.Sort, op, dimension=dimension + rank if dimension < 0 else dimension,
+                    is_stable=op.attr("is_stable", False), num_keys=num_keys,
+                    comparator=None if num_keys else comparator)
+
+
+@rule("chlo.top_k")
+def top_k(ctx: LoweringContext, op: Op):
+    return ctx.emit(isa.TopK, op, k=op.attrs["k"])
+
+
+@functools.lru_cache(maxsize=None)
+def lax_comparator(types: tuple[str, ...], num_keys: int) -> isa.Program:
+    """The comparator lax.sort builds for operands of these element types, lowered as the
+    comparator of a sort in a program is."""
+    with jax.enable_x64(True):  # 64-bit operand types keep their type
+        operands = [jax.ShapeDtypeStruct((2,), dtypes.numpy_dtype(t)) for t in types]
+        module = jax.jit(lambda *xs: lax.sort(xs, num_keys=num_keys)).lower(
+            *operands).compiler_ir("stablehlo")
+    walker = Walker(module)
+    sort_op = next(op for op in walker.function_block("main").operations
+                   if op.operation.name == "stablehlo.sort")
+    context = LoweringContext(walker, ProgramBuilder(walker.mesh))
+    return context.scalar_program(Region(sort_op.operation.regions[0]), "comparator")
+
+
+def same_computation(a: isa.Program, b: isa.Program) -> bool:
+    """Whether two programs do the same instructions in the same order on the same inputs
+    (value ids and source locations aside)."""
+    if len(a.inputs) != len(b.inputs) or len(a.instructions) != len(b.instructions):
+        return False
+    if any(a.info(x).type != b.info(y).type for x, y in zip(a.inputs, b.inputs)):
+        return False
+    renamed = dict(zip(a.inputs, b.inputs))
+    for x, y in zip(a.instructions, b.instructions):
+        if type(x) is not type(y) or len(x.outs) != len(y.outs) or \
+                tuple(renamed.get(v) for v in x.ins) != y.ins or \
+                not _same_params(x.params(), y.params()):
+            return False
+        renamed.update(zip(x.outs, y.outs))
+    return tuple(renamed.get(v) for v in a.outputs) == b.outputs
+
+
+def _same_params(p: dict, q: dict) -> bool:
+    if p.keys() != q.keys():
+        return False
+    for key, x in p.items():
+        y = q[key]
+        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            x, y = np.asarray(x), np.asarray(y)
+            if x.dtype != y.dtype or x.shape != y.shape or x.tobytes() != y.tobytes():
+                return False
+        elif x != y:
+            return False
+    return True

@@ -1,0 +1,453 @@
+"""Collectives on the torus: which links carry what, in how many steps, and how long it takes.
+
+A collective's replica groups are lines of the logical mesh (or arbitrary device sets);
+the placement (mesh.topology.place_mesh) puts each logical device on a chip, so a logical
+axis becomes one or more physical torus axes. Every algorithm below is a sequence of steps;
+a step is a set of transfers (source chip, destination chip, bytes) that run at the same
+time, each routed hop by hop by dimension-order routing (Topology.route). Alpha-beta model
+of a step: the longest route's latency (link latency x hops) plus the bytes on the busiest
+link divided by that link's bandwidth. On a logical axis that is a whole torus ring, every
+transfer is one hop and no two share a link, so a bidirectional ring gives exactly
+../shared/trn2_facts.md's formulas (all-gather (k-1)a + (k-1)/k M/(2B), all-reduce twice
+that); on other groups the busiest link shows the contention.
+
+Algorithms (M is the full buffer per chip: the result of an all-gather, the operand of the
+others; P is the group size):
+  ring            bidirectional ring along each group axis in turn ("one dimension after
+                  another"), every axis order tried; all-reduce = reduce-scatter + all-gather.
+  rotated rings   the buffer split into one part per axis, part i running the axes in an
+                  order rotated by i, so every axis is busy in every stage (reaches the
+                  injection bound on a torus of equal links); the split is equal, or in
+                  proportion to the bandwidth of each part's heaviest stage.
+  direct          every member sends each other member its block in one step (the
+                  latency-optimal choice for small messages); all-reduce as one-shot (full
+                  buffers, reduced at the receiver) or two-shot (direct reduce-scatter then
+                  direct all-gather); all-to-all also axis by axis.
+Like a collective library's tuner, the plan takes the candidate with the least estimated
+time for this message size, and keeps the others' times for the listing.
+
+Not modelled: the reduction arithmetic of the collective cores, HBM traffic of the
+collective DMA, software launch overhead, and congestion from other traffic.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from mesh import isa
+from mesh.topology import Placement, Topology
+from mesh.units import bytes_text, seconds_text
+
+KINDS: dict[type, str] = {
+    isa.AllReduce: "all-reduce",
+    isa.AllGather: "all-gather",
+    isa.ReduceScatter: "reduce-scatter",
+    isa.AllToAll: "all-to-all",
+    isa.CollectivePermute: "collective-permute",
+}
+
+
+@dataclass(frozen=True)
+class CollectivePlan(isa.Plan):
+    """How one collective runs on the torus, and its alpha-beta time estimate (seconds).
+
+    `message_bytes` is the full buffer per chip; `link_bytes` the bytes the busiest link
+    carries in one direction over the whole collective; `rings` the ring length of each
+    ring stage (empty for direct algorithms).
+    """
+
+    kind: str
+    message_bytes: int
+    group_size: int
+    logical_axes: tuple[str, ...] | None  # None: groups that are not lines of the mesh
+    torus_axes: tuple[str, ...]
+    routed: bool  # some transfers take several hops (the groups are not torus rings)
+    algorithm: str
+    rings: tuple[int, ...]
+    steps: int
+    link_bytes: float
+    max_hops: int
+    latency_seconds: float
+    bandwidth_seconds: float
+    candidates: tuple[tuple[str, float], ...]  # (algorithm, seconds) of every one considered
+
+    @property
+    def seconds(self) -> float:
+        return self.latency_seconds + self.bandwidth_seconds
+
+    def describe(self) -> str:
+        axes = ",".join(self.logical_axes) if self.logical_axes is not None else \
+            f"groups of {self.group_size}"
+        torus = ",".join(self.torus_axes) or "-"
+        rings = f" rings {'x'.join(map(str, self.rings))}" if self.rings else ""
+        routed = f", routed up to {self.max_hops} hops" if self.routed else ""
+        others = sorted((s, a) for a, s in self.candidates if a != self.algorithm)
+        runner_up = f" (next: {others[0][1]} {seconds_text(others[0][0])})" if others else ""
+        return (f"torus: {self.kind} of {bytes_text(self.message_bytes)} over logical {axes} "
+                f"-> torus {torus}{rings}{routed}; {self.algorithm}, {self.steps} steps, "
+                f"busiest link {bytes_text(self.link_bytes)}/direction; "
+                f"{seconds_text(self.seconds)} = {seconds_text(self.latency_seconds)} latency + "
+                f"{seconds_text(self.bandwidth_seconds)} transfer{runner_up}")
+
+
+def plan_collective(instr: isa.Instruction, message_bytes: int, topology: Topology,
+                    placement: Placement | None) -> CollectivePlan:
+    """The fastest algorithm for collective `instr` moving `message_bytes` per chip."""
+    kind = KINDS.get(type(instr))
+    if kind is None:
+        raise ValueError(f"{type(instr).__name__} is not a collective")
+    if isinstance(instr, isa.CollectivePermute):
+        return _plan_permute(instr.pairs, message_bytes, topology, placement)
+    return _plan_grouped(kind, instr.groups, message_bytes, topology, placement)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan_grouped(kind: str, groups: isa.Groups, message_bytes: int, topology: Topology,
+                  placement: Placement | None) -> CollectivePlan:
+    size = groups.group_size
+    logical = None if groups.axes is None or placement is None else \
+        tuple(placement.axis_names[a] for a in groups.axes)
+    if size == 1 or message_bytes == 0:
+        return _trivial(kind, message_bytes, size, logical)
+    _check_placement(placement, size)
+    net = _Network.of(topology)
+    grids, on_rings = net.grids([[placement.chip_of(d) for d in g] for g in groups.device_groups])
+    candidates, rings = {}, {}
+    for name, steps, ring_lengths in _algorithms(kind, grids, message_bytes, net):
+        candidates[name], rings[name] = net.evaluate(steps), ring_lengths
+    best = min(candidates, key=lambda name: candidates[name].seconds)
+    return _plan(kind, message_bytes, size, logical, net.torus_axes(grids[0].ravel()),
+                 not on_rings, best, rings[best], candidates)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan_permute(pairs: tuple[tuple[int, int], ...], message_bytes: int, topology: Topology,
+                  placement: Placement | None) -> CollectivePlan:
+    pairs = tuple((s, t) for s, t in pairs if s != t)
+    if not pairs or message_bytes == 0:
+        return _trivial("collective-permute", message_bytes, 2 if pairs else 1, ())
+    _check_placement(placement, 2)
+    net = _Network.of(topology)
+    src, dst = (np.array(c, dtype=np.int64) for c in zip(*pairs))
+    chips = np.asarray(placement.device_to_chip, dtype=np.int64)
+    steps = [(_Pattern(chips[src], chips[dst], np.full(len(src), float(message_bytes))), 1)]
+    result = net.evaluate(steps)
+    return _plan("collective-permute", message_bytes, 2, _moved_axes(placement, src, dst),
+                 net.torus_axes(np.concatenate([chips[src], chips[dst]])),
+                 result.max_hops > 1, "direct", (), {"direct": result})
+
+
+# --- algorithms -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Pattern:
+    """Transfers that run at the same time: chip src[i] sends nbytes[i] to chip dst[i]."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    nbytes: np.ndarray
+
+    @staticmethod
+    def concat(patterns: list[_Pattern]) -> _Pattern:
+        return _Pattern(*(np.concatenate([getattr(p, f) for p in patterns])
+                          for f in ("src", "dst", "nbytes")))
+
+
+Steps = list[tuple[_Pattern, int]]  # (pattern, how many times it runs back to back)
+
+
+def _algorithms(kind: str, grids: list[np.ndarray], m: float, net: _Network):
+    """(name, steps, ring lengths) of every candidate algorithm for `kind`."""
+    dims = list(range(grids[0].ndim))
+    shape = grids[0].shape
+    names = [net.axis_name(grids[0], d) for d in dims]
+    ring_stages = {"all-gather": _all_gather, "reduce-scatter": _reduce_scatter,
+                   "all-reduce": _all_reduce}.get(kind)
+    if ring_stages is not None:
+        for order in itertools.permutations(dims):
+            label = "ring" if len(dims) == 1 else "rings " + ">".join(names[d] for d in order)
+            yield label, ring_stages(grids, order, m), tuple(shape[d] for d in order)
+        if len(dims) > 1:
+            yield from _rotated(kind, ring_stages, grids, names, m, net)
+    yield from _direct(kind, grids, m)
+
+
+def _ring_stage(grids: list[np.ndarray], dim: int, per_direction: float) -> Steps:
+    """k-1 steps of a bidirectional ring along grid dim `dim` of every group: each member
+    sends `per_direction` bytes to its next and to its previous member."""
+    k = grids[0].shape[dim]
+    if k == 1:
+        return []
+    parts = []
+    for grid in grids:
+        for shift in (-1, 1):
+            peer = np.roll(grid, shift, axis=dim).ravel()
+            parts.append(_Pattern(grid.ravel(), peer, np.full(grid.size, per_direction)))
+    return [(_Pattern.concat(parts), k - 1)]
+
+
+def _all_gather(grids, order, m) -> Steps:
+    held = m / grids[0].size  # bytes each member holds before the first stage
+    steps = []
+    for d in order:
+        steps += _ring_stage(grids, d, held / 2)
+        held *= grids[0].shape[d]
+    return steps
+
+
+def _reduce_scatter(grids, order, m) -> Steps:
+    held = m
+    steps = []
+    for d in order:
+        k = grids[0].shape[d]
+        steps += _ring_stage(grids, d, held / (2 * k))
+        held /= k
+    return steps
+
+
+def _all_reduce(grids, order, m) -> Steps:
+    return _reduce_scatter(grids, order, m) + _all_gather(grids, tuple(reversed(order)), m)
+
+
+def _rotated(kind, ring_stages, grids, names, m, net: _Network):
+    """Rotated rings: one part of the buffer per axis, each starting on a different axis.
+
+    The heaviest stage of part i is its first for reduce-scatter and all-reduce and its last
+    for all-gather; the weighted split gives each part a share in proportion to the link
+    bandwidth of the axis it uses there.
+    """
+    dims = list(range(grids[0].ndim))
+    n = len(dims)
+    for cyclic in _cyclic_orders(dims):
+        orders = [cyclic[i:] + cyclic[:i] for i in range(n)]
+        heavy = [o[-1] if kind == "all-gather" else o[0] for o in orders]
+        bandwidth = np.array([net.axis_bandwidth(grids[0], d) for d in heavy])
+        splits = {"": np.full(n, 1.0 / n), ", split by link bandwidth": bandwidth / bandwidth.sum()}
+        if np.allclose(splits[""], splits[", split by link bandwidth"]):
+            del splits[", split by link bandwidth"]
+        label = ">".join(names[d] for d in cyclic)
+        for suffix, shares in splits.items():
+            parts = [ring_stages(grids, order, m * share) for order, share in zip(orders, shares)]
+            yield f"rotated rings {label} ({n} parts{suffix})", _concurrent(parts), \
+                tuple(grids[0].shape[d] for d in cyclic)
+
+
+def _cyclic_orders(dims: list[int]) -> list[list[int]]:
+    """Axis orders up to rotation (each rotation is one part of the rotated algorithm)."""
+    first, rest = dims[0], dims[1:]
+    return [[first, *p] for p in itertools.permutations(rest)]
+
+
+def _direct(kind, grids, m):
+    members = [g.ravel() for g in grids]
+    block = m / grids[0].size
+    if kind == "all-reduce":
+        yield "one-shot", [(_all_pairs(members, m), 1)], ()
+        yield "two-shot", [(_all_pairs(members, block), 1)] * 2, ()
+    else:
+        yield "direct", [(_all_pairs(members, block), 1)], ()
+    if kind == "all-to-all" and grids[0].ndim > 1:
+        steps = [(_all_pairs([line for g in grids for line in _lines(g, d)], m / k), 1)
+                 for d, k in enumerate(grids[0].shape) if k > 1]
+        yield "direct axis by axis", steps, ()
+
+
+def _lines(grid: np.ndarray, dim: int) -> np.ndarray:
+    """The lines of `grid` along `dim`, as rows of a 2-D array."""
+    return np.moveaxis(grid, dim, -1).reshape(-1, grid.shape[dim])
+
+
+def _all_pairs(member_sets: list[np.ndarray], nbytes: float) -> _Pattern:
+    """Every chip of each set sends `nbytes` to every other chip of its set."""
+    parts = []
+    for members in member_sets:
+        src, dst = np.repeat(members, members.size), np.tile(members, members.size)
+        keep = src != dst
+        parts.append(_Pattern(src[keep], dst[keep], np.full(int(keep.sum()), nbytes)))
+    return _Pattern.concat(parts)
+
+
+def _concurrent(parts: list[Steps]) -> Steps:
+    """Step sequences run side by side, step by step: step t carries each part's t-th step."""
+    expanded = [[pattern for pattern, times in part for _ in range(times)] for part in parts]
+    steps: Steps = []
+    for t in range(max(len(e) for e in expanded)):
+        pattern = _Pattern.concat([e[t] for e in expanded if t < len(e)])
+        if steps and _same(steps[-1][0], pattern):
+            steps[-1] = (steps[-1][0], steps[-1][1] + 1)
+        else:
+            steps.append((pattern, 1))
+    return steps
+
+
+def _same(a: _Pattern, b: _Pattern) -> bool:
+    return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("src", "dst", "nbytes"))
+
+
+# --- the network --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _StepCost:
+    latency: float
+    bandwidth: float
+    link_bytes: float
+    max_hops: int
+    steps: int
+
+    @property
+    def seconds(self) -> float:
+        return self.latency + self.bandwidth
+
+
+class _Network:
+    """Routes between chips, the cost of steps of transfers, and group shapes on the torus."""
+
+    def __init__(self, topology: Topology):
+        self.topology = topology
+        self.coords = np.array([topology.coords(c) for c in range(topology.num_chips)])
+        self.n_links = topology.num_chips * topology.ndim * 2
+        self.link_bandwidth = np.tile(np.repeat(topology.link_bandwidth, 2), topology.num_chips)
+        self._templates: dict[int, tuple] = {}
+
+    @staticmethod
+    @functools.lru_cache(maxsize=8)
+    def of(topology: Topology) -> _Network:
+        return _Network(topology)
+
+    def grids(self, groups: list[list[int]]) -> tuple[list[np.ndarray], bool]:
+        """Each group's chips as an array over the torus axes it spans, and whether the
+        groups are whole torus rings (then they use disjoint links and one stands for all).
+
+        Which member holds which block does not change the traffic of an all-gather,
+        reduce-scatter, all-reduce or all-to-all (the collective engines write blocks at
+        any offset), so a group whose chips are a product of coordinate sets, one per torus
+        axis, runs its rings along the torus axes, in torus order. Other groups keep their
+        rank order as one ring.
+        """
+        grids = [self._torus_grid(np.asarray(g, dtype=np.int64)) for g in groups]
+        if any(g is None for g in grids) or len({g.shape for g in grids}) > 1:
+            return [np.asarray(g, dtype=np.int64) for g in groups], False
+        spanned = self.spanned_axes(grids[0].ravel())
+        whole = all(len(np.unique(self.coords[g.ravel(), a])) == self.topology.shape[a]
+                    for g in grids for a in spanned)
+        return (grids[:1] if whole else grids), whole
+
+    def _torus_grid(self, chips: np.ndarray) -> np.ndarray | None:
+        coords = self.coords[chips]
+        axes = self.spanned_axes(chips)
+        values = [np.unique(coords[:, a]) for a in axes]
+        if int(np.prod([len(v) for v in values])) != len(chips):
+            return None
+        grid = np.empty([len(v) for v in values], dtype=np.int64)
+        index = tuple(np.searchsorted(v, coords[:, a]) for v, a in zip(values, axes))
+        grid[index] = chips
+        return grid
+
+    def _template(self, offset: int) -> tuple:
+        """The route from chip 0 to chip `offset`: (link source coords [h, ndim], axis [h],
+        direction [h], share of the bytes [h], latency, hops). Dimension-order routes on a
+        torus are the same from every chip up to translation, so one route per coordinate
+        offset serves every pair. Where the destination is half-way round a ring both ways
+        are equally short and half the bytes go each way (ties going one way only would load
+        one direction of every ring twice as much as the other)."""
+        if offset not in self._templates:
+            ways = {self.topology.route(0, offset, tie) for tie in (1, -1)}
+            links = [l for way in ways for l in way]
+            way = next(iter(ways))
+            self._templates[offset] = (
+                self.coords[[l.src for l in links]].reshape(len(links), -1),
+                np.array([l.axis for l in links], dtype=np.int64),
+                np.array([l.direction > 0 for l in links], dtype=np.int64),
+                np.full(len(links), 1.0 / len(ways)),
+                sum(l.latency for l in way), len(way))
+        return self._templates[offset]
+
+    def loads(self, pattern: _Pattern) -> tuple[np.ndarray, float, int]:
+        """(bytes on every link, longest route latency, most hops) of one step."""
+        shape = np.array(self.topology.shape)
+        src = self.coords[pattern.src]
+        offsets = np.ravel_multi_index(((self.coords[pattern.dst] - src) % shape).T,
+                                       self.topology.shape)
+        links, weights = [], []
+        latency, hops = 0.0, 0
+        for offset in np.unique(offsets):
+            at, axis, up, share, lat, h = self._template(int(offset))
+            mine = offsets == offset
+            # link source chips: each transfer's source translated by the template's hops
+            chips = np.ravel_multi_index(((src[mine][:, None, :] + at[None]) % shape)
+                                         .reshape(-1, len(shape)).T, self.topology.shape)
+            links.append(((chips.reshape(-1, len(axis)) * self.topology.ndim + axis) * 2 + up)
+                         .ravel())
+            weights.append((pattern.nbytes[mine][:, None] * share[None]).ravel())
+            latency, hops = max(latency, lat), max(hops, h)
+        loads = np.bincount(np.concatenate(links), np.concatenate(weights),
+                            minlength=self.n_links)
+        return loads, latency, hops
+
+    def evaluate(self, steps: Steps) -> _StepCost:
+        """Alpha-beta time of `steps`: per step, the longest route's latency plus the
+        busiest link's bytes over its bandwidth."""
+        latency = bandwidth = 0.0
+        totals = np.zeros(self.n_links)
+        max_hops = count = 0
+        for pattern, times in steps:
+            loads, step_latency, step_hops = self.loads(pattern)
+            latency += times * step_latency
+            bandwidth += times * float(np.max(loads / self.link_bandwidth))
+            totals += times * loads
+            max_hops, count = max(max_hops, step_hops), count + times
+        return _StepCost(latency, bandwidth, float(totals.max()), max_hops, count)
+
+    def spanned_axes(self, chips: np.ndarray) -> list[int]:
+        """Physical axes along which `chips` differ."""
+        return [a for a in range(self.topology.ndim) if len(np.unique(self.coords[chips, a])) > 1]
+
+    def torus_axes(self, chips: np.ndarray) -> tuple[str, ...]:
+        return tuple(self.topology.axis_names[a] for a in self.spanned_axes(chips))
+
+    def axis_name(self, grid: np.ndarray, dim: int) -> str:
+        """Physical axes spanned along grid dim `dim` (joined with '*' when several)."""
+        return "*".join(self.torus_axes(_lines(grid, dim)[0])) or "-"
+
+    def axis_bandwidth(self, grid: np.ndarray, dim: int) -> float:
+        """Link bandwidth of the slowest physical axis spanned along grid dim `dim`."""
+        spanned = self.spanned_axes(_lines(grid, dim)[0])
+        return min(self.topology.link_bandwidth[a] for a in spanned)
+
+
+def _moved_axes(placement: Placement, src: np.ndarray, dst: np.ndarray) -> tuple[str, ...]:
+    """Logical mesh axes along which a permutation moves data."""
+    sizes = placement.axis_sizes
+    a = np.stack(np.unravel_index(src, sizes), -1)
+    b = np.stack(np.unravel_index(dst, sizes), -1)
+    return tuple(placement.axis_names[i] for i in np.nonzero((a != b).any(0))[0])
+
+
+def _check_placement(placement: Placement | None, size: int) -> None:
+    if placement is None:
+        raise ValueError(f"a collective over {size} devices needs a mesh placement")
+
+
+def _trivial(kind, message_bytes, size, logical) -> CollectivePlan:
+    return CollectivePlan(kind=kind, message_bytes=message_bytes, group_size=size,
+                          logical_axes=logical, torus_axes=(), routed=False, algorithm="none",
+                          rings=(), steps=0, link_bytes=0.0, max_hops=0, latency_seconds=0.0,
+                          bandwidth_seconds=0.0, candidates=(("none", 0.0),))
+
+
+def _plan(kind, message_bytes, size, logical, torus_axes, routed, best, rings,
+          candidates) -> CollectivePlan:
+    chosen = candidates[best]
+    return CollectivePlan(
+        kind=kind, message_bytes=message_bytes, group_size=size, logical_axes=logical,
+        torus_axes=torus_axes, routed=routed,
+        algorithm=best, rings=rings, steps=chosen.steps, link_bytes=chosen.link_bytes,
+        max_hops=chosen.max_hops, latency_seconds=chosen.latency,
+        bandwidth_seconds=chosen.bandwidth,
+        candidates=tuple((name, c.seconds) for name, c in candidates.items()))
+
+

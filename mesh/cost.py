@@ -1,0 +1,319 @@
+"""What one instruction costs one chip: FLOPs, HBM bytes, and time on each engine.
+
+A `Cost` is a value that adds (`a + b`, `k * a`, `sum(costs)`), like JAX's RooflineResult,
+so a program's cost is the sum of its instructions'. Costs are per chip: every chip runs
+the same program on its own (local) shapes.
+
+Model, per instruction class (numbers from ChipSpec, i.e. ../shared/trn2_facts.md):
+- Matmul and Convolution (Tensor Engine): mesh.tensor_engine's tiling: cycles of the PE
+  arrays of all NeuronCores, HBM bytes, max of the two.
+- Vector / Scalar / GpSimd ops: each NeuronCore's engine processes one element per
+  partition (sbuf_partitions lanes) per cycle of its clock; the chip's elements are spread
+  over its neuron_cores. The op streams its operands from HBM and its result back
+  (max(compute, HBM) when DMA is double-buffered against the engine).
+- DMA ops (copies, slices, transposes, gathers): bytes read plus bytes written, at the HBM
+  bandwidth.
+- Collectives: the collective plan's alpha-beta time on the collective cores (which do not
+  use the compute engines); HBM bytes are the operand read and the result written.
+- Constants (in HBM when the program is loaded), reshapes and Shard/Unshard (views of data
+  each chip already holds) cost nothing.
+- Elementwise chains are fused: a value made by an elementwise op, broadcast or iota and
+  read only by such ops or reductions streams through SBUF tile by tile and never goes to
+  HBM; a broadcast read that way is an access pattern over its operand and takes no engine
+  time. Every other value is written to HBM and read back by each consumer.
+
+`flops` counts 2*M*N*K per dot and one per element of other arithmetic; `transcendentals`
+one per element of exp, log, tanh...; `bytes_accessed` is HBM traffic (JAX's keys).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field, fields
+from typing import Callable, Mapping
+
+from mesh import isa, tensor_engine
+from mesh.chip import ChipSpec
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Cost of an instruction (or a sum of them) on one chip. Seconds are estimates.
+
+    `seconds` is how long the instruction takes from start to end (summed: the time if
+    nothing overlapped); `engine_seconds` how long it occupies each engine queue (its HBM
+    traffic occupies the DMA queue); `optimal_seconds` its share of the scheduled step time
+    (its time on the critical path; set by the schedule); `peak_seconds` the time its FLOPs
+    would take at the chip's published peak for their dtype (for MFU).
+    """
+
+    flops: float = 0.0
+    transcendentals: float = 0.0
+    bytes_accessed: float = 0.0
+    seconds: float = 0.0
+    engine_seconds: Mapping[str, float] = field(default_factory=dict)
+    optimal_seconds: float = 0.0
+    peak_seconds: float = 0.0
+
+    def __add__(self, other: Cost) -> Cost:
+        if not isinstance(other, Cost):
+            return NotImplemented
+        engines = dict(self.engine_seconds)
+        for engine, seconds in other.engine_seconds.items():
+            engines[engine] = engines.get(engine, 0.0) + seconds
+        return Cost(**{f: getattr(self, f) + getattr(other, f) for f in _SCALARS},
+                    engine_seconds=engines)
+
+    def __radd__(self, other) -> Cost:  # sum() starts from 0
+        return self if other == 0 else self.__add__(other)
+
+    def __mul__(self, k: float) -> Cost:
+        return Cost(**{f: getattr(self, f) * k for f in _SCALARS},
+                    engine_seconds={e: s * k for e, s in self.engine_seconds.items()})
+
+    __rmul__ = __mul__
+
+    def jax_dict(self) -> dict[str, float]:
+        """The keys of jax's `Compiled.cost_analysis()`."""
+        return {"flops": self.flops, "bytes accessed": self.bytes_accessed,
+                "transcendentals": self.transcendentals, "optimal_seconds": self.optimal_seconds}
+
+
+_SCALARS = tuple(f.name for f in fields(Cost) if f.name != "engine_seconds")
+
+
+# Ops that produce their result element by element, and ops that can consume such a stream
+# straight from SBUF.
+STREAMING_PRODUCERS = (isa.Elementwise, isa.BroadcastInDim, isa.Iota)
+STREAMING_CONSUMERS = STREAMING_PRODUCERS + (isa.Reduce,)
+
+
+@functools.lru_cache(maxsize=64)
+def on_chip_values(program: isa.Program) -> frozenset[int]:
+    """Values of `program` that stay in SBUF (fused elementwise chains): made by a
+    streaming producer, read only by streaming consumers, and not a program output."""
+    consumers: dict[int, list[isa.Instruction]] = {}
+    for instr in program.instructions:
+        for v in instr.ins:
+            consumers.setdefault(v, []).append(instr)
+    outputs = set(program.outputs)
+    return frozenset(
+        v for instr in program.instructions if isinstance(instr, STREAMING_PRODUCERS)
+        for v in instr.outs
+        if v not in outputs and v in consumers
+        and all(isinstance(c, STREAMING_CONSUMERS) for c in consumers[v]))
+
+
+@dataclass(frozen=True)
+class CostContext:
+    """What a cost rule may look at: the program (for value types) and the chip."""
+
+    program: isa.Program
+    chip: ChipSpec
+
+    @functools.cached_property
+    def on_chip(self) -> frozenset[int]:
+        return on_chip_values(self.program)
+
+    def type(self, value: int) -> isa.TensorType:
+        return self.program.values[value].type
+
+    def nbytes(self, values) -> int:
+        return sum(self.type(v).nbytes for v in values)
+
+    def hbm_bytes(self, values) -> int:
+        """Bytes of `values` that move through HBM (those not kept in SBUF)."""
+        return sum(self.type(v).nbytes for v in values if v not in self.on_chip)
+
+    def size(self, values) -> int:
+        return sum(self.type(v).size for v in values)
+
+
+RULES: dict[type, Callable[[isa.Instruction, CostContext], Cost]] = {}
+
+
+def cost_rule(*classes: type) -> Callable:
+    """Register the decorated `rule(instr, ctx) -> Cost` for these instruction classes."""
+
+    def register(fn: Callable) -> Callable:
+        for cls in classes:
+            RULES[cls] = fn
+        return fn
+
+    return register
+
+
+def has_rule(instr: isa.Instruction) -> bool:
+    return type(instr) in RULES
+
+
+def instruction_cost(instr: isa.Instruction, program: isa.Program, chip: ChipSpec) -> Cost:
+    """The cost of `instr` (an instruction of `program`) on one chip.
+
+    Classes without a rule are costed by their engine: elements of their results through a
+    compute engine, or bytes through DMA. Instructions with sub-programs (loops,
+    conditionals) are costed by walking those (mesh.estimate), not here.
+    """
+    ctx = CostContext(program, chip)
+    rule = RULES.get(type(instr), _by_engine)
+    return rule(instr, ctx)
+
+
+def engine_op(engine: str, elements: int, nbytes: int, ctx: CostContext, *,
+              flops: float = 0.0, transcendentals: float = 0.0,
+              passes: float = 1.0) -> Cost:
+    """A Vector/Scalar/GpSimd op over `elements` (times `passes`) moving `nbytes` of HBM."""
+    chip = ctx.chip
+    clock = {isa.VECTOR: chip.vector_clock_hz, isa.SCALAR: chip.scalar_clock_hz,
+             isa.GPSIMD: chip.gpsimd_clock_hz}[engine]
+    lanes = chip.neuron_cores * chip.sbuf_partitions  # elements per cycle per chip
+    compute = math.ceil(elements / lanes) * passes / clock
+    hbm = nbytes / chip.hbm_bandwidth
+    seconds = max(compute, hbm)
+    return Cost(flops=flops, transcendentals=transcendentals, bytes_accessed=nbytes,
+                seconds=seconds, engine_seconds=_engines(engine, seconds, hbm))
+
+
+def dma_op(nbytes: int, ctx: CostContext) -> Cost:
+    """A copy through HBM of `nbytes` read plus written."""
+    seconds = nbytes / ctx.chip.hbm_bandwidth
+    return Cost(bytes_accessed=nbytes, seconds=seconds, engine_seconds={isa.DMA: seconds})
+
+
+def tensor_op(tiling: tensor_engine.MatmulTiling, ctx: CostContext) -> Cost:
+    seconds = tiling.seconds
+    return Cost(flops=tiling.flops, bytes_accessed=tiling.hbm_bytes, seconds=seconds,
+                engine_seconds=_engines(isa.TENSOR, seconds, tiling.hbm_seconds),
+                peak_seconds=tiling.flops / _published_peak(tiling.dtype, ctx.chip))
+
+
+def _engines(engine: str, seconds: float, hbm_seconds: float) -> dict[str, float]:
+    engines = {engine: seconds}
+    if hbm_seconds:
+        engines[isa.DMA] = hbm_seconds
+    return engines
+
+
+def _published_peak(dtype: str, chip: ChipSpec) -> float:
+    known = {name for name, _ in chip.peak_flops}
+    return chip.peak_flops_for(dtype if dtype in known else "float32")
+
+
+# --- rules -----------------------------------------------------------------------------------
+
+@cost_rule(isa.Constant, isa.Reshape, isa.Shard, isa.Unshard)
+def _free(instr, ctx: CostContext) -> Cost:
+    return Cost()
+
+
+@cost_rule(isa.Matmul)
+def _matmul(instr: isa.Matmul, ctx: CostContext) -> Cost:
+    if instr.tiling is None:
+        raise ValueError(f"Matmul at {instr.loc or 'unknown location'} has no tiling: plan the "
+                         "program first (lowering.plan.plan_program)")
+    return tensor_op(instr.tiling, ctx)
+
+
+@cost_rule(isa.Convolution)
+def _convolution(instr: isa.Convolution, ctx: CostContext) -> Cost:
+    """An implicit GEMM: rows = batch x output positions, columns = output features of a
+    group, contraction = input features of a group x window, one GEMM per group."""
+    lhs, rhs = ctx.type(instr.ins[0]), ctx.type(instr.ins[1])
+    out = ctx.type(instr.outs[0])
+    groups = instr.feature_group_count * instr.batch_group_count
+    window = math.prod(rhs.shape[d] for d in instr.rhs_spec[2:])
+    positions = math.prod(out.shape[d] for d in instr.out_spec[2:])
+    tiling = tensor_engine.tile_matmul(
+        groups, out.shape[instr.out_spec[0]] * positions, out.shape[instr.out_spec[1]] // groups,
+        rhs.shape[instr.rhs_spec[1]] * window, lhs.dtype, rhs.dtype, instr.out_dtype, ctx.chip)
+    return tensor_op(tiling, ctx)
+
+
+@cost_rule(isa.Elementwise)
+def _elementwise(instr: isa.Elementwise, ctx: CostContext) -> Cost:
+    elements = ctx.size(instr.outs)
+    transcendental = instr.op in isa.TRANSCENDENTAL_OPS
+    return engine_op(instr.engine, elements, ctx.hbm_bytes(instr.ins + instr.outs), ctx,
+                     flops=0 if transcendental else elements,
+                     transcendentals=elements if transcendental else 0)
+
+
+@cost_rule(isa.Reduce)
+def _reduce(instr: isa.Reduce, ctx: CostContext) -> Cost:
+    """One combine per input element; a custom body costs its instruction count each."""
+    operands = instr.ins[:len(instr.ins) // 2]
+    elements = ctx.size(operands)
+    per_element = 1 if instr.body is None else len(instr.body.instructions)
+    return engine_op(isa.VECTOR, elements, ctx.hbm_bytes(instr.ins + instr.outs), ctx,
+                     flops=elements * per_element, passes=per_element)
+
+
+@cost_rule(isa.Sort)
+def _sort(instr: isa.Sort, ctx: CostContext) -> Cost:
+    """A merge sort: log2(n) passes over the elements of every operand."""
+    n = ctx.type(instr.ins[0]).shape[instr.dimension] if ctx.type(instr.ins[0]).rank else 1
+    passes = max(1, math.ceil(math.log2(max(n, 1))))
+    elements = ctx.size(instr.ins)
+    return engine_op(isa.GPSIMD, elements, ctx.hbm_bytes(instr.ins + instr.outs), ctx,
+                     flops=elements * passes, passes=passes)
+
+
+@cost_rule(isa.BroadcastInDim, isa.Iota, isa.DeviceId)
+def _fill(instr, ctx: CostContext) -> Cost:
+    """Writes its result; reads its (smaller) operand if it has one. A broadcast that stays
+    in SBUF is an access pattern of its consumers: it only reads its operand."""
+    streamed = isinstance(instr, isa.BroadcastInDim) and set(instr.outs) <= ctx.on_chip
+    return engine_op(instr.engine, 0 if streamed else ctx.size(instr.outs),
+                     ctx.hbm_bytes(instr.ins + instr.outs), ctx)
+
+
+@cost_rule(isa.Slice, isa.DynamicSlice)
+def _slice(instr, ctx: CostContext) -> Cost:
+    """Reads only the slice, writes it."""
+    return dma_op(2 * ctx.nbytes(instr.outs) + ctx.nbytes(instr.ins[1:]), ctx)
+
+
+@cost_rule(isa.DynamicUpdateSlice)
+def _update_slice(instr, ctx: CostContext) -> Cost:
+    """In place: reads the update and writes it into the operand."""
+    return dma_op(2 * ctx.nbytes(instr.ins[1:2]) + ctx.nbytes(instr.ins[2:]), ctx)
+
+
+@cost_rule(isa.AllReduce, isa.AllGather, isa.ReduceScatter, isa.AllToAll,
+           isa.CollectivePermute)
+def _collective(instr, ctx: CostContext) -> Cost:
+    if instr.plan is None:
+        raise ValueError(f"{instr.mnemonic} at {instr.loc or 'unknown location'} has no torus "
+                         "plan: plan the program first (lowering.plan.plan_program)")
+    seconds = instr.plan.seconds
+    return Cost(bytes_accessed=ctx.nbytes(instr.ins) + ctx.nbytes(instr.outs), seconds=seconds,
+                engine_seconds={isa.COLLECTIVE: seconds})
+
+
+def _by_engine(instr: isa.Instruction, ctx: CostContext) -> Cost:
+    """Any other instruction: DMA moves its operands and results; a compute engine processes
+    one element of its results per lane and cycle."""
+    nbytes = ctx.hbm_bytes(instr.ins + instr.outs)
+    engine = instr.engine
+    if engine == isa.DMA:
+        return dma_op(nbytes, ctx)
+    if engine in (isa.VECTOR, isa.SCALAR, isa.GPSIMD):
+        return engine_op(engine, ctx.size(instr.outs), nbytes, ctx)
+    if engine == isa.NONE:
+        return Cost()
+    raise NotImplementedError(f"no cost rule for {type(instr).__name__} on the {engine} engine")
+
+
+@cost_rule(isa.ReduceWindow)
+def _reduce_window(instr: isa.ReduceWindow, ctx: CostContext) -> Cost:
+    """One combine per window element of every result element."""
+    window = math.prod(instr.window_dimensions)
+    elements = ctx.size(instr.outs)
+    return engine_op(isa.VECTOR, elements, ctx.hbm_bytes(instr.ins + instr.outs), ctx,
+                     flops=elements * window, passes=window)
+
+
+# Instructions whose Program-valued fields are per-element bodies (reducers, comparators),
+# costed by their engine, not walked as sub-programs.
+cost_rule(isa.Scatter, isa.SelectAndScatter)(_by_engine)

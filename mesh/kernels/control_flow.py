@@ -1,0 +1,92 @@
+"""Loops and conditionals over the whole mesh.
+
+Sub-programs run on the executor's arrays directly (leading mesh dims), so collectives in a
+loop body or a branch see every chip. A condition the same on every chip becomes one
+lax.while_loop / lax.switch; one that differs from chip to chip is handled with masks:
+a loop runs while any chip goes on and freezes the state of chips that are done, and a
+conditional runs every branch and keeps, on each chip, the results of its own branch.
+
+A collective in a branch or loop body that only some members of its group reach is not
+defined by StableHLO (the hardware would wait for the others forever); here the members
+that did not reach it still take part with their current values, so programs must keep the
+members of a group together, as shard_map programs do.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from mesh.isa_control import Case, While
+from mesh.kernels import kernel
+from mesh.kernels.context import KernelContext
+
+
+def _is_replicated(x: jnp.ndarray, nm: int) -> bool:
+    return all(d == 1 for d in x.shape[:nm])
+
+
+def _per_chip(flag: jnp.ndarray, like: jnp.ndarray, nm: int) -> jnp.ndarray:
+    """A per-chip scalar [mesh...] shaped to broadcast against `like` [mesh..., local...]."""
+    return flag.reshape(flag.shape[:nm] + (1,) * (like.ndim - nm))
+
+
+@kernel(While)
+def while_(instr: While, args, ctx: KernelContext):
+    n = len(instr.outs)
+    shapes = [ctx.out_shape(instr, i) for i in range(n)]
+    state = tuple(jnp.broadcast_to(a, s) for a, s in zip(args[:n], shapes))
+    captured = list(args[n:])
+
+    def cond(state) -> jnp.ndarray:
+        (go,) = ctx.run(instr.cond, list(state) + captured)
+        return go
+
+    def body(state) -> tuple:
+        outs = ctx.run(instr.body, list(state) + captured)
+        return tuple(jnp.broadcast_to(o, s) for o, s in zip(outs, shapes))
+
+    if not instr.cond.info(instr.cond.outputs[0]).varying:
+        return list(lax.while_loop(lambda s: cond(s).reshape(()), body, state))
+
+    # The condition differs between chips: every state value varies along its axes (the
+    # lowering widened their layouts), so each chip's state can be frozen on its own.
+    def masked_body(carry):
+        go, state = carry
+        new = body(state)
+        state = tuple(jnp.where(_per_chip(go, old, ctx.nm), upd, old)
+                      for upd, old in zip(new, state))
+        return cond(state), state
+
+    _, final = lax.while_loop(lambda carry: jnp.any(carry[0]), masked_body,
+                              (cond(state), state))
+    return list(final)
+
+
+def _branch_index(index: jnp.ndarray, n: int) -> jnp.ndarray:
+    """The branch each chip takes: bool true -> 0, false -> 1 (stablehlo.if); an int index
+    out of [0, n) -> n - 1 (stablehlo.case)."""
+    if index.dtype == jnp.bool_:
+        return jnp.where(index, 0, 1).astype(jnp.int32)
+    index = index.astype(jnp.int32)
+    return jnp.where((index < 0) | (index >= n), n - 1, index)
+
+
+@kernel(Case)
+def case(instr: Case, args, ctx: KernelContext):
+    n = len(instr.branches)
+    index, captured = _branch_index(args[0], n), list(args[1:])
+    shapes = [ctx.out_shape(instr, i) for i in range(len(instr.outs))]
+
+    def run(branch):
+        return lambda *c: [jnp.broadcast_to(o, s) for o, s in zip(ctx.run(branch, list(c)),
+                                                                   shapes)]
+
+    if _is_replicated(index, ctx.nm):
+        return lax.switch(index.reshape(()), [run(b) for b in instr.branches], *captured)
+    results = [run(b)(*captured) for b in instr.branches]
+    chosen = results[-1]
+    for b in reversed(range(n - 1)):
+        chosen = [jnp.where(_per_chip(index == b, r, ctx.nm), r, c)
+                  for r, c in zip(results[b], chosen)]
+    return chosen

@@ -1,0 +1,92 @@
+"""Bad input gets an error that names what is wrong and where, never a wrong result."""
+
+from __future__ import annotations
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import jax_trn2
+import lowering
+
+MESH = jax_trn2.make_mesh()
+
+
+def matmul_psum(a, b):
+    return jax.lax.psum(a @ b, "y")
+
+
+STEP = jax_trn2.jit(jax.shard_map(matmul_psum, mesh=MESH, in_specs=(P("x", "y"), P("y", None)),
+                                  out_specs=P("x", None)))
+A = np.ones((8, 16), np.float32)
+B = np.ones((16, 4), np.float32)
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return STEP.lower(A, B).compile()
+
+
+def test_wrong_argument_count(compiled):
+    executable = compiled.executable
+    with pytest.raises(TypeError, match=r"expected 2 arguments .*got 1"):
+        executable.execute([A])
+
+
+@pytest.mark.parametrize("b, got", [(np.ones((16, 8), np.float32), r"float32\[16,8\]"),
+                                    (np.ones((16, 4), np.int32), r"int32\[16,4\]"),
+                                    (np.ones((16, 4), jnp.bfloat16), r"bfloat16\[16,4\]")])
+def test_wrong_shape_or_dtype_names_the_argument(compiled, b, got):
+    with pytest.raises(TypeError, match=rf"argument 'b'.*expected float32\[16,4\], got {got}"):
+        compiled.executable.execute([A, b])
+
+
+def test_compiled_function_checks_its_arguments(compiled):
+    with pytest.raises(TypeError, match=r"argument 'a'.*expected float32\[8,16\]"):
+        compiled(np.ones((8, 8), np.float32), B)
+    with pytest.raises(TypeError, match="structure"):
+        compiled(A, B, A)
+
+
+def test_mesh_shape_that_does_not_use_every_chip():
+    with pytest.raises(ValueError, match=r"'trn2-ultra' has 64 chips"):
+        jax_trn2.make_mesh((4, 4, 2))
+    with pytest.raises(ValueError, match=r"'trn2' has 16 chips"):
+        jax_trn2.make_mesh((4, 8), topology="trn2")
+
+
+def test_op_without_a_rule_names_the_op_and_the_users_line(monkeypatch):
+    """Every op jax emits for jnp.sin has a rule; with the rule taken away the error must
+    name stablehlo.sine and the line of this file that called jnp.sin."""
+    monkeypatch.delitem(lowering.RULES, "stablehlo.sine")
+
+    def body(x):
+        return jnp.sin(x) * 2  # the user's line
+    line = inspect.getsourcelines(body)[1] + 1
+
+    step = jax_trn2.jit(jax.shard_map(body, mesh=MESH, in_specs=P("x"), out_specs=P("x")))
+    with pytest.raises(lowering.UnsupportedOpError) as error:
+        step(np.ones((8,), np.float32))
+    message = str(error.value)
+    assert "stablehlo.sine is not supported by jax-trn2" in message
+    assert f"{__file__}:{line}:" in message
+    assert "return jnp.sin(x) * 2  # the user's line" in message
+
+
+def test_complex_numbers_are_unsupported_and_say_where():
+    def body(x):
+        return (x * 1j).real  # complex intermediate
+    line = inspect.getsourcelines(body)[1] + 1
+    with pytest.raises(lowering.UnsupportedOpError, match="complex") as error:
+        jax_trn2.jit(body)(np.ones((4,), np.float32))
+    assert f"{__file__}:{line}:" in str(error.value)
+
+
+def test_unsupported_custom_call_is_named():
+    with pytest.raises(lowering.UnsupportedOpError, match=r"stablehlo.custom_call @\w+"):
+        jax_trn2.jit(jnp.linalg.cholesky)(np.eye(4, dtype=np.float32))
+

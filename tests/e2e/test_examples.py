@@ -1,0 +1,19 @@
+"""The parallelism examples at their small sizes, on the 4x4x4 mesh: each checks itself
+against CPU JAX (and, where it trains, that the loss falls) and reports its estimated cost."""
+
+import importlib
+import pathlib
+
+import pytest
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize("name", ["transformer_train", "moe", "ring_attention", "fsdp"])
+def test_example_matches_cpu_jax(name, monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    result = importlib.import_module(name).run(small=True)
+    assert result["cost"]["optimal_seconds"] > 0
+    assert result["cost"]["flops"] > 0
+    if "losses" in result:
+        assert result["losses"][-1] < result["losses"][0]

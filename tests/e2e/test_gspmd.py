@@ -1,0 +1,55 @@
+"""shard_map programs as jax emits them without Shardy (jax_use_shardy_partitioner=False):
+GSPMD custom calls (Sharding, SPMDFullToShardShape, SPMDShardToFullShape) on a mesh named
+only by the programs' shardings, compared with CPU JAX."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import jax_trn2
+from e2e_reference import assert_matches, cpu_mesh, run_both
+
+MESH = ((4, 4, 4), ("x", "y", "z"))
+
+
+@pytest.fixture
+def gspmd():
+    shardy = jax.config.jax_use_shardy_partitioner
+    jax.config.update("jax_use_shardy_partitioner", False)
+    yield
+    jax.config.update("jax_use_shardy_partitioner", shardy)
+
+
+def test_manual_body_with_transposed_axes(gspmd, rng):
+    """Dims split over (x, z) and y: the mesh is recovered from the tilings, collectives
+    and axis_index see the same axes as with Shardy."""
+    x = rng.standard_normal((16, 16)).astype(np.float32)
+
+    def body(a):
+        return lax.psum(a * lax.axis_index("z"), "y") + jax.numpy.cumsum(a, axis=1)
+
+    got, want = run_both(body, *MESH, P(("x", "z"), "y"), P(("x", "z"), "y"), x)
+    # A sum of four FP32 terms and a cumsum of four: FLOAT_RTOL covers any order.
+    assert_matches(got, want)
+    program = jax_trn2.jit(jax.shard_map(body, mesh=jax_trn2.make_mesh(),
+                                         in_specs=P(("x", "z"), "y"),
+                                         out_specs=P(("x", "z"), "y"))).lower(x).program
+    assert program.mesh.axis_sizes == (4, 4, 4)
+
+
+def test_partially_manual_body(gspmd, rng):
+    """shard_map over y only (axis_names): x and z stay automatic, and axis_index inside
+    is a nested fully manual body whose result leaves along x and z only."""
+    x = rng.standard_normal((16, 8)).astype(np.float32)
+
+    def program(mesh):
+        return jax.shard_map(lambda a: lax.psum(a * 2 + lax.axis_index("y"), "y"), mesh=mesh,
+                             in_specs=P("y"), out_specs=P(), axis_names={"y"})
+
+    got = jax_trn2.jit(program(jax_trn2.make_mesh()))(x)
+    want = jax.jit(program(cpu_mesh(*MESH)))(x)
+    assert_matches(got, want)  # sums of four FP32 terms

@@ -1,0 +1,99 @@
+"""One program on every logical mesh shape of the topologies, against CPU JAX (and, for the
+256 chips of trn2-ultra-max, which have no CPU reference here, against numpy).
+
+Sums of floats may add in another order than XLA on CPU does: e2e_reference's FLOAT_RTOL.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import jax_trn2
+from e2e_reference import assert_matches, run_both
+
+MESHES = [
+    ((4, 4, 4), ("x", "y", "z"), "trn2-ultra"),
+    ((8, 8), ("data", "model"), "trn2-ultra"),
+    ((64,), ("i",), "trn2-ultra"),
+    ((2, 32), ("pipe", "data"), "trn2-ultra"),
+    ((2, 4, 8), ("a", "b", "c"), "trn2-ultra"),
+    ((4, 4), ("x", "y"), "trn2"),
+    ((1, 64), ("one", "all"), "trn2-ultra"),  # collectives over an axis of size 1
+    ((64, 1), ("all", "one"), "trn2-ultra"),
+]
+
+
+def mesh_program(names: tuple[str, ...]):
+    """A step that uses every kind of collective: rows split over the leading axes, the
+    last axis splitting the contraction (Megatron row-parallel, so the product is summed or
+    reduce-scattered over it), and rings, gathers and all_to_alls along the axes."""
+    first, last = names[0], names[-1]
+
+    def body(x, w):  # x: [rows, k / n_last], w: [k / n_last, 64], both per chip
+        n_last = lax.axis_size(last)
+        ring = [(i, (i + 1) % n_last) for i in range(n_last)]
+        return {
+            "matmul_psum": lax.psum(x @ w, last),
+            "matmul_scatter": lax.psum_scatter(x @ w, last, scatter_dimension=1, tiled=True),
+            "mean_all": lax.pmean(jnp.sum(x, axis=1), names)[None],
+            "max_all": lax.pmax(x, names),
+            "gather_first": lax.all_gather(x, first, tiled=True),
+            "ring_last": lax.ppermute(x, last, ring),
+            "all_to_all_last": lax.all_to_all(jnp.tile(x, (n_last, 1)), last, 0, 1,
+                                              tiled=True),
+            "index": lax.axis_index(names)[None],
+        }
+
+    return body
+
+
+@pytest.mark.parametrize("shape, names, topology", MESHES,
+                         ids=[f"{'x'.join(map(str, m[0]))}-{m[2]}" for m in MESHES])
+def test_mesh_program(shape, names, topology, rng):
+    chips = math.prod(shape)
+    rows, k = 2 * (chips // shape[-1]), 4 * shape[-1]
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    w = rng.standard_normal((k, 64)).astype(np.float32)
+    specs = (P(names[:-1] or None, names[-1]), P(names[-1], None))
+    out_spec = P(names)  # each chip's local result side by side
+    got, want = run_both(mesh_program(names), shape, names, specs, out_spec, x, w,
+                         topology=topology)
+    assert_matches(got, want)
+    assert got["index"].tolist() == list(range(chips))
+
+
+def test_trn2_ultra_max_256_chips(rng):
+    """(4,4,16) on trn2-ultra-max, against numpy: a sum over all 256 chips, a ring along z
+    and each chip's index."""
+    mesh = jax_trn2.make_mesh((4, 4, 16), ("x", "y", "z"), topology="trn2-ultra-max")
+    x = rng.integers(-100, 100, (256 * 2, 3)).astype(np.int32)
+    ring = [(i, (i + 1) % 16) for i in range(16)]
+
+    def body(x):
+        return (lax.psum(x, ("x", "y", "z")), lax.ppermute(x, "z", ring),
+                lax.axis_index(("x", "y", "z"))[None])
+
+    every_chip = P(("x", "y", "z"))
+    step = jax_trn2.jit(jax.shard_map(body, mesh=mesh, in_specs=every_chip,
+                                      out_specs=every_chip))
+    total, shifted, index = step(x)
+    assert len(step.lower(x).compile().executable.devices()) == 256
+
+    chips = x.reshape(4, 4, 16, 2, 3)
+    np.testing.assert_array_equal(total, np.tile(chips.sum((0, 1, 2)), (256, 1)))
+    np.testing.assert_array_equal(shifted, np.roll(chips, 1, axis=2).reshape(-1, 3))
+    np.testing.assert_array_equal(index, np.arange(256))
+
+
+def test_mesh_shape_must_use_every_chip():
+    with pytest.raises(ValueError, match="64 chips"):
+        jax_trn2.make_mesh((4, 4))
+    with pytest.raises(ValueError, match="16 chips"):
+        jax_trn2.make_mesh((4, 8), topology="trn2")

@@ -1,0 +1,126 @@
+"""jax_trn2.jit behaves like jax.jit: pytrees, keyword and static arguments, the cache,
+lower()/compile(), programs without a shard_map."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, PartitionSpec as P
+
+import jax_trn2
+from jax_trn2.executable import LoadedExecutable
+
+MESH = jax_trn2.make_mesh()
+RNG = np.random.default_rng(0)
+X = RNG.standard_normal((16, 8)).astype(np.float32)
+W = RNG.standard_normal((8, 8)).astype(np.float32)
+
+
+def make_dense(mesh):
+    """A pytree of parameters in, a pytree out, a keyword argument."""
+    def dense(params, x, *, scale):
+        h = jax.shard_map(lambda w, x: jax.lax.psum(x @ w, "y"), mesh=mesh,
+                          in_specs=(P("y", None), P("x", "y")), out_specs=P("x", None))(
+            params["w"], x)
+        return {"out": (h + params["b"]) * scale, "stats": (jnp.max(h), jnp.min(h))}
+
+    return dense
+
+
+def test_pytrees_and_keyword_arguments():
+    params = {"w": W, "b": np.arange(8, dtype=np.float32)}
+    cpu_mesh = jax.make_mesh((4, 4, 4), ("x", "y", "z"), axis_types=(AxisType.Auto,) * 3,
+                             devices=jax.devices("cpu")[:64])
+    got = jax_trn2.jit(make_dense(MESH))(params, X, scale=np.float32(2))
+    want = jax.jit(make_dense(cpu_mesh))(params, X, scale=np.float32(2))
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert isinstance(g, jax.Array)
+        # The psum over y adds 4 partial products in another order than CPU JAX: FP32
+        # rounding of sums of 8 terms of magnitude ~3.
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
+
+
+def power(x, n):
+    return x ** n
+
+
+@pytest.mark.parametrize("jitted", [jax_trn2.jit(power, static_argnums=1),
+                                    jax_trn2.jit(power, static_argnames="n")],
+                         ids=["static_argnums", "static_argnames"])
+def test_static_arguments(jitted):
+    x = np.arange(4, dtype=np.int32)
+    np.testing.assert_array_equal(jitted(x, 2), x ** 2)
+    np.testing.assert_array_equal(jitted(x, n=3), x ** 3)
+    np.testing.assert_array_equal(jitted(x, 3), x ** 3)
+
+
+def test_decorator_with_options():
+    @jax_trn2.jit(static_argnames=("axis",))
+    def total(x, axis):
+        return jnp.sum(x, axis=axis)
+
+    np.testing.assert_array_equal(total(np.ones((2, 3), np.int32), axis=1), [3, 3])
+
+
+def test_cache_hit_does_not_lower_again(monkeypatch):
+    lowerings = []
+    original = LoadedExecutable.from_stablehlo.__func__
+
+    def counting(cls, *args, **kwargs):
+        lowerings.append(1)
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(LoadedExecutable, "from_stablehlo", classmethod(counting))
+    step = jax_trn2.jit(lambda x, n: x * n, static_argnums=1)
+    step(X, 2)
+    step(X + 1, 2)  # same shapes and static value: the cached program
+    assert len(lowerings) == 1
+    step(X[:8], 2)  # another shape
+    step(X, 3)  # another static value
+    assert len(lowerings) == 3
+    np.testing.assert_array_equal(step(X, 3), X * 3)
+    assert len(lowerings) == 3
+
+
+def test_single_chip_program():
+    f = lambda x, w: jax.nn.relu(x @ w).sum(axis=0)  # noqa: E731
+    lowered = jax_trn2.jit(f).lower(X, W)
+    assert lowered.program.mesh.num_devices == 1
+    got = lowered.compile()(X, W)
+    # One FP32 matmul and a sum of 16 rows: rounding differs only in the order of adds.
+    np.testing.assert_allclose(np.asarray(got), np.asarray(jax.jit(f)(X, W)),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_lower_as_text_and_compile():
+    step = jax_trn2.jit(jax.shard_map(lambda x: jax.lax.psum(x, "x"), mesh=MESH,
+                                      in_specs=P("x"), out_specs=P()))
+    lowered = step.lower(X)
+    listing = lowered.as_text()
+    assert "AllReduce" in listing and "mesh={x=4, y=4, z=4}" in listing
+    stablehlo = lowered.as_text(dialect="stablehlo")
+    assert "stablehlo.all_reduce" in stablehlo and "sdy.manual_computation" in stablehlo
+    with pytest.raises(ValueError, match="dialect"):
+        lowered.as_text(dialect="hlo")
+    compiled = lowered.compile()
+    # A sum of 4 FP32 values, in the ring's order rather than numpy's.
+    np.testing.assert_allclose(np.asarray(compiled(X)), X.reshape(4, 4, 8).sum(0),
+                               rtol=1e-6, atol=1e-6)
+    assert "AllReduce" in compiled.as_text()
+
+
+def test_lower_with_shape_dtype_structs():
+    spec = jax.ShapeDtypeStruct(X.shape, X.dtype)
+    compiled = jax_trn2.jit(lambda x: x * 2).lower(spec).compile()
+    np.testing.assert_array_equal(np.asarray(compiled(X)), X * 2)
+
+
+def test_outputs_that_are_inputs_or_constants():
+    f = lambda x, y: (x, jnp.arange(3), y + 1, x)  # noqa: E731
+    got = jax_trn2.jit(f)(X, np.int32(4))
+    want = f(X, np.int32(4))
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))

@@ -1,0 +1,65 @@
+"""GSPMD shardings (mhlo.sharding text): parsing, the mesh they are made of, and tilings read
+as mesh axes per dim."""
+
+from __future__ import annotations
+
+import pytest
+
+from lowering import hlo_sharding
+from mesh import isa
+
+MESH_444 = isa.MeshSpec(("d0", "d1", "d2"), (4, 4, 4))
+
+
+@pytest.mark.parametrize("text", ["{replicated}", "{manual}", "{maximal device=3}"])
+def test_untiled_shardings_have_no_tiling(text):
+    assert hlo_sharding.parse(text) is None
+
+
+@pytest.mark.parametrize("text, axes", [
+    ("{devices=[4,4,4]<=[64]}", ((0,), (1,), (2,))),
+    ("{devices=[16,4]<=[4,4,4]T(0,2,1)}", ((0, 2), (1,))),  # dim 0 over x then z
+    ("{devices=[4,1,16]<=[4,4,4]T(1,0,2) last_tile_dim_replicate}", ((1,), ())),
+    ("{devices=[1,4,16]<=[64] last_tile_dim_replicate}", ((), (0,))),
+    # <=[4,4,4]T(1,0,2) written out: dim 0 steps through y, the replicated dim x then z.
+    ("{devices=[4,1,16]" + ",".join(str(4 * y + 16 * (j // 4) + j % 4)
+                                    for y in range(4) for j in range(16))
+     + " last_tile_dim_replicate}", ((1,), ())),
+])
+def test_tilings_as_mesh_axes(text, axes):
+    tiling = hlo_sharding.parse(text)
+    assert hlo_sharding.dim_axes(tiling, MESH_444)[:len(axes)] == axes
+
+
+def test_explicit_device_list_reads_like_its_iota_form():
+    explicit = hlo_sharding.parse("{devices=[2,2]0,2,1,3}")
+    assert hlo_sharding.dim_axes(explicit, isa.MeshSpec(("a", "b"), (2, 2))) == ((1,), (0,))
+
+
+def test_mesh_is_cut_where_any_tiling_steps():
+    tilings = [hlo_sharding.parse("{devices=[4,1,16]<=[64] last_tile_dim_replicate}"),
+               hlo_sharding.parse("{devices=[16,4]<=[4,4,4]T(0,2,1)}")]
+    assert hlo_sharding.infer_mesh(tilings, 64).axis_sizes == (4, 4, 4)
+    assert hlo_sharding.infer_mesh(tilings[:1], 64).axis_sizes == (4, 16)
+
+
+def test_manual_axes_of_partially_manual_sharding():
+    text = "{devices=[1,1,4,16]<=[4,4,4]T(1,0,2) last_tile_dims={manual, replicated}}"
+    assert hlo_sharding.manual_axes(text, MESH_444) == (1,)
+    assert hlo_sharding.manual_axes("{manual}", MESH_444) == (0, 1, 2)
+    assert hlo_sharding.manual_axes("{devices=[4,16]<=[64]}", MESH_444) == ()
+
+
+@pytest.mark.parametrize("texts, devices, message", [
+    (["{devices=[2,2]0,3,1,2}"], 4, "not a tiling of a mesh"),
+    (["{devices=[2,3]<=[6]}", "{devices=[3,2]<=[6]}"], 6, "no one mesh has"),
+    (["{devices=[2,2]<=[4]}"], 8, "over 4 devices in a program over 8"),
+])
+def test_tilings_no_mesh_makes_are_errors(texts, devices, message):
+    with pytest.raises(ValueError, match=message):
+        hlo_sharding.infer_mesh([hlo_sharding.parse(t) for t in texts], devices)
+
+
+def test_tuple_sharding_is_unsupported():
+    with pytest.raises(NotImplementedError, match="tuple sharding"):
+        hlo_sharding.parse("{{replicated}, {manual}}")

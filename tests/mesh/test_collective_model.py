@@ -1,0 +1,153 @@
+"""Collectives on the torus, pinned to the alpha-beta formulas of trn2_facts.md."""
+
+import numpy as np
+import pytest
+
+from mesh import isa
+from mesh.collective_model import plan_collective
+from mesh.topology import get_topology, place_mesh
+
+ULTRA = get_topology("trn2-ultra")
+ALPHA = ULTRA.link_latency[0]  # seconds per hop
+BX, BZ = ULTRA.link_bandwidth[0], ULTRA.link_bandwidth[2]  # bytes/s per direction
+EQUAL_LINKS = ULTRA.with_overrides(link_bandwidth=(BX,) * 3)
+BIG = 64 * 2**20  # bytes per chip: bandwidth-dominated
+K = 4  # ring length of each trn2-ultra axis
+
+
+def mesh_groups(shape, axes):
+    """isa.Groups of the lines of a row-major mesh along `axes` (rank order)."""
+    ids = np.arange(int(np.prod(shape))).reshape(shape)
+    rest = [a for a in range(len(shape)) if a not in axes]
+    lines = ids.transpose(rest + list(axes)).reshape(-1, int(np.prod([shape[a] for a in axes])))
+    return isa.Groups(tuple(tuple(int(d) for d in g) for g in lines), tuple(axes))
+
+
+def plan(kind, axes, nbytes, topology=ULTRA, shape=(4, 4, 4), names=("x", "y", "z")):
+    groups = mesh_groups(shape, axes)
+    instr = {"all-reduce": lambda: isa.AllReduce((1,), (0,), groups=groups, reduction="add"),
+             "all-gather": lambda: isa.AllGather((1,), (0,), groups=groups, dimension=0),
+             "reduce-scatter": lambda: isa.ReduceScatter((1,), (0,), groups=groups, dimension=0,
+                                                         reduction="add"),
+             "all-to-all": lambda: isa.AllToAll((1,), (0,), groups=groups, split_dimension=0,
+                                                concat_dimension=0)}[kind]()
+    return plan_collective(instr, nbytes, topology, place_mesh(topology, shape, names))
+
+
+def test_all_reduce_along_one_axis_is_the_bidirectional_ring_formula():
+    p = plan("all-reduce", (0,), BIG)
+    assert p.algorithm == "ring" and p.torus_axes == ("x",) and p.rings == (K,)
+    assert p.steps == 2 * (K - 1)
+    assert p.link_bytes == pytest.approx((K - 1) / K * BIG)  # per link per direction
+    # float rounding of a sum of 6 steps
+    assert p.seconds == pytest.approx(2 * (K - 1) * ALPHA + (K - 1) / K * BIG / BX, rel=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["all-gather", "reduce-scatter"])
+def test_all_gather_and_reduce_scatter_along_one_axis(kind):
+    p = plan(kind, (1,), BIG)
+    assert p.algorithm == "ring" and p.steps == K - 1 and p.torus_axes == ("y",)
+    assert p.seconds == pytest.approx((K - 1) * ALPHA + (K - 1) / K * BIG / (2 * BX), rel=1e-12)
+
+
+def test_z_is_twice_as_slow_as_x():
+    no_latency = ULTRA.with_overrides(link_latency=(0.0,) * 3)
+    x, z = (plan("all-reduce", (a,), BIG, no_latency).seconds for a in (0, 2))
+    assert z == pytest.approx(2 * x, rel=1e-12)  # z links have half the bandwidth
+    x, z = (plan("all-reduce", (a,), BIG).seconds for a in (0, 2))
+    assert 1.95 < z / x < 2.0  # the same hop latency on both axes dilutes the ratio a little
+
+
+def test_small_messages_take_a_latency_optimal_algorithm():
+    """Like a collective library's tuner: a ring for large buffers, direct for small."""
+    small, large = plan("all-reduce", (0,), 1024), plan("all-reduce", (0,), BIG)
+    assert large.algorithm == "ring"
+    assert small.algorithm in ("one-shot", "two-shot")
+    assert small.latency_seconds < large.latency_seconds
+    ring = dict(small.candidates)["ring"]
+    assert small.seconds < ring == pytest.approx(6 * ALPHA + 0.75 * 1024 / BX, rel=1e-12)
+
+
+def test_all_gather_over_three_axes_reaches_the_injection_bound():
+    """(p-1)/p * M/(2nB) with n=3 equal axes: 0.164 M/B; splitting the data three ways with
+    rotated axis orders reaches it."""
+    p_chips = 64
+    bound = (p_chips - 1) / p_chips * BIG / (2 * 3 * BX)
+    equal = plan("all-gather", (0, 1, 2), BIG, EQUAL_LINKS)
+    assert equal.algorithm.startswith("rotated rings")
+    assert equal.seconds >= bound
+    assert equal.bandwidth_seconds == pytest.approx(bound, rel=1e-9)
+    assert bound == pytest.approx(0.164 * BIG / BX, rel=0.01)
+    # one dimension after another: about n times the bound
+    by_dims = min(s for a, s in equal.candidates if a.startswith("rings"))
+    assert 2.9 < (by_dims - 9 * ALPHA) / bound < 3.1
+
+
+def test_all_gather_on_trn2_ultra_respects_the_injection_bound_of_its_links():
+    """A chip can receive at most 2 * (Bx + By + Bz) bytes/s, whatever the algorithm."""
+    p = plan("all-gather", (0, 1, 2), BIG)
+    assert p.seconds >= 63 / 64 * BIG / (2 * sum(ULTRA.link_bandwidth))
+    assert p.latency_seconds >= 6 * ALPHA  # the diameter: 6 hops
+
+
+def test_all_reduce_over_three_axes_lower_bound():
+    equal = plan("all-reduce", (0, 1, 2), BIG, EQUAL_LINKS)
+    assert equal.seconds >= 0.328 * BIG / BX
+    assert equal.bandwidth_seconds == pytest.approx(2 * 63 / 64 * BIG / (6 * BX), rel=1e-9)
+
+
+def test_all_to_all_meets_the_bisection_bound():
+    """Direct all-to-all with ties split both ways round each ring: 0.5 M/B on 4x4x4."""
+    p = plan("all-to-all", (0, 1, 2), BIG, EQUAL_LINKS)
+    assert p.algorithm == "direct"
+    assert p.link_bytes == pytest.approx(0.5 * BIG)
+    assert p.seconds >= 0.5 * BIG / BX
+
+
+def test_logical_axis_of_8_is_routed_and_counts_the_busiest_link():
+    """On an (8, 8) mesh, an axis of 8 spans x and half of y: y neighbours are 2 hops apart."""
+    p = plan("all-reduce", (0,), BIG, shape=(8, 8), names=("a", "b"))
+    assert p.logical_axes == ("a",) and p.torus_axes == ("x", "y")
+    assert p.routed and p.max_hops > 1
+    assert p.seconds > plan("all-reduce", (0,), BIG).seconds  # slower than a ring of 4
+
+
+def test_mesh_of_64_runs_on_torus_rings():
+    """A (64,) logical axis is the whole torus: only the set of chips matters, so it runs
+    as fast as the (4,4,4) all-reduce over x,y,z."""
+    flat = plan("all-reduce", (0,), BIG, shape=(64,), names=("a",))
+    cube = plan("all-reduce", (0, 1, 2), BIG)
+    assert flat.torus_axes == ("x", "y", "z") and not flat.routed
+    assert flat.seconds == pytest.approx(cube.seconds, rel=1e-12)
+
+
+def test_permute_load_on_the_busiest_link():
+    """Two sends along z that share a link: 0->2 and 1->3 both cross z1->z2."""
+    topo = get_topology("trn2-ultra-max")  # z is a ring of 16: no ties
+    placement = place_mesh(topo, (4, 4, 16), ("x", "y", "z"))
+    m = 2**20
+    p = plan_collective(isa.CollectivePermute((1,), (0,), pairs=((0, 2), (1, 3))), m, topo,
+                        placement)
+    alpha, bz = topo.link_latency[2], topo.link_bandwidth[2]
+    assert p.max_hops == 2 and p.routed and p.logical_axes == ("z",)
+    assert p.link_bytes == 2 * m
+    assert p.seconds == pytest.approx(2 * alpha + 2 * m / bz, rel=1e-12)
+
+
+def test_arbitrary_groups_are_planned():
+    """Groups that are not mesh lines (every 16th device) still get a routed plan."""
+    groups = isa.Groups(tuple(tuple(range(i, 64, 16)) for i in range(16)), None)
+    p = plan_collective(isa.AllGather((1,), (0,), groups=groups, dimension=0), BIG, ULTRA,
+                        place_mesh(ULTRA, (4, 4, 4), ("x", "y", "z")))
+    assert p.logical_axes is None and p.group_size == 4 and p.torus_axes == ("x",)
+    assert p.seconds >= (K - 1) / K * BIG / (2 * BX)
+
+
+def test_group_of_one_is_free():
+    p = plan("all-reduce", (0,), BIG, shape=(1, 64), names=("a", "b"))
+    assert p.seconds == 0 and p.steps == 0
+
+
+def test_not_a_collective_is_an_error():
+    with pytest.raises(ValueError, match="Elementwise is not a collective"):
+        plan_collective(isa.Elementwise((1,), (0,), op="add"), 1, ULTRA, None)

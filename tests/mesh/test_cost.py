@@ -1,0 +1,127 @@
+"""Per-instruction costs, their sums, and the estimate of a planned program."""
+
+import dataclasses
+import math
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+from mesh import isa
+from mesh.chip import ChipSpec
+from mesh.cost import Cost, instruction_cost, on_chip_values
+from mesh.estimate import ProgramEstimate
+from mesh.tensor_engine import tile_matmul
+from mesh.topology import get_topology
+
+CHIP = ChipSpec()
+LANES = CHIP.neuron_cores * CHIP.sbuf_partitions  # elements per engine cycle per chip
+NO_MESH = isa.MeshSpec((), ())
+TOPOLOGY = get_topology("trn2-ultra")
+F32 = isa.TensorType((1024, 1024), "float32")
+KEYS = ("flops", "bytes accessed", "transcendentals", "optimal_seconds")
+
+
+def program_of(instructions, types, inputs, outputs):
+    values = {v: isa.ValueInfo(t) for v, t in types.items()}
+    return isa.Program(NO_MESH, tuple(instructions), tuple(inputs), tuple(outputs), values)
+
+
+def test_costs_add_and_scale():
+    a = Cost(flops=1, bytes_accessed=2, seconds=3, engine_seconds={isa.VECTOR: 3})
+    b = Cost(flops=10, transcendentals=5, engine_seconds={isa.VECTOR: 1, isa.DMA: 2})
+    total = a + b
+    assert (total.flops, total.transcendentals, total.bytes_accessed) == (11, 5, 2)
+    assert total.engine_seconds == {isa.VECTOR: 4, isa.DMA: 2}
+    assert (3 * a).flops == 3 and (a * 3).engine_seconds == {isa.VECTOR: 9}
+    assert sum([a, b]).flops == 11
+
+
+def test_elementwise_alone_is_memory_bound():
+    """An unfused add of two FP32 1M-element arrays: 12 MiB through HBM."""
+    add = isa.Elementwise((2,), (0, 1), op="add")
+    program = program_of([add], {0: F32, 1: F32, 2: F32}, (0, 1), (2,))
+    cost = instruction_cost(add, program, CHIP)
+    assert cost.flops == F32.size and cost.transcendentals == 0
+    assert cost.bytes_accessed == 3 * F32.nbytes
+    compute = math.ceil(F32.size / LANES) / CHIP.vector_clock_hz
+    assert cost.seconds == max(compute, 3 * F32.nbytes / CHIP.hbm_bandwidth)
+    assert cost.engine_seconds[isa.DMA] == 3 * F32.nbytes / CHIP.hbm_bandwidth
+
+
+def test_fused_chain_keeps_intermediates_on_chip():
+    """exp(x) * broadcast(2.0): the exp result and the broadcast never reach HBM."""
+    scalar = isa.TensorType((), "float32")
+    instrs = [isa.Elementwise((1,), (0,), op="exponential"),
+              isa.Constant((2,), (), value=np.float32(2.0)),
+              isa.BroadcastInDim((3,), (2,), dimensions=(), shape=F32.shape),
+              isa.Elementwise((4,), (1, 3), op="multiply")]
+    program = program_of(instrs, {0: F32, 1: F32, 2: scalar, 3: F32, 4: F32}, (0,), (4,))
+    assert on_chip_values(program) == {1, 3}
+    exp, _, broadcast, mul = (instruction_cost(i, program, CHIP) for i in instrs)
+    assert exp.transcendentals == F32.size and exp.flops == 0
+    assert exp.bytes_accessed == F32.nbytes  # reads x; its result stays in SBUF
+    assert broadcast.bytes_accessed == 4 and broadcast.seconds == 4 / CHIP.hbm_bandwidth
+    assert mul.bytes_accessed == F32.nbytes  # writes the program's output only
+    assert instrs[0].engine == isa.SCALAR
+
+
+def test_matmul_cost_is_its_tiling():
+    lhs = isa.TensorType((512, 256), "bfloat16")
+    rhs = isa.TensorType((256, 1024), "bfloat16")
+    out = isa.TensorType((512, 1024), "float32")
+    tiling = tile_matmul(1, 512, 1024, 256, "bfloat16", "bfloat16", "float32", CHIP)
+    mm = isa.Matmul((2,), (0, 1), lhs_batch=(), rhs_batch=(), lhs_contract=(1,),
+                    rhs_contract=(0,), out_dtype="float32", tiling=tiling)
+    program = program_of([mm], {0: lhs, 1: rhs, 2: out}, (0, 1), (2,))
+    cost = instruction_cost(mm, program, CHIP)
+    assert cost.flops == 2 * 512 * 1024 * 256
+    assert cost.seconds == tiling.seconds and cost.bytes_accessed == tiling.hbm_bytes
+    assert cost.peak_seconds == cost.flops / CHIP.peak_flops_for("bfloat16")
+    with pytest.raises(ValueError, match="no tiling: plan the program first"):
+        instruction_cost(dataclasses.replace(mm, tiling=None), program, CHIP)
+
+
+def test_views_are_free():
+    reshape = isa.Reshape((1,), (0,), shape=(1024 * 1024,))
+    program = program_of([reshape], {0: F32, 1: isa.TensorType((1024 * 1024,), "float32")},
+                         (0,), (1,))
+    assert instruction_cost(reshape, program, CHIP) == Cost()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Repeat(isa.Instruction):
+    """A test-only loop: runs `body` `trip_count` times (no cost rule of its own)."""
+
+    body: isa.Program
+    trip_count: int
+    engine: ClassVar[str] = isa.NONE
+
+
+def test_sub_programs_are_walked_and_multiplied_by_their_trip_count():
+    body = program_of([isa.Elementwise((1,), (0,), op="tanh")], {0: F32, 1: F32}, (0,), (1,))
+    loop = Repeat((1,), (0,), body=body, trip_count=5)
+    program = program_of([loop, isa.Elementwise((2,), (1,), op="negate")],
+                         {0: F32, 1: F32, 2: F32}, (0,), (2,))
+    estimate = ProgramEstimate(program, TOPOLOGY)
+    inner = ProgramEstimate(body, TOPOLOGY)
+    loop_cost = estimate.costs[0]
+    assert loop_cost.transcendentals == 5 * F32.size
+    assert loop_cost.seconds == pytest.approx(5 * inner.step_seconds, rel=1e-12)
+    assert estimate.schedule.slots[1].start == pytest.approx(loop_cost.seconds, rel=1e-12)
+
+
+def test_estimate_totals_are_sums_over_instructions():
+    instrs = [isa.Elementwise((1,), (0,), op="exponential"),
+              isa.Reduce((3,), (1, 2), dimensions=(1,), combiner="add"),
+              isa.Transpose((4,), (0,), permutation=(1, 0))]
+    scalar = isa.TensorType((), "float32")
+    program = program_of(instrs, {0: F32, 1: F32, 2: scalar, 3: isa.TensorType((1024,), "float32"),
+                                  4: F32}, (0, 2), (3, 4))
+    estimate = ProgramEstimate(program, TOPOLOGY)
+    analysis = estimate.cost_analysis()
+    per_instruction = [c.jax_dict() for c in estimate.costs]
+    for key in KEYS:  # float sums of a few terms in a different order
+        assert sum(c[key] for c in per_instruction) == pytest.approx(analysis[key], rel=1e-12)
+    assert analysis["optimal_seconds"] == estimate.step_seconds > 0
+    assert analysis["trn2"]["engine_busy_seconds"][isa.DMA] > 0
