@@ -66,17 +66,7 @@ def run(small: bool = False) -> dict:
     text = step.executable.as_text()
     assert "AllGather" in text and "ReduceScatter" in text
     reference = jax.jit(make_train_step(harness.cpu_mesh()))
-    sim, ref = shards, shards
-    losses, ref_losses = [], []
-    for i in range(c["steps"]):
-        sim, loss = step(sim, x, y)
-        ref, ref_loss = reference(ref, x, y)
-        losses.append(float(loss))
-        ref_losses.append(float(ref_loss))
-        print(f"step {i}: loss {losses[-1]:.5f} (CPU JAX {ref_losses[-1]:.5f})")
-    harness.check_close("losses", losses, ref_losses, RTOL)
-    harness.check_close("weights after training", sim, ref, RTOL)
-    assert losses[-1] < losses[0], f"the loss did not fall: {losses}"
+    losses = harness.train_and_check(step, reference, shards, (x, y), c["steps"], RTOL)
     return dict(losses=losses, cost=harness.print_cost(step))
 
 

@@ -41,6 +41,25 @@ def check_close(what: str, got, want, rtol: float) -> float:
     return error
 
 
+def train_and_check(step, reference, params, batch: tuple, steps: int,
+                    rtol: float) -> list[float]:
+    """Run `steps` training steps `params, loss = step(params, *batch)` on the simulated
+    mesh and with `reference` on CPU JAX; check losses and final weights agree within
+    `rtol` and that the loss falls. Returns the simulated losses."""
+    sim, ref = params, params
+    losses, ref_losses = [], []
+    for i in range(steps):
+        sim, loss = step(sim, *batch)
+        ref, ref_loss = reference(ref, *batch)
+        losses.append(float(loss))
+        ref_losses.append(float(ref_loss))
+        print(f"step {i}: loss {losses[-1]:.5f} (CPU JAX {ref_losses[-1]:.5f})")
+    check_close("losses", losses, ref_losses, rtol)
+    check_close("weights after training", sim, ref, rtol)
+    assert losses[-1] < losses[0], f"the loss did not fall: {losses}"
+    return losses
+
+
 def print_cost(compiled) -> dict:
     """Print the estimated per-chip cost of a jax_trn2 compiled step; returns the numbers
     (jax's cost_analysis keys and a 'trn2' breakdown)."""

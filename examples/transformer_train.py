@@ -102,17 +102,7 @@ def run(small: bool = False) -> dict:
 
     step = jax_trn2.jit(make_train_step(jax_trn2.make_mesh(), c)).lower(params, tokens).compile()
     reference = jax.jit(make_train_step(harness.cpu_mesh(), c))
-    sim, ref = params, params
-    losses, ref_losses = [], []
-    for i in range(c["steps"]):
-        sim, loss = step(sim, tokens)
-        ref, ref_loss = reference(ref, tokens)
-        losses.append(float(loss))
-        ref_losses.append(float(ref_loss))
-        print(f"step {i}: loss {losses[-1]:.4f} (CPU JAX {ref_losses[-1]:.4f})")
-    harness.check_close("losses", losses, ref_losses, RTOL)
-    harness.check_close("weights after training", sim, ref, RTOL)
-    assert losses[-1] < losses[0], f"the loss did not fall: {losses}"
+    losses = harness.train_and_check(step, reference, params, (tokens,), c["steps"], RTOL)
     return dict(losses=losses, cost=harness.print_cost(step))
 
 

@@ -8,6 +8,7 @@ from lowering import rules  # noqa: F401  (fills the rule registry)
 from lowering.errors import LoweringError, UnsupportedOpError
 from lowering.mlir import parse_module
 from lowering.registry import RULES
+from lowering.simplify import simplify
 from lowering.walker import Walker
 from mesh import isa
 
@@ -16,7 +17,7 @@ __all__ = ["LoweringError", "UnsupportedOpError", "RULES", "lower", "supported_o
 
 def lower(program: Any) -> isa.Program:
     """Lower StableHLO (MLIR text, bytecode or a jaxlib ir.Module) to a Trn2 Program."""
-    return Walker(parse_module(program)).lower()
+    return simplify(Walker(parse_module(program)).lower())
 
 
 def supported_ops() -> list[str]:

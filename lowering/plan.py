@@ -37,17 +37,4 @@ def _plan(instr: isa.Instruction, program: isa.Program, topology: Topology,
         message = sum(program.values[v].type.nbytes for v in moved)
         return dataclasses.replace(instr, plan=plan_collective(instr, message, topology,
                                                                placement))
-    return _plan_regions(instr, topology, placement)
-
-
-def _plan_regions(instr: isa.Instruction, topology: Topology,
-                  placement: Placement | None) -> isa.Instruction:
-    """The instruction with its Program-valued fields (one program or a tuple) planned."""
-    changes = {}
-    for name, value in instr.params().items():
-        if isinstance(value, isa.Program):
-            changes[name] = plan_program(value, topology, placement)
-        elif isinstance(value, tuple) and value and all(isinstance(p, isa.Program)
-                                                         for p in value):
-            changes[name] = tuple(plan_program(p, topology, placement) for p in value)
-    return dataclasses.replace(instr, **changes) if changes else instr
+    return isa.map_subprograms(instr, lambda p: plan_program(p, topology, placement))

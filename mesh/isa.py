@@ -12,6 +12,7 @@ Values outside a shard_map body are global (replicated on every chip, varying al
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -151,6 +152,18 @@ class Instruction:
         """The instruction's own parameters, for the listing."""
         skip = {"outs", "ins", "loc"}
         return {k: v for k, v in self.__dict__.items() if k not in skip}
+
+
+def map_subprograms(instr: Instruction, fn) -> Instruction:
+    """`instr` with `fn` applied to each of its sub-programs (loop bodies, branches): the
+    fields holding a Program or a tuple of Programs."""
+    changes = {}
+    for name, value in instr.params().items():
+        if isinstance(value, Program):
+            changes[name] = fn(value)
+        elif isinstance(value, tuple) and value and all(isinstance(p, Program) for p in value):
+            changes[name] = tuple(fn(p) for p in value)
+    return dataclasses.replace(instr, **changes) if changes else instr
 
 
 # --- values from nowhere ---------------------------------------------------------------

@@ -18,9 +18,10 @@ def value_text(program: isa.Program, value: int) -> str:
 
 def params_text(instr: isa.Instruction) -> str:
     parts = []
+    in_mnemonic = ("op", "direction") if isinstance(instr, isa.Elementwise) else ()
     for name, value in instr.params().items():
-        if isinstance(value, isa.Plan):  # shown on lines of its own (plan_lines)
-            continue
+        if isinstance(value, isa.Plan) or name in in_mnemonic or value is None or value == "":
+            continue  # plans are shown on lines of their own (plan_lines)
         if isinstance(value, np.ndarray):
             value = f"<{value.dtype}{list(value.shape)}>" if value.size > 8 else value.tolist()
         elif isinstance(value, isa.Groups):

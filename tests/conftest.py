@@ -5,5 +5,13 @@ root conftest, before test modules import jax_trn2 or use jax.
 """
 
 import jax
+import numpy as np
+import pytest
 
 jax.config.update("jax_num_cpu_devices", 64)
+
+
+@pytest.fixture
+def rng():
+    """A seeded generator: test data is the same on every run."""
+    return np.random.default_rng(0)

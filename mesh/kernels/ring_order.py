@@ -32,47 +32,52 @@ from jax import lax
 from mesh import numerics
 
 
-def ring_orders(ring_sizes: Sequence[int], n: int, bidirectional: bool = True) -> list:
-    """For each ring (group axis, rank order), an int array [k, n]: the member whose value
-    is added at step s (s = 0 first) to the partial sum of buffer element e."""
+def _ring_positions(ring_sizes: Sequence[int], n: int, xp=np):
+    """For buffer elements 0..n-1: each one's owner coordinate on every ring and its
+    direction of travel (+1 or -1). `xp` is numpy (host) or jax.numpy (in the program)."""
     members = int(np.prod(ring_sizes, dtype=np.int64))
     block = max(-(-n // members), 1)  # elements per owner (the last blocks may be short)
-    element = np.arange(n)
+    element = xp.arange(n)
     owner = element // block
     position = element - owner * block
-    block_length = np.minimum(block, n - owner * block)
-    forward = (position < (block_length + 1) // 2) | (not bidirectional)
-    direction = np.where(forward, 1, -1)
-    coords = np.unravel_index(owner, tuple(ring_sizes))
-    steps_of = [np.arange(1, k + 1)[:, None] for k in ring_sizes]
-    return [((c + direction * steps) % k).astype(np.int32)
-            for c, steps, k in zip(coords, steps_of, ring_sizes)]
+    block_length = xp.minimum(block, n - owner * block)
+    direction = xp.where(position < (block_length + 1) // 2, 1, -1)
+    return xp.unravel_index(owner, tuple(ring_sizes)), direction
+
+
+def ring_orders(ring_sizes: Sequence[int], n: int) -> list:
+    """For each ring (group axis, rank order), an int array [k, n]: the member whose value
+    is added at step s (s = 0 first) to the partial sum of buffer element e."""
+    coords, direction = _ring_positions(ring_sizes, n)
+    return [((c + direction * np.arange(1, k + 1)[:, None]) % k).astype(np.int32)
+            for c, k in zip(coords, ring_sizes)]
 
 
 def ring_reduce(members: jnp.ndarray, lead: int, ring_sizes: Sequence[int], combine: Callable,
                 rounding: Callable | None, axis_order: Sequence[int] | None = None
                 ) -> jnp.ndarray:
     """Reduce [lead..., m_1, ..., m_L, n] over the L member dims, ring by ring (in
-    `axis_order`, default major first), each element in its ring order.
+    `axis_order`, default major first), each element in its ring order (ring_orders).
 
     m_i is ring_sizes[i], or 1 where the value is the same on every member of that ring (it
     is then added to itself k - 1 times, as the ring would). Returns [lead..., n].
+    The member added at each step is chosen per element with a select over the k members,
+    computed from iotas, so XLA fuses a whole ring into one pass over the buffer.
     """
     n = members.shape[-1]
     dtype_name = np.dtype(members.dtype).name
-    orders = ring_orders(ring_sizes, n)
+    coords, direction = _ring_positions(ring_sizes, n, jnp)
     remaining = list(range(len(ring_sizes)))  # group axes still in `members`, in dim order
     for axis in (range(len(ring_sizes)) if axis_order is None else axis_order):
         dim = lead + remaining.index(axis)
         size = ring_sizes[axis]
-        if members.shape[dim] == 1:
-            value = lax.index_in_dim(members, 0, dim, keepdims=False)
-            steps = [value] * size
-        else:
-            index = orders[axis].reshape((1,) * dim + (size,) + (1,) * (members.ndim - dim - 2)
-                                         + (n,))
-            ordered = jnp.take_along_axis(members, jnp.asarray(index), axis=dim)
-            steps = [lax.index_in_dim(ordered, s, dim, keepdims=False) for s in range(size)]
+        candidates = [lax.index_in_dim(members, m, dim, keepdims=False)
+                      for m in range(members.shape[dim])]
+        steps = [candidates[0] if len(candidates) == 1 else
+                 lax.select_n(jnp.broadcast_to((coords[axis] + direction * s) % size,
+                                               candidates[0].shape).astype(jnp.int32),
+                              *candidates)
+                 for s in range(1, size + 1)]
         partial = steps[0]
         for value in steps[1:]:
             partial = numerics.round_to(combine(numerics.widen(partial), numerics.widen(value)),

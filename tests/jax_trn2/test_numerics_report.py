@@ -15,11 +15,6 @@ import jax_trn2
 from jax_trn2 import cli, numerics
 
 
-@pytest.fixture
-def rng():
-    return np.random.default_rng(0)
-
-
 # --- ulp ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("x, dtype, want", [

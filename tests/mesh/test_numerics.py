@@ -18,11 +18,6 @@ ALL_ONES = np.uint32(0xFFFF_FFFF)
 stochastic_round = jax.jit(numerics.stochastic_round, static_argnums=1)
 
 
-@pytest.fixture
-def rng():
-    return np.random.default_rng(0)
-
-
 def dtype(name):
     return np.dtype(np.float16 if name == "float16" else getattr(ml_dtypes, name))
 
