@@ -3,6 +3,8 @@
 - transpose(dot(a, b)) that only swaps the two operands' free dims is dot(b, a): the Tensor
   Engine writes its result in either orientation (the stationary operand picks it), so the
   transpose costs nothing on the chip, and the executor skips a copy of the whole result.
+- Instructions whose results nobody reads are removed (every instruction is free of side
+  effects), for example the device-id arithmetic that lowering already folded to constants.
 """
 
 from __future__ import annotations
@@ -26,8 +28,19 @@ def simplify(program: isa.Program) -> isa.Program:
             kept.append(isa.map_subprograms(instr, simplify))
         else:
             replaced[id(matmul)] = _swapped(matmul, instr.outs)
-    instructions = tuple(replaced.get(id(instr), instr) for instr in kept)
-    return dataclasses.replace(program, instructions=instructions)
+    instructions = [replaced.get(id(instr), instr) for instr in kept]
+    return dataclasses.replace(program, instructions=_live(instructions, program.outputs))
+
+
+def _live(instructions: list[isa.Instruction], outputs) -> tuple[isa.Instruction, ...]:
+    """The instructions some output depends on, in their order."""
+    needed = set(outputs)
+    live = []
+    for instr in reversed(instructions):
+        if needed.intersection(instr.outs):
+            live.append(instr)
+            needed.update(instr.ins)
+    return tuple(reversed(live))
 
 
 def _folds_into(instr, program: isa.Program, producer, uses) -> isa.Matmul | None:

@@ -51,3 +51,15 @@ def test_transpose_moving_batch_dims_is_kept(rng):
     fun = lambda a, b: jnp.transpose(jnp.einsum("bik,bkj->bij", a, b), (1, 0, 2))  # noqa: E731
     assert isa.Transpose in _kinds(_program(fun, a, b))
     np.testing.assert_allclose(jax_trn2.jit(fun)(a, b), fun(a, b), rtol=1e-6)
+
+
+def test_device_ids_folded_by_lowering_leave_no_instructions():
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax_trn2.make_mesh()
+    fun = jax.shard_map(lambda a: a + jax.lax.axis_index("x"), mesh=mesh, in_specs=P("x"),
+                        out_specs=P("x"))
+    program = _program(fun, np.ones(8, np.int32))
+    assert isa.DeviceId not in _kinds(program)  # folded to a constant varying along x only
+    np.testing.assert_array_equal(jax_trn2.jit(fun)(np.ones(8, np.int32)),
+                                  1 + np.arange(8) // 2)
