@@ -38,7 +38,6 @@ class LoadedExecutable:
     def __init__(self, program: isa.Program, topology: Topology,
                  arg_names: Sequence[str] | None = None,
                  rounding: numerics.Rounding = numerics.NEAREST):
-        self.program = program
         self.topology = topology
         self.rounding = rounding
         self.placement: Placement | None = placement_for(topology, program.mesh.axis_sizes,
@@ -50,7 +49,8 @@ class LoadedExecutable:
         layouts = [jax.ShapeDtypeStruct(self._layout_shape(v),
                                         dtypes.numpy_dtype(program.values[v].type.dtype))
                    for v in program.inputs]
-        self._run = compile_program(self.program, rounding).lower(*layouts).compile()
+        with jax.enable_x64(True):  # a module's 64-bit inputs keep their type
+            self._run = compile_program(self.program, rounding).lower(*layouts).compile()
 
     @classmethod
     def from_stablehlo(cls, topology: Topology | str | None, stablehlo: Any,
@@ -111,8 +111,10 @@ class LoadedExecutable:
         device gets `args`, and the results are device 0's)."""
         arrays = self._check_args(args)
         nm = self.program.mesh.rank
-        outs = self._run(*[jnp.broadcast_to(a.reshape((1,) * nm + a.shape), self._layout_shape(v))
-                           for a, v in zip(arrays, self.program.inputs)])
+        with jax.enable_x64(True):  # 64-bit inputs of a module keep their type
+            outs = self._run(*[jnp.broadcast_to(jnp.asarray(a).reshape((1,) * nm + a.shape),
+                                                self._layout_shape(v))
+                               for a, v in zip(arrays, self.program.inputs)])
         return [o[(0,) * nm] for o in outs]
 
     def execute_sharded(self, per_device_args: Sequence[Sequence[Any]]) -> list[list[Buffer]]:
@@ -187,7 +189,7 @@ class LoadedExecutable:
                 for name, arg, t in zip(self.arg_names, args, expected)]
 
     @staticmethod
-    def _check_arg(name: str, arg: Any, expected: isa.TensorType) -> jnp.ndarray:
+    def _check_arg(name: str, arg: Any, expected: isa.TensorType) -> Any:
         if isinstance(arg, Buffer):
             arg = arg.to_jax()
         if isinstance(arg, jax.Array) and len(arg.sharding.device_set) > 1:
@@ -199,4 +201,4 @@ class LoadedExecutable:
               f"[{','.join(map(str, shape))}]"
         if dtype is None or np.dtype(dtype).name != expected.dtype or shape != expected.shape:
             raise TypeError(f"{name}: expected {expected}, got {got}")
-        return jnp.asarray(arg)
+        return arg

@@ -7,10 +7,20 @@ import inspect
 from typing import Any, Callable, Sequence
 
 import jax
+import numpy as np
 from jax import tree_util
 
 from jax_trn2.executable import LoadedExecutable
 from mesh import numerics
+
+
+def _canonical(leaf: Any) -> Any:
+    """A host array in the type jax.jit traced it as (float64 -> float32 without x64)."""
+    if isinstance(leaf, np.ndarray):
+        canonical = jax.dtypes.canonicalize_dtype(leaf.dtype)
+        if canonical != leaf.dtype:
+            return leaf.astype(canonical)
+    return leaf
 
 
 class Compiled:
@@ -29,6 +39,8 @@ class Compiled:
         return self.call_flat(leaves)
 
     def call_flat(self, leaves: Sequence[Any]) -> Any:
+        """Run on the flattened dynamic arguments; returns the output pytree."""
+        leaves = [_canonical(leaf) for leaf in leaves]
         return tree_util.tree_unflatten(self.out_tree, self.executable.execute(leaves))
 
     def as_text(self) -> str:
@@ -164,7 +176,8 @@ def jit(fun: Callable | None = None, *, static_argnums: int | Sequence[int] = ()
 
     Pytrees in and out, keyword arguments, static arguments, and a compiled-program cache
     keyed like jax.jit's. `topology` defaults to the one the shard_map's mesh was made for
-    by `jax_trn2.make_mesh` (trn2-ultra otherwise). Usable as `@jit` or `@jit(...)`.
+    by `jax_trn2.make_mesh` (otherwise the preset with as many chips as the mesh has
+    devices; trn2-ultra for a program without a mesh). Usable as `@jit` or `@jit(...)`.
 
     `rounding` says how results are rounded to BF16/FP16/FP8: "nearest" (round-to-nearest-
     even, the hardware default) or "stochastic" (Trainium2's opt-in stochastic rounding,

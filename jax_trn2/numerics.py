@@ -252,7 +252,9 @@ def _example_arguments(module, fun: Callable, args_function: str, target: str):
                              "another function with --args")
         return (), {}
     made = builder()
-    if isinstance(made, tuple) and len(made) == 2 and isinstance(made[1], dict):
+    is_args_and_kwargs = (isinstance(made, tuple) and len(made) == 2
+                          and isinstance(made[0], (tuple, list)) and isinstance(made[1], dict))
+    if is_args_and_kwargs:
         return tuple(made[0]), made[1]
     return (tuple(made) if isinstance(made, (tuple, list)) else (made,)), {}
 

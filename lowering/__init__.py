@@ -17,7 +17,15 @@ __all__ = ["LoweringError", "UnsupportedOpError", "RULES", "lower", "supported_o
 
 def lower(program: Any) -> isa.Program:
     """Lower StableHLO (MLIR text, bytecode or a jaxlib ir.Module) to a Trn2 Program."""
-    return simplify(Walker(parse_module(program)).lower())
+    module = parse_module(program)
+    try:
+        return simplify(Walker(module).lower())
+    except LoweringError:
+        raise
+    except NotImplementedError as e:  # module-level forms (meshes, shardings of main)
+        raise UnsupportedOpError(str(e)) from e
+    except ValueError as e:
+        raise LoweringError(str(e)) from e
 
 
 def supported_ops() -> list[str]:

@@ -68,10 +68,6 @@ def element_type(t: ir.Type) -> str:
                                    f"(supported: {', '.join(ELEMENT_TYPES)})") from None
 
 
-def is_token(t: ir.Type) -> bool:
-    return str(t) == "!stablehlo.token"
-
-
 # --- attributes ----------------------------------------------------------------------------
 
 @dataclass(frozen=True)

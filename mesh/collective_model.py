@@ -8,7 +8,7 @@ time, each routed hop by hop by dimension-order routing (Topology.route). Alpha-
 of a step: the longest route's latency (link latency x hops) plus the bytes on the busiest
 link divided by that link's bandwidth. On a logical axis that is a whole torus ring, every
 transfer is one hop and no two share a link, so a bidirectional ring gives exactly
-../shared/trn2_facts.md's formulas (all-gather (k-1)a + (k-1)/k M/(2B), all-reduce twice
+mesh/trn2_facts.md's formulas (all-gather (k-1)a + (k-1)/k M/(2B), all-reduce twice
 that); on other groups the busiest link shows the contention.
 
 Algorithms (M is the full buffer per chip: the result of an all-gather, the operand of the

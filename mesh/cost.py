@@ -4,7 +4,7 @@ A `Cost` is a value that adds (`a + b`, `k * a`, `sum(costs)`), like JAX's Roofl
 so a program's cost is the sum of its instructions'. Costs are per chip: every chip runs
 the same program on its own (local) shapes.
 
-Model, per instruction class (numbers from ChipSpec, i.e. ../shared/trn2_facts.md):
+Model, per instruction class (numbers from ChipSpec, i.e. mesh/trn2_facts.md):
 - Matmul and Convolution (Tensor Engine): mesh.tensor_engine's tiling: cycles of the PE
   arrays of all NeuronCores, HBM bytes, max of the two.
 - Vector / Scalar / GpSimd ops: each NeuronCore's engine processes one element per

@@ -4,10 +4,12 @@ A `Program` is a flat list of instructions over numbered values. Every value has
 (per-chip) tensor type and a layout: the set of logical mesh axes along which it varies.
 The executor stores a value as one array whose leading axes are the logical mesh axes, of
 full size where the value varies and of size 1 where it is replicated, so replicated work is
-done once (see ../shared/design.md).
+done once.
 
-Values outside a shard_map body are global (replicated on every chip, varying along no axis);
-`Shard` splits a global value into per-chip pieces and `Unshard` assembles them again.
+In a jax program, values outside a shard_map body are global (replicated on every chip,
+varying along no axis); `Shard` splits a global value into per-chip pieces and `Unshard`
+assembles them again. In an SPMD module (no sdy.mesh), main's arguments are each chip's own
+and vary along every axis.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ def params_text(instr: isa.Instruction) -> str:
     parts = []
     in_mnemonic = ("op", "direction") if isinstance(instr, isa.Elementwise) else ()
     for name, value in instr.params().items():
-        if isinstance(value, isa.Plan) or name in in_mnemonic or value is None or value == "":
+        empty = value is None or (isinstance(value, str) and not value)
+        if isinstance(value, isa.Plan) or name in in_mnemonic or empty:
             continue  # plans are shown on lines of their own (plan_lines)
         if isinstance(value, np.ndarray):
             value = f"<{value.dtype}{list(value.shape)}>" if value.size > 8 else value.tolist()

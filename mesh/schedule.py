@@ -32,7 +32,6 @@ from typing import Sequence
 from mesh import isa
 
 ENGINES = (isa.TENSOR, isa.VECTOR, isa.SCALAR, isa.GPSIMD, isa.DMA, isa.COLLECTIVE)
-COMPUTE_ENGINES = (isa.TENSOR, isa.VECTOR, isa.SCALAR, isa.GPSIMD, isa.DMA)
 ALL = "Control"  # the queue of an instruction that holds every engine (one with sub-programs)
 
 

@@ -54,9 +54,9 @@ def assemble(pieces: Sequence[np.ndarray], dim_axes: DimAxes,
     first = stacked[tuple(slice(None) if a in used else slice(0, 1) for a in range(nm))]
     if not np.array_equal(np.broadcast_to(first, stacked.shape), stacked, equal_nan=True):
         raise ValueError("per-device buffers differ along mesh axes the array is replicated "
-                         f"over ({[a for a in unused]}); the program expects equal copies")
+                         f"over ({unused}); the program expects equal copies")
     local = stacked.shape[nm:]
-    split_shape, order = split_order(dim_axes, axis_sizes, local)
+    _, order = split_order(dim_axes, axis_sizes, local)
     global_shape = tuple(l * int(np.prod([axis_sizes[a] for a in axes], dtype=np.int64))
                          for l, axes in zip(local, dim_axes))
     return np.transpose(first, unused + order).reshape(global_shape)

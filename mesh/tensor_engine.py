@@ -1,7 +1,7 @@
 """dot_general on the Tensor Engine: how one chip tiles a matmul, and how long it takes.
 
 Model (nki.isa.nc_matmul and the NKI Trainium2 guide, as summarised in
-../shared/trn2_facts.md):
+mesh/trn2_facts.md):
 
 - One matmul instruction computes out[m, n] += stationary[k, m]^T @ moving[k, n] with
   k <= pe_rows (the partition dim), m <= pe_cols (stationary columns) and n <= one PSUM bank

@@ -1,6 +1,6 @@
 """The chip-to-chip torus of a Trainium2 machine, and how a logical mesh is placed on it.
 
-Presets and their numbers come from /work/shared/trn2_facts.md ("Topologies"). Chips are
+Presets and their numbers come from mesh/trn2_facts.md ("Topologies"). Chips are
 numbered row-major over the torus coordinates; links are per direction, so a chip with
 6 neighbours can send 6 x link_bandwidth and receive as much at the same time.
 """

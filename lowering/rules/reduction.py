@@ -20,6 +20,9 @@ def monoid(body: isa.Program) -> str | None:
 
 @rule("stablehlo.reduce")
 def reduce(ctx: LoweringContext, op: Op):
+    n = len(op.operands) // 2
+    if any(ctx.varying(init) for init in op.operands[n:]):
+        raise NotImplementedError("a reduce whose init value differs from chip to chip")
     body = ctx.scalar_program(op.regions[0], "reducer")
     combiner = monoid(body)
     return ctx.emit(isa.Reduce, op, dimensions=tuple(op.attrs["dimensions"]),

@@ -22,13 +22,8 @@ from mesh import isa
 from mesh.kernels import kernel
 from mesh.kernels.context import KernelContext
 from mesh.kernels.elementwise import boolean_equivalent
+from mesh.kernels.reduction import MONOIDS
 from mesh.kernels.ring_order import ring_reduce
-
-COMBINE = {
-    "add": lax.add, "multiply": lax.mul, "maximum": lax.max, "minimum": lax.min,
-    "and": lax.bitwise_and, "or": lax.bitwise_or, "xor": lax.bitwise_xor,
-}
-
 
 class AxisView:
     """Groups that are the lines of the mesh along `axes` (rank order: major axis first)."""
@@ -122,7 +117,7 @@ def _reduce_members(x, groups: isa.Groups, reduction: str, ctx: KernelContext,
     if scatter_dimension is not None:
         members = jnp.moveaxis(members, first_local + scatter_dimension, first_local)
     flat = members.reshape(members.shape[:first_local] + (-1,))
-    combine = COMBINE[boolean_equivalent(reduction, x.dtype)]
+    combine = MONOIDS[boolean_equivalent(reduction, x.dtype)][1]
     reduced = ring_reduce(flat, lead, ring_sizes, combine, ctx.rounding)
     local = members.shape[first_local:]
     reduced = reduced.reshape(reduced.shape[:lead] + local)

@@ -31,7 +31,7 @@ def map_devices(fn: Callable, args: Sequence[jnp.ndarray], nm: int) -> list[jnp.
         in_axes = [0 if av[level] else None for av in arg_varying]
         mapped = jax.vmap(mapped, in_axes=in_axes)
     results = mapped(*[_drop_unmapped(a, av) for a, av in zip(squeezed, arg_varying)])
-    return [r.reshape(_layout(r, varying, nm)) for r in results]
+    return [r.reshape(_layout(r, varying)) for r in results]
 
 
 def _drop_unmapped(a: jnp.ndarray, arg_varying: list[bool]) -> jnp.ndarray:
@@ -40,7 +40,7 @@ def _drop_unmapped(a: jnp.ndarray, arg_varying: list[bool]) -> jnp.ndarray:
     return a.reshape(tuple(a.shape[i] for i in keep) + a.shape[len(arg_varying):])
 
 
-def _layout(r: jnp.ndarray, varying: list[bool], nm: int) -> tuple[int, ...]:
+def _layout(r: jnp.ndarray, varying: list[bool]) -> tuple[int, ...]:
     it = iter(r.shape)
     mesh = tuple(next(it) if v else 1 for v in varying)
     return mesh + tuple(it)

@@ -29,7 +29,8 @@ UNARY = {
 
 BINARY = {
     "add": lax.add, "subtract": lax.sub, "multiply": lax.mul, "divide": lax.div,
-    "remainder": lax.rem, "maximum": lax.max, "minimum": lax.min, "power": lax.pow,
+    "remainder": lax.rem, "maximum": lax.max, "minimum": lax.min, "power": lambda x, y: (
+        lax.pow(x, y) if jnp.issubdtype(x.dtype, jnp.inexact) else _integer_power(x, y)),
     "atan2": lax.atan2, "and": lax.bitwise_and, "or": lax.bitwise_or, "xor": lax.bitwise_xor,
     "shift_left": lax.shift_left, "shift_right_arithmetic": lax.shift_right_arithmetic,
     "shift_right_logical": lax.shift_right_logical,
@@ -38,10 +39,6 @@ BINARY = {
 
 COMPARISONS = {"EQ": lax.eq, "NE": lax.ne, "LT": lax.lt, "LE": lax.le, "GT": lax.gt, "GE": lax.ge}
 
-# Ops whose result type is not the type of their (widened) operands.
-OTHER = ("compare", "select", "clamp", "convert", "bitcast_convert")
-
-ELEMENTWISE_OPS = frozenset(UNARY) | frozenset(BINARY) | frozenset(OTHER)
 
 # Ops defined on the operands' own type, not computed in FP32: the neighbouring float.
 OWN_TYPE_OPS = frozenset({"next_after"})
@@ -53,6 +50,20 @@ BOOLEAN_ARITHMETIC = {"add": "or", "multiply": "and"}
 def boolean_equivalent(op: str, dtype) -> str:
     """The op that computes `op` on operands of `dtype` (differs for bool add/multiply)."""
     return BOOLEAN_ARITHMETIC.get(op, op) if dtype == np.bool_ else op
+
+
+def _integer_power(x, y):
+    """x ** y for integers, by squaring over y's bits; a negative y gives 0 unless |x| = 1
+    (XLA's integer power)."""
+    result, base, exponent = jnp.ones_like(x), x, jnp.abs(y)
+    for _ in range(8 * y.dtype.itemsize):
+        result = jnp.where(exponent & 1, result * base, result)
+        base, exponent = base * base, exponent >> 1
+    if jnp.issubdtype(y.dtype, jnp.signedinteger):
+        odd = (y & 1) == 1
+        reciprocal = jnp.where(x == 1, 1, jnp.where((x == -1) & odd, -1, jnp.where(x == -1, 1, 0)))
+        result = jnp.where(y < 0, reciprocal.astype(x.dtype), result)
+    return result
 
 
 def _align_rank(x: jnp.ndarray, nm: int, rank: int) -> jnp.ndarray:

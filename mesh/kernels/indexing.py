@@ -24,6 +24,9 @@ SCATTERS = {
     "minimum": lax.scatter_min, "maximum": lax.scatter_max,
 }
 
+# On bools StableHLO's add is `or` and multiply is `and`: the max and min of bools.
+_bool_scatter = {"add": "maximum", "multiply": "minimum"}
+
 
 def index_vector_last(indices: jnp.ndarray, index_vector_dim: int,
                       batching_dims: tuple[int, ...]) -> tuple[jnp.ndarray, tuple[int, ...]]:
@@ -75,7 +78,8 @@ def _lax_scatter(instr: isa.Scatter, operand, indices, updates):
     # FILL_OR_DROP is the spec's skipping of windows that do not fit; lax emits a plain
     # scatter for it. Narrow floats are combined in their own type, each update rounded, as
     # a read-modify-write of the operand in memory does.
-    return SCATTERS[instr.combiner](operand, indices, updates, dims,
+    return SCATTERS[_bool_scatter.get(instr.combiner, instr.combiner) if operand.dtype == bool
+                    else instr.combiner](operand, indices, updates, dims,
                                     indices_are_sorted=instr.indices_are_sorted,
                                     unique_indices=instr.unique_indices,
                                     mode=lax.GatherScatterMode.FILL_OR_DROP)

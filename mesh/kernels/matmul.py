@@ -1,6 +1,6 @@
 """dot_general on the Tensor Engine.
 
-Model (nki.isa.nc_matmul; ../shared/trn2_facts.md): the PE array multiplies BF16/FP16/FP8
+Model (nki.isa.nc_matmul; mesh/trn2_facts.md): the PE array multiplies BF16/FP16/FP8
 inputs exactly and sums a pass of up to 128 contraction elements in FP32; passes accumulate
 into an FP32 PSUM tile one after another; the result is rounded once to the output type.
 Here each pass is one host matmul with FP32 accumulation, and passes are added in order.
@@ -93,12 +93,13 @@ def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext):
     batch, k = lhs3.shape[0], lhs3.shape[2]
     if batch == 1:  # a plain GEMM is faster on the host than a batch of one
         lhs3, rhs3, dims = lhs3[0], rhs3[0], (((1,), (1,)), ((), ()))
+    accumulate = jnp.float64 if host == jnp.float64 else jnp.float32  # PSUM: FP32
     acc = None
     for k0 in range(0, max(k, 1), instr.pass_size):
         k1 = min(k0 + instr.pass_size, k)
         part = lax.dot_general(lhs3[..., k0:k1], rhs3[..., k0:k1], dims,
                                precision=lax.Precision.HIGHEST,
-                               preferred_element_type=jnp.float32)
+                               preferred_element_type=accumulate)
         acc = part if acc is None else acc + part
     if batch == 1:
         acc = acc[None]
@@ -109,6 +110,9 @@ _BF16_EXACT = dtypes.FP8_TYPES | {"bfloat16"}
 
 
 def _host_dtype(lhs_dtype, rhs_dtype):
-    """BF16 when both operands are exactly BF16 values (BF16 or FP8), else FP32."""
+    """BF16 when both operands are exactly BF16 values (BF16 or FP8); FP64 for FP64 inputs
+    (not a Trainium2 type: computed as the program says); FP32 otherwise."""
     names = {np.dtype(lhs_dtype).name, np.dtype(rhs_dtype).name}
-    return jnp.bfloat16 if names <= _BF16_EXACT else jnp.float32
+    if names <= _BF16_EXACT:
+        return jnp.bfloat16
+    return jnp.float64 if "float64" in names else jnp.float32

@@ -10,6 +10,7 @@ from jax import lax
 
 from mesh import isa, numerics
 from mesh.kernels import kernel
+from mesh.kernels.elementwise import boolean_equivalent
 from mesh.kernels.context import KernelContext
 from mesh.kernels.devices import broadcast_mesh, map_devices
 from mesh.kernels.indexing import scatter_elements
@@ -31,8 +32,8 @@ def reduce_window(instr: isa.ReduceWindow, args, ctx: KernelContext):
                   window_dilation=(1,) * nm + instr.window_dilations)
     if instr.combiner is not None:
         (x,), (init,) = operands, inits
-        reduced = lax.reduce_window(numerics.widen(x), numerics.widen(init),
-                                    MONOIDS[instr.combiner][1], **window)
+        combine = MONOIDS[boolean_equivalent(instr.combiner, x.dtype)][1]
+        reduced = lax.reduce_window(numerics.widen(x), numerics.widen(init), combine, **window)
         return [numerics.round_to(reduced, ctx.out_info(instr).type.dtype, ctx.rounding)]
     results = lax.reduce_window(
         tuple(operands), tuple(inits),

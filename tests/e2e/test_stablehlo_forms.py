@@ -134,3 +134,33 @@ def test_select_and_scatter_with_other_computations():
         want[chosen] ^= value
     (got,) = run(text, operand, source, np.array(9, np.int32))
     np.testing.assert_array_equal(got, want)
+
+
+def test_boolean_add_in_reduce_window_and_scatter_is_or():
+    """On i1, StableHLO's add is logical or: as a reduce_window reducer and as a scatter
+    combiner."""
+    x = np.array([False, True, False, False, True, True])
+    indices = np.array([[0], [0], [3]], np.int32)
+    updates = np.array([True, False, True])
+    text = module("%x: tensor<6xi1>, %i: tensor<3x1xi32>, %u: tensor<3xi1>",
+                  "tensor<5xi1>, tensor<6xi1>", """
+    %f = stablehlo.constant dense<false> : tensor<i1>
+    %0 = "stablehlo.reduce_window"(%x, %f) ({
+    ^bb0(%a: tensor<i1>, %b: tensor<i1>):
+      %s = stablehlo.add %a, %b : tensor<i1>
+      stablehlo.return %s : tensor<i1>
+    }) {window_dimensions = array<i64: 2>} : (tensor<6xi1>, tensor<i1>) -> tensor<5xi1>
+    %1 = "stablehlo.scatter"(%x, %i, %u) ({
+    ^bb0(%old: tensor<i1>, %new: tensor<i1>):
+      %s = stablehlo.add %old, %new : tensor<i1>
+      stablehlo.return %s : tensor<i1>
+    }) {scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0],
+      scatter_dims_to_operand_dims = [0], index_vector_dim = 1>}
+      : (tensor<6xi1>, tensor<3x1xi32>, tensor<3xi1>) -> tensor<6xi1>
+    return %0, %1 : tensor<5xi1>, tensor<6xi1>""")
+    windows, scattered = run(text, x, indices, updates)
+    np.testing.assert_array_equal(windows, x[:-1] | x[1:])
+    want = x.copy()
+    want[0] |= True
+    want[3] |= True
+    np.testing.assert_array_equal(scattered, want)

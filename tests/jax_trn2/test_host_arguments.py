@@ -1,0 +1,60 @@
+"""Host arguments as users pass them: NumPy's default 64-bit types, 64-bit modules, and the
+listing of programs with array constants."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+import jax_trn2
+
+I64_ADD = """
+func.func @main(%a: tensor<2xi64>) -> tensor<2xi64> {
+  %0 = stablehlo.add %a, %a : tensor<2xi64>
+  return %0 : tensor<2xi64>
+}"""
+
+I32_POWER = """
+func.func @main(%a: tensor<6xi32>, %b: tensor<6xi32>) -> tensor<6xi32> {
+  %0 = stablehlo.power %a, %b : tensor<6xi32>
+  return %0 : tensor<6xi32>
+}"""
+
+
+def test_numpy_float64_and_int64_arguments_are_taken_as_jax_jit_takes_them():
+    got_int = jax_trn2.jit(lambda a: a + 1)(np.arange(4))
+    got_float = jax_trn2.jit(lambda a: a * 2)(np.linspace(0, 1, 5))
+    np.testing.assert_array_equal(got_int, jax.jit(lambda a: a + 1)(np.arange(4)))
+    np.testing.assert_array_equal(got_float, jax.jit(lambda a: a * 2)(np.linspace(0, 1, 5)))
+
+
+def test_a_64_bit_module_keeps_its_64_bit_values():
+    (out,) = jax_trn2.client().compile(I64_ADD).execute([np.array([2**40, 3])])
+    assert out.dtype == np.int64
+    np.testing.assert_array_equal(out, [2**41, 6])
+
+
+def test_integer_power_follows_xla():
+    (out,) = jax_trn2.client().compile(I32_POWER).execute(
+        [np.array([2, 3, -2, 1, -1, 5], np.int32), np.array([10, 3, 3, -4, -3, -1], np.int32)])
+    np.testing.assert_array_equal(out, [1024, 27, -8, 1, -1, 0])
+
+
+def test_float64_matmul_is_computed_in_float64(rng):
+    a, b = rng.standard_normal((50, 300)), rng.standard_normal((300, 7))
+    with jax.enable_x64(True):
+        got = np.asarray(jax_trn2.jit(lambda a, b: a @ b)(a, b))
+    assert got.dtype == np.float64
+    # FP64 sums of 300 terms in any order: within 300 * 2**-53 of the sum of |products|.
+    bound = 300 * 2.0**-53 * (np.abs(a) @ np.abs(b)).max()
+    np.testing.assert_allclose(got, a @ b, rtol=0, atol=bound)
+
+
+def test_listing_shows_programs_with_array_constants():
+    mesh = jax_trn2.make_mesh()
+    fun = jax.shard_map(lambda a: a + jnp.array([1.0, 2.0]) + jax.lax.axis_index("x"),
+                        mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    lowered = jax_trn2.jit(fun).lower(np.zeros((4, 2), np.float32))
+    text = lowered.as_text()
+    assert "Constant" in text and "value=[1.0, 2.0]" in text
+    assert "Constant" in lowered.compile().as_text()
