@@ -15,10 +15,12 @@ e's block when the buffer is cut into one block per member (for a reduce-scatter
 along the scattered dim that member receives). It never moves along an axis once that axis
 is done, so on the ring along axis a its chunk is the one of the owner's coordinate r_a.
 
-Assumed while collective instructions carry no algorithm of their own (`plan`): bidirectional
-rings, the group's axes reduced major first, ring order = rank order along each mesh axis
-(make_mesh places a logical axis as long as a torus axis on a physical ring, so rank
-neighbours are ring neighbours); groups that are not mesh lines form one ring in rank order.
+Assumed: bidirectional rings, the group's axes reduced major first, ring order = rank order
+along each mesh axis (make_mesh places a logical axis as long as a torus axis on a physical
+ring, so rank neighbours are ring neighbours); groups that are not mesh lines form one ring in
+rank order. This order is used whatever algorithm the collective's plan names: the cost
+model's one-shot, two-shot and rotated-ring variants change the time estimate, not the order
+of the additions computed here.
 """
 
 from __future__ import annotations
