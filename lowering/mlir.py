@@ -269,7 +269,7 @@ class Attributes(Mapping):
 # --- locations ------------------------------------------------------------------------------
 
 _FILE_LOC = re.compile(r'"([^"]+)":(\d+):(\d+)')
-_INTERNAL = ("/jax/", "/jaxlib/", "site-packages/jax", "<frozen")
+_INTERNAL = ("/jax/", "/jaxlib/", "site-packages/jax", "<frozen", "/jax_trn2/")  # not user code
 
 
 def source_location(loc: ir.Location) -> str:
