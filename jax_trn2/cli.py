@@ -22,12 +22,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-import lowering
-from jax_trn2.mesh import placement_for, topology_for
+from jax_trn2.executable import LoadedExecutable
 from jax_trn2.numerics import add_compare
-from lowering.plan import plan_program
 from mesh import trace
-from mesh.estimate import ProgramEstimate
 from mesh.topology import TOPOLOGY_NAMES
 
 MLIR_BYTECODE_MAGIC = b"ML\xefR"
@@ -52,10 +49,8 @@ def add_inspect(subparsers) -> None:
 
 
 def inspect(args: argparse.Namespace) -> int:
-    program = lowering.lower(read_program(args.program))
-    topology = topology_for(program.mesh.axis_sizes, program.mesh.axis_names, args.topology)
-    placement = placement_for(topology, program.mesh.axis_sizes, program.mesh.axis_names)
-    estimate = ProgramEstimate(plan_program(program, topology, placement), topology, placement)
+    executable = LoadedExecutable.from_stablehlo(args.topology, read_program(args.program))
+    estimate = executable.estimate  # the host computation is not compiled: nothing runs
     print(estimate.listing())
     if args.trace is not None:
         trace.write_trace(args.trace, estimate.trace())

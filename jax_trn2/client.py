@@ -34,7 +34,7 @@ class Client:
         `rounding` is "nearest" (round-to-nearest-even) or "stochastic" (with `seed`) for
         every rounding to BF16/FP16/FP8 (mesh.numerics)."""
         return LoadedExecutable.from_stablehlo(self.topology, program,
-                                               rounding=numerics.Rounding(rounding, seed))
+                                               rounding=numerics.Rounding(rounding, seed)).load()
 
     def buffer_from_pyval(self, array: Any, device: Device | None = None) -> Buffer:
         """Put a host array on a chip (the first one by default)."""

@@ -46,11 +46,21 @@ class LoadedExecutable:
         self.program = plan_program(program, topology, self.placement)
         self.arg_names = tuple(arg_names) if arg_names is not None else \
             tuple(f"argument {i}" for i in range(len(program.inputs)))
+
+    @cached_property
+    def _run(self):
+        """The program as one XLA computation, compiled on first use (listing and cost
+        estimates do not need it)."""
         layouts = [jax.ShapeDtypeStruct(self._layout_shape(v),
-                                        dtypes.numpy_dtype(program.values[v].type.dtype))
-                   for v in program.inputs]
+                                        dtypes.numpy_dtype(self.program.values[v].type.dtype))
+                   for v in self.program.inputs]
         with jax.enable_x64(True):  # a module's 64-bit inputs keep their type
-            self._run = compile_program(self.program, rounding).lower(*layouts).compile()
+            return compile_program(self.program, self.rounding).lower(*layouts).compile()
+
+    def load(self) -> "LoadedExecutable":
+        """Compile the program for the host now (otherwise the first execute does)."""
+        _ = self._run
+        return self
 
     @classmethod
     def from_stablehlo(cls, topology: Topology | str | None, stablehlo: Any,

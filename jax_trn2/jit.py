@@ -86,7 +86,8 @@ class Lowered:
         return self._jax_lowered.compiler_ir(dialect)
 
     def compile(self) -> Compiled:
-        return Compiled(self._executable, self.in_tree, self.out_tree)
+        """Compile the Trn2 program's executor for the host (one XLA computation)."""
+        return Compiled(self._executable.load(), self.in_tree, self.out_tree)
 
 
 class Jitted:

@@ -124,3 +124,14 @@ def test_outputs_that_are_inputs_or_constants():
     want = f(X, np.int32(4))
     for g, w in zip(got, want):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_lower_and_listing_do_not_compile_for_the_host(monkeypatch):
+    def no_compile(*args, **kwargs):
+        raise AssertionError("the host computation was compiled")
+
+    monkeypatch.setattr("jax_trn2.executable.compile_program", no_compile)
+    lowered = jax_trn2.jit(lambda a: a * 2).lower(np.ones(4, np.float32))
+    assert "multiply" in lowered.as_text()
+    with pytest.raises(AssertionError, match="compiled"):
+        lowered.compile()
