@@ -51,7 +51,7 @@ class LoadedExecutable:
     def _run(self):
         """The program as one XLA computation, compiled on first use (listing and cost
         estimates do not need it)."""
-        layouts = [jax.ShapeDtypeStruct(self._layout_shape(v),
+        layouts = [jax.ShapeDtypeStruct(self.program.array_shape(v),
                                         dtypes.numpy_dtype(self.program.values[v].type.dtype))
                    for v in self.program.inputs]
         with jax.enable_x64(True):  # a module's 64-bit inputs keep their type
@@ -80,11 +80,6 @@ class LoadedExecutable:
                 f"{topology.num_chips} chips: jax-trn2 runs one process per chip of a whole "
                 "topology (trn2: 16, trn2-ultra: 64, trn2-ultra-max: 256)")
         return cls(program, topology, arg_names, rounding)
-
-    def _layout_shape(self, value: int) -> tuple[int, ...]:
-        """Array shape of a value in the executor's layout (mesh dims + local dims)."""
-        info = self.program.values[value]
-        return self.program.mesh.layout_shape(info.varying) + info.type.shape
 
     def devices(self) -> list[Device]:
         """The chips the program runs on, in logical device order (row-major over the mesh)."""
@@ -123,7 +118,7 @@ class LoadedExecutable:
         nm = self.program.mesh.rank
         with jax.enable_x64(True):  # 64-bit inputs of a module keep their type
             outs = self._run(*[jnp.broadcast_to(jnp.asarray(a).reshape((1,) * nm + a.shape),
-                                                self._layout_shape(v))
+                                                self.program.array_shape(v))
                                for a, v in zip(arrays, self.program.inputs)])
         return [o[(0,) * nm] for o in outs]
 
@@ -153,7 +148,7 @@ class LoadedExecutable:
         if self.program.values[value].varying:  # an SPMD module's per-device argument
             arrays = [self._check_arg(f"{self.arg_names[i]} of device {d}", p, expected)
                       for d, p in enumerate(pieces)]
-            return jnp.stack(arrays).reshape(self._layout_shape(value))
+            return jnp.stack(arrays).reshape(self.program.array_shape(value))
         dim_axes = self._sharding(self.program.input_shardings, i, expected.rank)
         piece_type = isa.TensorType(sharding.local_shape(expected.shape, dim_axes,
                                                          self.program.mesh.axis_sizes),
@@ -162,7 +157,7 @@ class LoadedExecutable:
                                              piece_type)) for d, p in enumerate(pieces)]
         global_ = self._assemble(i, pieces)
         array = self._check_arg(self.arg_names[i], global_, expected)
-        return array.reshape(self._layout_shape(value))
+        return array.reshape(self.program.array_shape(value))
 
     def _device_results(self, i: int, result: jnp.ndarray) -> list[np.ndarray]:
         """Each device's piece of output i: split by its sharding, else the device's own."""

@@ -172,13 +172,7 @@ class ProgramEstimate:
 
 def _regions(instr: isa.Instruction) -> list[tuple[isa.Program, ...]]:
     """The instruction's sub-programs: one tuple per field (alternatives when several)."""
-    found = []
-    for value in instr.params().values():
-        if isinstance(value, isa.Program):
-            found.append((value,))
-        elif isinstance(value, tuple) and value and all(isinstance(p, isa.Program) for p in value):
-            found.append(value)
-    return found
+    return list(isa.subprogram_fields(instr).values())
 
 
 def target_text(topology: Topology, placement: Placement | None) -> str:

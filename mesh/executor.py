@@ -44,7 +44,7 @@ def _to_layout(x: jnp.ndarray, program: isa.Program, value: int, instr) -> jnp.n
     """Broadcast a kernel's result to its value's declared layout; a result that varies
     where the layout says replicated is a lowering bug, reported as such."""
     info = program.values[value]
-    expected = program.mesh.layout_shape(info.varying) + info.type.shape
+    expected = program.array_shape(value)
     if x.shape != expected:
         try:
             x = jnp.broadcast_to(x, expected)

@@ -156,15 +156,23 @@ class Instruction:
         return {k: v for k, v in self.__dict__.items() if k not in skip}
 
 
-def map_subprograms(instr: Instruction, fn) -> Instruction:
-    """`instr` with `fn` applied to each of its sub-programs (loop bodies, branches): the
-    fields holding a Program or a tuple of Programs."""
-    changes = {}
+def subprogram_fields(instr: Instruction) -> dict[str, tuple[Program, ...]]:
+    """The instruction's sub-programs (loop bodies, branches, reducer bodies) by field: each
+    field's Program, or its tuple of alternative Programs."""
+    found = {}
     for name, value in instr.params().items():
         if isinstance(value, Program):
-            changes[name] = fn(value)
+            found[name] = (value,)
         elif isinstance(value, tuple) and value and all(isinstance(p, Program) for p in value):
-            changes[name] = tuple(fn(p) for p in value)
+            found[name] = value
+    return found
+
+
+def map_subprograms(instr: Instruction, fn) -> Instruction:
+    """`instr` with `fn` applied to each of its sub-programs."""
+    changes = {name: tuple(fn(p) for p in programs)
+               if isinstance(getattr(instr, name), tuple) else fn(programs[0])
+               for name, programs in subprogram_fields(instr).items()}
     return dataclasses.replace(instr, **changes) if changes else instr
 
 
@@ -560,3 +568,9 @@ class Program:
 
     def info(self, value: int) -> ValueInfo:
         return self.values[value]
+
+    def array_shape(self, value: int) -> tuple[int, ...]:
+        """The value's array shape in the executor: mesh dims (1 where replicated), then
+        its per-chip shape."""
+        info = self.values[value]
+        return self.mesh.layout_shape(info.varying) + info.type.shape

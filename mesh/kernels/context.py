@@ -31,8 +31,7 @@ class KernelContext:
 
     def out_shape(self, instr: isa.Instruction, i: int = 0) -> tuple[int, ...]:
         """Full array shape (mesh dims + local dims) of output i."""
-        info = self.out_info(instr, i)
-        return self.mesh.layout_shape(info.varying) + info.type.shape
+        return self.program.array_shape(instr.outs[i])
 
     def full(self, x: jnp.ndarray) -> jnp.ndarray:
         """x broadcast to vary along every mesh axis."""
