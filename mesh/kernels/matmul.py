@@ -94,16 +94,33 @@ def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext):
     if batch == 1:  # a plain GEMM is faster on the host than a batch of one
         lhs3, rhs3, dims = lhs3[0], rhs3[0], (((1,), (1,)), ((), ()))
     accumulate = jnp.float64 if host == jnp.float64 else jnp.float32  # PSUM: FP32
-    acc = None
-    for k0 in range(0, max(k, 1), instr.pass_size):
-        k1 = min(k0 + instr.pass_size, k)
-        part = lax.dot_general(lhs3[..., k0:k1], rhs3[..., k0:k1], dims,
-                               precision=lax.Precision.HIGHEST,
+
+    def product(lhs, rhs):  # one pass: a host GEMM accumulating in `accumulate`
+        return lax.dot_general(lhs, rhs, dims, precision=lax.Precision.HIGHEST,
                                preferred_element_type=accumulate)
-        acc = part if acc is None else acc + part
+
+    size = instr.pass_size
+    whole, rest = divmod(k, size)
+    if whole == 0:
+        acc = product(lhs3, rhs3)
+    else:
+        # The whole passes as contiguous [pass, ..., size] blocks, added one after another
+        # by a scan (one host GEMM in the program, each pass's operands read contiguously).
+        lhs_passes, rhs_passes = (_split_passes(x, whole, size) for x in (lhs3, rhs3))
+        acc, _ = lax.scan(lambda acc, pair: (acc + product(*pair), None),
+                          product(lhs_passes[0], rhs_passes[0]),
+                          (lhs_passes[1:], rhs_passes[1:]))
+        if rest:
+            acc = acc + product(lhs3[..., whole * size:], rhs3[..., whole * size:])
     if batch == 1:
         acc = acc[None]
     return numerics.round_to(acc, out_dtype, ctx.rounding)
+
+
+def _split_passes(x, whole: int, size: int):
+    """[..., K] -> [whole, ..., size]: the first whole * size contraction elements by pass."""
+    x = x[..., :whole * size].reshape(x.shape[:-1] + (whole, size))
+    return jnp.moveaxis(x, -2, 0)
 
 
 _BF16_EXACT = dtypes.FP8_TYPES | {"bfloat16"}
