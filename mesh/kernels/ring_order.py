@@ -55,6 +55,28 @@ def ring_orders(ring_sizes: Sequence[int], n: int) -> list:
             for c, k in zip(coords, ring_sizes)]
 
 
+# Up to this ring length each step picks its members with a select over all k of them (XLA
+# fuses the whole ring into one pass over the buffer, but the program grows as k^2); longer
+# rings gather each step's members instead.
+SELECT_MAX_RING = 8
+
+
+def _members_in_order(members, dim: int, orders: list) -> list:
+    """For each step, [..., n]: the value of member orders[step][e] at buffer element e."""
+    count = members.shape[dim]
+    if count == 1:  # the same value on every member
+        value = lax.index_in_dim(members, 0, dim, keepdims=False)
+        return [value] * len(orders)
+    if count <= SELECT_MAX_RING:
+        candidates = [lax.index_in_dim(members, m, dim, keepdims=False) for m in range(count)]
+        return [lax.select_n(jnp.broadcast_to(order, candidates[0].shape).astype(jnp.int32),
+                             *candidates) for order in orders]
+    shape = [1] * members.ndim
+    shape[-1] = members.shape[-1]
+    return [jnp.take_along_axis(members, order.reshape(shape), axis=dim).squeeze(dim)
+            for order in orders]
+
+
 def ring_reduce(members: jnp.ndarray, lead: int, ring_sizes: Sequence[int], combine: Callable,
                 rounding: Callable | None, axis_order: Sequence[int] | None = None
                 ) -> jnp.ndarray:
@@ -73,13 +95,8 @@ def ring_reduce(members: jnp.ndarray, lead: int, ring_sizes: Sequence[int], comb
     for axis in (range(len(ring_sizes)) if axis_order is None else axis_order):
         dim = lead + remaining.index(axis)
         size = ring_sizes[axis]
-        candidates = [lax.index_in_dim(members, m, dim, keepdims=False)
-                      for m in range(members.shape[dim])]
-        steps = [candidates[0] if len(candidates) == 1 else
-                 lax.select_n(jnp.broadcast_to((coords[axis] + direction * s) % size,
-                                               candidates[0].shape).astype(jnp.int32),
-                              *candidates)
-                 for s in range(1, size + 1)]
+        orders = [(coords[axis] + direction * s) % size for s in range(1, size + 1)]
+        steps = _members_in_order(members, dim, orders)
         partial = steps[0]
         for value in steps[1:]:
             partial = numerics.round_to(combine(numerics.widen(partial), numerics.widen(value)),

@@ -272,9 +272,10 @@ def sequential_fold(values, order):
     return out
 
 
-def test_ring_reduce_adds_in_ring_order_with_rounded_partials(rng):
+@pytest.mark.parametrize("k", [4, 16])  # a select per step; a gather per step (long rings)
+def test_ring_reduce_adds_in_ring_order_with_rounded_partials(rng, k):
     # Magnitudes spread over 2**12 make BF16 partial sums depend on the order.
-    n, k = 24, 4
+    n = 6 * k
     values = (rng.standard_normal((k, n)) * 2.0 ** rng.integers(0, 12, (k, n))
               ).astype(ml_dtypes.bfloat16)
     got = np.asarray(ring_reduce(jnp.asarray(values), 0, (k,), lax.add, None))
