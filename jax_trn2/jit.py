@@ -133,6 +133,16 @@ class Jitted:
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_argnames}
         return static, dyn_args, dyn_kwargs
 
+    @property
+    def jax_function(self) -> Callable:
+        """`jax.jit` of the same function with the same static arguments (for references)."""
+        return self._jax_jit
+
+    def dynamic_arguments(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """The arguments of a call that are not static: what the compiled program takes."""
+        _, dyn_args, dyn_kwargs = self._split(args, kwargs)
+        return dyn_args, dyn_kwargs
+
     def __call__(self, *args, **kwargs) -> Any:
         static, dyn_args, dyn_kwargs = self._split(args, kwargs)
         leaves, tree = tree_util.tree_flatten((dyn_args, dyn_kwargs))

@@ -18,12 +18,7 @@ chips: `jax.config.update("jax_num_cpu_devices", 64)` before JAX first runs anyt
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
-import inspect
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import jax
@@ -34,10 +29,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec, SingleDeviceSha
 
 from jax_trn2.jit import Jitted, jit
 from mesh import dtypes, isa
-from mesh.topology import TOPOLOGY_NAMES, get_topology
 
-# CPU devices `jax-trn2 compare` asks CPU JAX for: one per chip of the largest topology.
-CLI_CPU_DEVICES = max(get_topology(name).num_chips for name in TOPOLOGY_NAMES)
 
 
 @dataclass(frozen=True)
@@ -93,7 +85,7 @@ def ulp(x: Any, dtype: Any) -> np.ndarray:
     for |x| in [2**e, 2**(e+1)), the smallest subnormal at 0; 1 for integers and bools."""
     dtype = np.dtype(dtype)
     x = np.abs(np.asarray(x, np.float64))
-    if not _is_float(dtype):
+    if not dtypes.is_float(dtype.name):
         return np.ones_like(x)
     info = ml_dtypes.finfo(dtype)
     _, exponent = np.frexp(x)  # x = m * 2**exponent with m in [0.5, 1)
@@ -143,10 +135,6 @@ def _compare_leaf(path: str, got: np.ndarray, want: np.ndarray) -> LeafReport:
                       float(w[worst]))
 
 
-def _is_float(dtype: np.dtype) -> bool:
-    return dtype.kind == "f" or dtype.name in dtypes.LOW_PRECISION_FLOATS
-
-
 def compare(fun: Callable, *args, **kwargs) -> NumericsReport:
     """Run `fun(*args, **kwargs)` on the simulated mesh and on CPU JAX, and report how the
     results differ, per output leaf.
@@ -159,9 +147,9 @@ def compare(fun: Callable, *args, **kwargs) -> NumericsReport:
     """
     simulated = fun if isinstance(fun, Jitted) else jit(fun)
     lowered = simulated.lower(*args, **kwargs)  # compiled once; its program gives the mesh
-    _, dyn_args, dyn_kwargs = simulated._split(args, kwargs)
+    dyn_args, dyn_kwargs = simulated.dynamic_arguments(args, kwargs)
     got = lowered.compile()(*dyn_args, **dyn_kwargs)
-    reference = simulated._jax_jit  # jax.jit of the same function, static arguments and all
+    reference = simulated.jax_function  # jax.jit of the same function, static args and all
     placement = _cpu_placement(lowered.program.mesh)
     put = (lambda x: jax.device_put(x, placement)
            if isinstance(x, (np.ndarray, jax.Array, np.generic)) else x)
@@ -186,83 +174,3 @@ def _cpu_placement(mesh: isa.MeshSpec):
                              axis_types=(AxisType.Auto,) * mesh.rank,
                              devices=cpus[:mesh.num_devices])
     return NamedSharding(cpu_mesh, PartitionSpec())
-
-
-def add_compare(subparsers) -> None:
-    """Add the `compare` subcommand to jax_trn2.cli's parser."""
-    parser = subparsers.add_parser(
-        "compare", help="run a function on the simulated mesh and on CPU JAX; print the "
-                        "numerics report",
-        description="Run script.py:function on the simulated Trainium2 mesh and on CPU JAX "
-                    "and print, per output, the largest errors (absolute and in ULPs of the "
-                    "output dtype), the fraction bit-exact and the worst element.")
-    parser.add_argument("target", help="script.py:function (a plain or jax_trn2.jit function)")
-    parser.add_argument("--args", dest="args_function", default="example_args",
-                        help="function in the same script that returns the arguments: a tuple "
-                             "of positional arguments, or (args, kwargs) (default: "
-                             "%(default)s; not needed by a function without parameters)")
-    parser.add_argument("--rounding", choices=("nearest", "stochastic"), default=None,
-                        help="rounding mode for a plain function (default: nearest)")
-    parser.add_argument("--seed", type=int, default=0, help="stochastic rounding seed")
-    parser.set_defaults(run=compare_command)
-
-
-def compare_command(args: argparse.Namespace) -> int:
-    """`jax-trn2 compare script.py:function`: print the numerics report; returns 0.
-    ValueError (OSError for a missing script) says what is wrong with the target."""
-    try:
-        jax.config.update("jax_num_cpu_devices", CLI_CPU_DEVICES)
-    except RuntimeError:
-        pass  # JAX already runs (compare called in-process): _cpu_placement checks the count
-    script, fun = _load_target(args.target)
-    if args.rounding is not None:
-        if isinstance(fun, Jitted):
-            raise ValueError(f"{args.target} is a jax_trn2.jit function with its own rounding "
-                             "mode; --rounding applies to plain functions")
-        fun = jit(fun, rounding=args.rounding, seed=args.seed)
-    call_args, call_kwargs = _example_arguments(script, fun, args.args_function, args.target)
-    print(compare(fun, *call_args, **call_kwargs))
-    return 0
-
-
-def _load_target(target: str):
-    path, sep, name = target.rpartition(":")
-    if not sep or not path or not name:
-        raise ValueError(f"expected script.py:function, got {target!r}")
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
-    spec = importlib.util.spec_from_file_location(file.stem, file)
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(file.resolve().parent))  # the script's own imports
-    spec.loader.exec_module(module)
-    if not callable(getattr(module, name, None)):
-        raise ValueError(f"{path} has no function {name!r}")
-    return module, getattr(module, name)
-
-
-def _example_arguments(module, fun: Callable, args_function: str, target: str):
-    """(args, kwargs) from the script's `args_function`, or none for a function that takes
-    no arguments."""
-    builder = getattr(module, args_function, None)
-    if builder is None:
-        if _required_parameters(fun):
-            raise ValueError(f"{target} takes arguments: define {args_function}() in the "
-                             "script, returning them (a tuple, or (args, kwargs)), or name "
-                             "another function with --args")
-        return (), {}
-    made = builder()
-    is_args_and_kwargs = (isinstance(made, tuple) and len(made) == 2
-                          and isinstance(made[0], (tuple, list)) and isinstance(made[1], dict))
-    if is_args_and_kwargs:
-        return tuple(made[0]), made[1]
-    return (tuple(made) if isinstance(made, (tuple, list)) else (made,)), {}
-
-
-def _required_parameters(fun: Callable) -> int:
-    try:
-        params = inspect.signature(fun).parameters.values()
-    except (TypeError, ValueError):
-        return 0
-    return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-               for p in params)

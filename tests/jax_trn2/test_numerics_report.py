@@ -146,10 +146,10 @@ def test_compare_command_names_what_is_missing(tmp_path):
     args = argparse.Namespace(target=f"{script}:f", args_function="example_args",
                               rounding=None, seed=0)
     with pytest.raises(ValueError, match="define example_args"):
-        numerics.compare_command(args)
+        cli.compare_command(args)
     args.target = f"{script}:g"
     with pytest.raises(ValueError, match="no function 'g'"):
-        numerics.compare_command(args)
+        cli.compare_command(args)
 
 
 # --- rounding options --------------------------------------------------------------------
