@@ -116,7 +116,8 @@ class ProgramEstimate:
         share = (lambda s: f"{s / step:6.1%}") if step else (lambda s: "     -")
         lines = [
             f"estimated step time {seconds_text(step)} per chip on {self.topology.name} "
-            f"({self.topology.num_chips} chips); MFU {self.mfu:.1%} of the published peak",
+            f"({self.program.mesh.num_devices} of its {self.topology.num_chips} chips); "
+            f"MFU {self.mfu:.1%} of the published peak",
             f"per chip: {cost['flops']:.4g} FLOPs, {bytes_text(cost['bytes accessed'])} "
             f"HBM traffic, {cost['transcendentals']:.4g} transcendentals; "
             f"{seconds_text(info['serial_seconds'])} if nothing overlapped",
