@@ -21,7 +21,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import jax_trn2
-from e2e_reference import assert_matches, run_both
+from e2e_reference import assert_matches, random_array, run_both
 
 MESH = ((4, 4, 4), ("x", "y", "z"))
 NAMES = MESH[1]
@@ -48,14 +48,7 @@ def axes_id(axes) -> str:
 
 def per_chip(rng, local_shape, dtype="float32") -> np.ndarray:
     """A global operand whose every chip holds its own block of `local_shape`."""
-    shape = (64 * local_shape[0],) + tuple(local_shape[1:])
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return rng.random(shape) < 0.5
-    if np.issubdtype(dtype, np.integer):
-        info = np.iinfo(dtype)
-        return rng.integers(max(info.min, -50), min(info.max, 50), shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
+    return random_array(rng, (64 * local_shape[0],) + tuple(local_shape[1:]), dtype)
 
 
 def replicated_along(axes, rng, local_shape, dtype="float32"):
