@@ -7,7 +7,9 @@ never see an MLIR object. A missing rule is a hard error naming the op and its s
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import itertools
+
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,16 +63,20 @@ class Op:
 class ProgramBuilder:
     """Collects instructions and value infos of one program."""
 
-    def __init__(self, mesh: isa.MeshSpec, first_id: int = 0):
+    def __init__(self, mesh: isa.MeshSpec, ids: Iterator[int] | None = None):
         self.mesh = mesh
         self.instructions: list[isa.Instruction] = []
         self.values: dict[int, isa.ValueInfo] = {}
         self.known: dict[int, np.ndarray] = {}  # values known while lowering (lowering.folding)
-        self._next = first_id
+        self._ids = itertools.count() if ids is None else ids
+
+    def child(self) -> "ProgramBuilder":
+        """A builder for a sub-program on the same mesh whose value ids never clash with
+        this program's."""
+        return ProgramBuilder(self.mesh, self._ids)
 
     def new_value(self, type_: isa.TensorType, varying: frozenset[int]) -> int:
-        vid = self._next
-        self._next += 1
+        vid = next(self._ids)
         self.values[vid] = isa.ValueInfo(type_, frozenset(varying))
         return vid
 
@@ -157,12 +163,11 @@ class LoweringContext:
             if len(region.arg_types) != len(arg_layouts):
                 raise LoweringError(f"internal: region {name} has {len(region.arg_types)} "
                                     f"arguments, given {len(arg_layouts)} layouts")
-            builder = ProgramBuilder(self.mesh, first_id=self.builder._next)
+            builder = self.builder.child()
             args = [builder.new_value(t, v) for t, v in zip(region.arg_types, arg_layouts)]
             outer = {v: builder.new_value(self.type(c), self.varying(c))
                      for v, c in zip(free, captured)}
             outputs = self.walker.lower_block(region.block, args, builder, outer)
-            self.builder._next = builder._next
             programs.append(builder.program(args + list(outer.values()), outputs, name))
         return programs, captured
 
