@@ -11,7 +11,7 @@ from jax_trn2.executable import LoadedExecutable
 from jax_trn2.jit import Compiled, Jitted, Lowered, jit
 from jax_trn2.mesh import make_mesh
 from lowering import LoweringError, UnsupportedOpError
-from mesh.topology import TOPOLOGY_NAMES
+from mesh.machine import TOPOLOGY_NAMES
 
 __all__ = [
     "Buffer", "Client", "Compiled", "Device", "Jitted", "LoadedExecutable", "Lowered",

@@ -29,8 +29,8 @@ import jax
 from jax_trn2.executable import LoadedExecutable
 from jax_trn2.jit import Jitted, jit
 from jax_trn2.numerics import compare
-from mesh import trace
-from mesh.topology import TOPOLOGY_NAMES, get_topology
+from mesh.perf import trace
+from mesh.machine import TOPOLOGY_NAMES, get_topology
 
 MLIR_BYTECODE_MAGIC = b"ML\xefR"
 # CPU devices `jax-trn2 compare` asks CPU JAX for: one per chip of the largest topology.

@@ -8,7 +8,7 @@ from jax_trn2.device import PLATFORM_NAME, Buffer, Device
 from jax_trn2.executable import LoadedExecutable
 from jax_trn2.mesh import DEFAULT_TOPOLOGY
 from mesh import numerics
-from mesh.topology import Topology, get_topology
+from mesh.machine import Topology, get_topology
 
 class Client:
     """A simulated Trainium2 machine (PJRT client): its devices, compiler and buffers."""

@@ -14,10 +14,12 @@ import lowering
 from jax_trn2.device import Buffer, Device
 from jax_trn2.mesh import placement_for, topology_for
 from lowering.plan import plan_program
-from mesh import dtypes, isa, numerics, printer, sharding, trace
-from mesh.estimate import ProgramEstimate, target_text
+from mesh import dtypes, isa, numerics, sharding
+from mesh.isa import printer
+from mesh.perf import trace
+from mesh.perf.estimate import ProgramEstimate, target_text
 from mesh.executor import compile_program
-from mesh.topology import Placement, Topology
+from mesh.machine import Placement, Topology
 
 
 class LoadedExecutable:
@@ -93,7 +95,7 @@ class LoadedExecutable:
 
     @cached_property
     def estimate(self) -> ProgramEstimate:
-        """Estimated per-chip costs and timeline of the program (mesh.estimate)."""
+        """Estimated per-chip costs and timeline of the program (mesh.perf.estimate)."""
         return ProgramEstimate(self.program, self.topology, self.placement)
 
     def timed_text(self) -> str:

@@ -7,7 +7,7 @@ from typing import Sequence
 
 from jax.sharding import AbstractMesh, AxisType
 
-from mesh.topology import Placement, Topology, get_topology, place_mesh
+from mesh.machine import Placement, Topology, get_topology, place_mesh
 
 DEFAULT_TOPOLOGY = "trn2-ultra"
 
@@ -23,7 +23,7 @@ def make_mesh(axis_shapes: Sequence[int] | None = None,
 
     Defaults to the torus itself: ('x','y','z') = (4,4,4) on trn2-ultra. Any logical shape
     whose product is the chip count works; its devices are placed on the torus so that a
-    logical axis as long as a torus axis is a physical ring (mesh.topology.place_mesh).
+    logical axis as long as a torus axis is a physical ring (mesh.machine.placement.place_mesh).
     No XLA_FLAGS or host devices are needed: the mesh is abstract, and jax_trn2.jit runs it.
     """
     topo = get_topology(topology)

@@ -1,9 +1,9 @@
 """The mapping pass: every dot onto Tensor Engine tiles, every collective onto torus links.
 
 Runs once the machine is known (the topology, and where the mesh's devices sit on it).
-Matmuls get their `tiling` (mesh.tensor_engine) and a `pass_size` equal to the tiling's
+Matmuls get their `tiling` (mesh.perf.tensor_engine) and a `pass_size` equal to the tiling's
 contraction pass, so the executor accumulates PSUM passes exactly as the tiles do;
-collectives get their `plan` (mesh.collective_model). Sub-programs (loop bodies, branches)
+collectives get their `plan` (mesh.perf.collective_model). Sub-programs (loop bodies, branches)
 are planned the same way. The result is the program the executor runs.
 """
 
@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from mesh import isa, tensor_engine
-from mesh.collective_model import KINDS, plan_collective
-from mesh.topology import Placement, Topology
+from mesh import isa
+from mesh.perf import tensor_engine
+from mesh.perf.collective_model import KINDS, plan_collective
+from mesh.machine import Placement, Topology
 
 
 def plan_program(program: isa.Program, topology: Topology,

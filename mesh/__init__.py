@@ -1,10 +1,16 @@
-"""The simulated Trainium2 machine: chips, torus topology and mesh placement.
+"""The simulated Trainium2 machine.
+
+- `mesh.machine`: the hardware description: chip spec, torus topology, mesh placement.
+- `mesh.isa`: the Trn2 instruction set that lowering emits, its listing, and its kernels.
+- `mesh.executor`: runs a program of that instruction set on all chips at once.
+- `mesh.perf`: the performance model: costs, schedule, estimate, trace.
+- `mesh.numerics`, `mesh.dtypes`: the chip's arithmetic and element types.
 
 Imports nothing from ``lowering`` or ``jax_trn2``.
 """
 
-from mesh.chip import ChipSpec
-from mesh.topology import TOPOLOGY_NAMES, Link, Placement, Topology, get_topology, place_mesh
+from mesh.machine import (TOPOLOGY_NAMES, ChipSpec, Link, Placement, Topology, get_topology,
+                          place_mesh)
 
 __all__ = [
     "ChipSpec",

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from mesh import isa, numerics
-from mesh.kernels import kernel_for
-from mesh.kernels.context import KernelContext
+from mesh.isa.kernels import kernel_for
+from mesh.isa.kernels.context import KernelContext
 
 
 class ExecutionError(RuntimeError):

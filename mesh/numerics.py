@@ -5,7 +5,7 @@ The model (sources in brackets; what is assumed is marked "assumed"):
 - Data types: FP32, BF16, FP16 and the FP8 formats E4M3, E5M2 and E3M4 (jax's float8_e4m3fn,
   float8_e5m2, float8_e4m3, float8_e3m4), INT8, and the integer and boolean types StableHLO
   uses for indices and masks (mesh.dtypes) [AWS Neuron "Data Types" page].
-- Tensor Engine (mesh.kernels.matmul): products of BF16/FP16/FP8 inputs are exact (the
+- Tensor Engine (mesh.isa.kernels.matmul): products of BF16/FP16/FP8 inputs are exact (the
   product of two p-bit significands has at most 2p <= 22 bits, which FP32's 24 hold), unless
   a BF16 product leaves FP32's exponent range (BF16 shares it: over 2**128 or under 2**-149);
   each pass of up to 128 along the contraction (the PE array's rows) is summed in FP32;
@@ -21,15 +21,15 @@ The model (sources in brackets; what is assumed is marked "assumed"):
   product's path to the result (plus 1 for FP32 inputs),
       |acc - exact| <= h*u / (1 - h*u) * sum_k |a_k b_k|
   and the output adds at most half an ulp of its type at acc (round-to-nearest).
-- Vector/Scalar/GpSimd engines (mesh.kernels.elementwise): elementwise and transcendental ops
+- Vector/Scalar/GpSimd engines (mesh.isa.kernels.elementwise): elementwise and transcendental ops
   widen BF16/FP16/FP8 inputs to FP32, compute in FP32 and round once to the output type
   [NKI docs: the engines compute in FP32 internally]. Assumed: FP32 transcendentals are as
   accurate as XLA's CPU implementations.
-- Reductions on one chip (mesh.kernels.reduction) accumulate in FP32 in the order of XLA's
+- Reductions on one chip (mesh.isa.kernels.reduction) accumulate in FP32 in the order of XLA's
   CPU reduce (vectorised partial sums; XLA does not specify it) and round once to the output
   type. Assumed: the Vector engine's own order is not documented; any order keeps the bound
   above with h = K - 1.
-- Collectives (mesh.kernels.collectives) accumulate on the collective engines in FP32, but
+- Collectives (mesh.isa.kernels.collectives) accumulate on the collective engines in FP32, but
   each partial result travels between chips in the operand's type, so it is rounded to that
   type after every addition. The order is that of the algorithm: a ring reduces each chunk
   starting from the member after its owner and going around the ring (see that module).

@@ -7,6 +7,7 @@ from lowering.rules import (  # noqa: F401
     convolution,
     dot,
     elementwise,
+    gspmd,
     indexing,
     movement,
     reduction,

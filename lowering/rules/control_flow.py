@@ -1,6 +1,6 @@
 """Control flow: stablehlo.while, stablehlo.if and stablehlo.case over sub-programs.
 
-The regions become sub-programs on the enclosing mesh (mesh.isa_control). A loop-carried
+The regions become sub-programs on the enclosing mesh (mesh.isa.control). A loop-carried
 value's layout must be the same on every iteration, so the loop's layouts are a fixed point:
 a value replicated on entry that the body makes vary (a ppermute, a partition_id) is widened
 and the regions are lowered again until nothing changes. Where the loop condition or the
@@ -15,7 +15,7 @@ import numpy as np
 from lowering.registry import rule
 from lowering.walker import LoweringContext, Op
 from mesh import dtypes, isa
-from mesh.isa_control import Case, While
+from mesh.isa.control import Case, While
 
 
 @rule("stablehlo.while")

@@ -8,7 +8,7 @@ from lowering import folding
 from lowering.registry import rule
 from lowering.walker import LoweringContext, Op
 from mesh import isa
-from mesh.kernels.elementwise import BINARY, UNARY
+from mesh.isa.kernels.elementwise import BINARY, UNARY
 
 # Kernel ops jax emits in the CHLO dialect (the others are StableHLO ops; tan is both).
 CHLO = frozenset({"acos", "acosh", "asin", "asinh", "atan", "atanh", "cosh", "sinh", "tan",

@@ -7,16 +7,19 @@ jax enters a body with `Sharding(x) {mhlo.sharding = tiling}` then
 `SPMDShardToFullShape {mhlo.sharding = tiling}`. A partially manual body (shard_map with
 axis_names=) has the manual axes as the MANUAL subgroup of its shardings.
 
-stablehlo.custom_call's rule (rules/structure.py) dispatches these targets here.
+stablehlo.custom_call's rule (rules/structure.py) dispatches these targets here
+(lowering.registry.CUSTOM_CALL_RULES).
 """
 
 from __future__ import annotations
 
 from lowering import hlo_sharding
+from lowering.registry import custom_call_rule
 from lowering.walker import LoweringContext, Op
 from mesh import isa
 
 
+@custom_call_rule("Sharding")
 def sharding(ctx: LoweringContext, op: Op):
     """The value is unchanged; its HloSharding is kept for an SPMDFullToShardShape."""
     if op.operand_types != op.result_types:
@@ -26,6 +29,7 @@ def sharding(ctx: LoweringContext, op: Op):
     return op.operands
 
 
+@custom_call_rule("SPMDFullToShardShape")
 def full_to_shard(ctx: LoweringContext, op: Op):
     """Enter a shard_map body: the value split by the tiling annotated on it, along the
     axes that are manual inside the body and were not outside."""
@@ -40,6 +44,7 @@ def full_to_shard(ctx: LoweringContext, op: Op):
                     dim_axes=dim_axes, manual_axes=_listed(ctx, entered))
 
 
+@custom_call_rule("SPMDShardToFullShape")
 def shard_to_full(ctx: LoweringContext, op: Op):
     """Leave a shard_map body: the pieces assembled by the op's own tiling, along the axes
     that were manual inside the body and are not outside."""
@@ -52,10 +57,6 @@ def shard_to_full(ctx: LoweringContext, op: Op):
     dim_axes = _dim_axes(ctx, target, op.result_types[0].rank, left)
     return ctx.emit(isa.Unshard, op, varying=ctx.varying(value) - frozenset(left),
                     dim_axes=dim_axes, manual_axes=_listed(ctx, left))
-
-
-CUSTOM_CALLS = {"Sharding": sharding, "SPMDFullToShardShape": full_to_shard,
-                "SPMDShardToFullShape": shard_to_full}
 
 
 def _axes_between(ctx: LoweringContext, inner: str, outer: str) -> tuple[int, ...]:

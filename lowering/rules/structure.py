@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from lowering.registry import rule
-from lowering.rules import gspmd
+from lowering.registry import CUSTOM_CALL_RULES, rule
 from lowering.walker import LoweringContext, Op
 from mesh import isa
 
@@ -57,8 +56,8 @@ def identity(ctx: LoweringContext, op: Op):
 @rule("stablehlo.custom_call")
 def custom_call(ctx: LoweringContext, op: Op):
     target = op.attrs["call_target_name"]
-    if target in gspmd.CUSTOM_CALLS:
-        return gspmd.CUSTOM_CALLS[target](ctx, op)
+    if target in CUSTOM_CALL_RULES:
+        return CUSTOM_CALL_RULES[target](ctx, op)
     if target == "CustomSPMDPartitioning":
         raise NotImplementedError(
             "jax.experimental.custom_partitioning partitions with a Python callback that "

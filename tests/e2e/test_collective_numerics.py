@@ -1,5 +1,5 @@
 """BF16 collectives on the 4x4x4 mesh add in the order of the ring algorithm, every partial
-sum rounded to BF16 (mesh.kernels.ring_order), checked bit for bit against that order
+sum rounded to BF16 (mesh.isa.kernels.ring_order), checked bit for bit against that order
 written out element by element."""
 
 import jax

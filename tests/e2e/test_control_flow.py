@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_trn2
 from e2e_reference import assert_matches, run_both
-from mesh.isa_control import Case, While
+from mesh.isa.control import Case, While
 
 MESH = ((4, 4, 4), ("x", "y", "z"))
 RING_X = [(i, (i + 1) % 4) for i in range(4)]

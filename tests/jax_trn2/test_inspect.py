@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 import jax_trn2
 from jax_trn2.cli import main
 from mesh import isa
-from mesh.schedule import ENGINES
+from mesh.perf.schedule import ENGINES
 
 REPO = Path(__file__).resolve().parents[2]
 M, K, N = 64, 256, 128  # global a[M, K] @ b[K, N]; K split over y, M over x

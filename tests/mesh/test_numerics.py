@@ -1,5 +1,5 @@
 """mesh.numerics: rounding policies, stochastic rounding, FP8 edge cases per format, and the
-order in which ring collectives add (mesh.kernels.ring_order)."""
+order in which ring collectives add (mesh.isa.kernels.ring_order)."""
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +10,7 @@ import pytest
 
 from mesh import isa, numerics
 from mesh.executor import compile_program
-from mesh.kernels.ring_order import ring_orders, ring_reduce
+from mesh.isa.kernels.ring_order import ring_orders, ring_reduce
 
 NARROW = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3", "float8_e3m4")
 FP8 = NARROW[2:]

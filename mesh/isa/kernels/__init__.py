@@ -34,6 +34,6 @@ def kernel_for(instr: isa.Instruction) -> Callable:
 
 
 # Importing the kernel modules fills KERNELS.
-from mesh.kernels import (  # noqa: E402,F401
+from mesh.isa.kernels import (  # noqa: E402,F401
     bits, collectives, control_flow, convolution, elementwise, indexing, matmul, movement,
     reduction, sort, windows)

@@ -13,10 +13,11 @@ import json
 import os
 from typing import Iterable, Sequence
 
-from mesh import isa, printer
-from mesh.cost import Cost
-from mesh.schedule import ALL, ENGINES, Schedule
-from mesh.topology import Placement, Topology
+from mesh import isa
+from mesh.isa import printer
+from mesh.perf.cost import Cost
+from mesh.perf.schedule import ALL, ENGINES, Schedule
+from mesh.machine import Placement, Topology
 
 # Thread order in the viewer: the engines, then instructions that hold all of them (loops),
 # then free ones (constants, reshapes).

@@ -7,8 +7,8 @@ import numpy as np
 from jax import lax
 
 from mesh import dtypes, isa, numerics
-from mesh.kernels import kernel
-from mesh.kernels.context import KernelContext
+from mesh.isa.kernels import kernel
+from mesh.isa.kernels.context import KernelContext
 
 UNARY = {
     "abs": lax.abs, "negate": lax.neg, "sign": lax.sign, "floor": lax.floor, "ceil": lax.ceil,

@@ -5,8 +5,8 @@ import math
 import pytest
 
 from mesh import isa
-from mesh.chip import ChipSpec
-from mesh.tensor_engine import MIN_MATMUL_CYCLES, matmul_shape, tile_matmul
+from mesh.machine.chip import ChipSpec
+from mesh.perf.tensor_engine import MIN_MATMUL_CYCLES, matmul_shape, tile_matmul
 
 CHIP = ChipSpec()
 FILL_DRAIN = CHIP.pe_rows + CHIP.pe_cols  # cycles a core pays once per dot

@@ -1,6 +1,6 @@
 """One simulated Trainium2 chip: engines, on-chip memories, HBM and peak rates.
 
-Every default comes from mesh/trn2_facts.md ("Chip" table); each is a default,
+Every default comes from mesh/machine/trn2_facts.md ("Chip" table); each is a default,
 not a law, and any field can be overridden: ``ChipSpec(tensor_clock_hz=2.0e9)``.
 """
 

@@ -7,7 +7,7 @@ transpose of the mesh dims and groups along axes the value does not vary along a
 materialised; otherwise it is a gather over the flattened device dim.
 
 Reductions add the members' values in the order of the ring algorithm (each chunk starts at
-the member after its owner and goes around the ring; mesh.kernels.ring_order), each partial
+the member after its owner and goes around the ring; mesh.isa.kernels.ring_order), each partial
 sum rounded to the operand's type, as a ring does when it forwards partial sums between chips
 in that type (the accumulation itself is FP32 on the collective engines).
 """
@@ -19,11 +19,11 @@ import numpy as np
 from jax import lax
 
 from mesh import isa
-from mesh.kernels import kernel
-from mesh.kernels.context import KernelContext
-from mesh.kernels.elementwise import boolean_equivalent
-from mesh.kernels.reduction import MONOIDS
-from mesh.kernels.ring_order import ring_reduce
+from mesh.isa.kernels import kernel
+from mesh.isa.kernels.context import KernelContext
+from mesh.isa.kernels.elementwise import boolean_equivalent
+from mesh.isa.kernels.reduction import MONOIDS
+from mesh.isa.kernels.ring_order import ring_reduce
 
 class AxisView:
     """Groups that are the lines of the mesh along `axes` (rank order: major axis first)."""
@@ -104,7 +104,7 @@ def _view(groups: isa.Groups, ctx: KernelContext):
 def _reduce_members(x, groups: isa.Groups, reduction: str, ctx: KernelContext,
                     scatter_dimension: int | None = None):
     """(view, [rest..., local...]): the reduction of x over each group, every element added
-    in the order of the ring algorithm (mesh.kernels.ring_order). For a reduce-scatter the
+    in the order of the ring algorithm (mesh.isa.kernels.ring_order). For a reduce-scatter the
     ring's chunks are the blocks along `scatter_dimension`."""
     if groups.axes is None:
         view = DeviceView(groups, ctx)

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from mesh import isa
-from mesh.chip import ChipSpec
-from mesh.cost import Cost, instruction_cost, on_chip_values
-from mesh.estimate import ProgramEstimate
-from mesh.tensor_engine import tile_matmul
-from mesh.topology import get_topology
+from mesh.machine.chip import ChipSpec
+from mesh.perf.cost import Cost, instruction_cost, on_chip_values
+from mesh.perf.estimate import ProgramEstimate
+from mesh.perf.tensor_engine import tile_matmul
+from mesh.machine import get_topology
 
 CHIP = ChipSpec()
 LANES = CHIP.neuron_cores * CHIP.sbuf_partitions  # elements per engine cycle per chip

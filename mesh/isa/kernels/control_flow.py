@@ -17,9 +17,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from mesh.isa_control import Case, While
-from mesh.kernels import kernel
-from mesh.kernels.context import KernelContext
+from mesh.isa.control import Case, While
+from mesh.isa.kernels import kernel
+from mesh.isa.kernels.context import KernelContext
 
 
 def _is_replicated(x: jnp.ndarray, nm: int) -> bool:

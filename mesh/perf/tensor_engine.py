@@ -1,7 +1,7 @@
 """dot_general on the Tensor Engine: how one chip tiles a matmul, and how long it takes.
 
 Model (nki.isa.nc_matmul and the NKI Trainium2 guide, as summarised in
-mesh/trn2_facts.md):
+mesh/machine/trn2_facts.md):
 
 - One matmul instruction computes out[m, n] += stationary[k, m]^T @ moving[k, n] with
   k <= pe_rows (the partition dim), m <= pe_cols (stationary columns) and n <= one PSUM bank
@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 
 from mesh import dtypes, isa
-from mesh.chip import ChipSpec
+from mesh.machine.chip import ChipSpec
 from mesh.units import bytes_text, seconds_text
 
 # A back-to-back matmul instruction takes at least this many cycles, however narrow its

@@ -12,9 +12,9 @@ import numpy as np
 from jax import lax
 
 from mesh import dtypes, isa
-from mesh.kernels import kernel
-from mesh.kernels.context import KernelContext
-from mesh.kernels.devices import broadcast_mesh
+from mesh.isa.kernels import kernel
+from mesh.isa.kernels.context import KernelContext
+from mesh.isa.kernels.devices import broadcast_mesh
 
 
 @kernel(isa.Sort)

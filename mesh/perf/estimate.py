@@ -3,7 +3,7 @@
     estimate = ProgramEstimate(planned_program, topology, placement)
     estimate.cost_analysis()   # jax's keys plus a 'trn2' breakdown
     estimate.listing()         # the program with an estimated time on every line
-    estimate.trace()           # Chrome trace-event JSON (mesh.trace)
+    estimate.trace()           # Chrome trace-event JSON (mesh.perf.trace)
 
 Instructions with sub-programs (loops, conditionals; any instruction whose class has no cost
 rule and has Program-valued fields) are costed by estimating their sub-programs: a field
@@ -17,9 +17,11 @@ from __future__ import annotations
 import dataclasses
 from functools import cached_property
 
-from mesh import isa, printer, schedule, trace
-from mesh.cost import Cost, has_rule, instruction_cost
-from mesh.topology import Placement, Topology
+from mesh import isa
+from mesh.isa import printer
+from mesh.perf import schedule, trace
+from mesh.perf.cost import Cost, has_rule, instruction_cost
+from mesh.machine import Placement, Topology
 from mesh.units import bandwidth_text, bytes_text, seconds_text
 
 

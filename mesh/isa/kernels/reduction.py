@@ -9,10 +9,10 @@ from __future__ import annotations
 from jax import lax
 
 from mesh import isa, numerics
-from mesh.kernels import kernel
-from mesh.kernels.context import KernelContext
-from mesh.kernels.devices import broadcast_mesh
-from mesh.kernels.elementwise import boolean_equivalent
+from mesh.isa.kernels import kernel
+from mesh.isa.kernels.context import KernelContext
+from mesh.isa.kernels.devices import broadcast_mesh
+from mesh.isa.kernels.elementwise import boolean_equivalent
 
 # combiner -> (reduction over axes, binary op); each handles bools and empty axes (giving
 # the identity of the combiner).

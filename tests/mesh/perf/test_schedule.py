@@ -3,7 +3,7 @@
 import pytest
 
 from mesh import isa
-from mesh.schedule import ALL, Task, schedule
+from mesh.perf.schedule import ALL, Task, schedule
 
 T = isa.TensorType((8,), "float32")
 

@@ -14,9 +14,9 @@ import numpy as np
 from jax import lax
 
 from mesh import isa
-from mesh.kernels import kernel
-from mesh.kernels.context import KernelContext
-from mesh.kernels.devices import map_devices
+from mesh.isa.kernels import kernel
+from mesh.isa.kernels.context import KernelContext
+from mesh.isa.kernels.devices import map_devices
 
 # The lax scatter of each of isa.SCATTER_COMBINERS.
 SCATTERS = {

@@ -1,14 +1,14 @@
 """Collectives on the torus: which links carry what, in how many steps, and how long it takes.
 
 A collective's replica groups are lines of the logical mesh (or arbitrary device sets);
-the placement (mesh.topology.place_mesh) puts each logical device on a chip, so a logical
+the placement (mesh.machine.placement.place_mesh) puts each logical device on a chip, so a logical
 axis becomes one or more physical torus axes. Every algorithm below is a sequence of steps;
 a step is a set of transfers (source chip, destination chip, bytes) that run at the same
 time, each routed hop by hop by dimension-order routing (Topology.route). Alpha-beta model
 of a step: the longest route's latency (link latency x hops) plus the bytes on the busiest
 link divided by that link's bandwidth. On a logical axis that is a whole torus ring, every
 transfer is one hop and no two share a link, so a bidirectional ring gives exactly
-mesh/trn2_facts.md's formulas (all-gather (k-1)a + (k-1)/k M/(2B), all-reduce twice
+mesh/machine/trn2_facts.md's formulas (all-gather (k-1)a + (k-1)/k M/(2B), all-reduce twice
 that); on other groups the busiest link shows the contention.
 
 Algorithms (M is the full buffer per chip: the result of an all-gather, the operand of the
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mesh import isa
-from mesh.topology import Placement, Topology
+from mesh.machine import Placement, Topology
 from mesh.units import bytes_text, seconds_text
 
 KINDS: dict[type, str] = {

@@ -6,7 +6,8 @@ from typing import Callable
 
 import numpy as np
 
-from mesh import isa, isa_control
+from mesh import isa
+from mesh.isa import control as isa_control
 
 
 def value_text(program: isa.Program, value: int) -> str:

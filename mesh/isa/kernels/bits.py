@@ -6,8 +6,8 @@ import numpy as np
 from jax import lax
 
 from mesh import dtypes, isa
-from mesh.kernels import kernel
-from mesh.kernels.context import KernelContext
+from mesh.isa.kernels import kernel
+from mesh.isa.kernels.context import KernelContext
 
 ALGORITHMS = {
     "DEFAULT": lax.RandomAlgorithm.RNG_DEFAULT,

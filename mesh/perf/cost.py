@@ -4,8 +4,8 @@ A `Cost` is a value that adds (`a + b`, `k * a`, `sum(costs)`), like JAX's Roofl
 so a program's cost is the sum of its instructions'. Costs are per chip: every chip runs
 the same program on its own (local) shapes.
 
-Model, per instruction class (numbers from ChipSpec, i.e. mesh/trn2_facts.md):
-- Matmul and Convolution (Tensor Engine): mesh.tensor_engine's tiling: cycles of the PE
+Model, per instruction class (numbers from ChipSpec, i.e. mesh/machine/trn2_facts.md):
+- Matmul and Convolution (Tensor Engine): mesh.perf.tensor_engine's tiling: cycles of the PE
   arrays of all NeuronCores, HBM bytes, max of the two.
 - Vector / Scalar / GpSimd ops: each NeuronCore's engine processes one element per
   partition (sbuf_partitions lanes) per cycle of its clock; the chip's elements are spread
@@ -33,8 +33,9 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Callable, Mapping
 
-from mesh import isa, tensor_engine
-from mesh.chip import ChipSpec
+from mesh import isa
+from mesh.perf import tensor_engine
+from mesh.machine.chip import ChipSpec
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ def instruction_cost(instr: isa.Instruction, program: isa.Program, chip: ChipSpe
 
     Classes without a rule are costed by their engine: elements of their results through a
     compute engine, or bytes through DMA. Instructions with sub-programs (loops,
-    conditionals) are costed by walking those (mesh.estimate), not here.
+    conditionals) are costed by walking those (mesh.perf.estimate), not here.
     """
     ctx = CostContext(program, chip)
     rule = RULES.get(type(instr), _by_engine)

@@ -260,7 +260,7 @@ class Matmul(Instruction):
     rhs_contract: tuple[int, ...]
     out_dtype: str
     pass_size: int = 128  # PE-array rows: the contraction length of one matmul pass
-    tiling: Plan | None = None  # mesh.tensor_engine.MatmulTiling, set by planning
+    tiling: Plan | None = None  # mesh.perf.tensor_engine.MatmulTiling, set by planning
     engine: ClassVar[str] = TENSOR
 
 
@@ -363,7 +363,7 @@ REDUCTIONS = ("add", "multiply", "maximum", "minimum", "and", "or", "xor")
 class AllReduce(Instruction):
     groups: Groups
     reduction: str  # one of REDUCTIONS
-    plan: Plan | None = None  # mesh.collective_model.CollectivePlan, set by planning
+    plan: Plan | None = None  # mesh.perf.collective_model.CollectivePlan, set by planning
     engine: ClassVar[str] = COLLECTIVE
 
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from mesh import isa
-from mesh.collective_model import plan_collective
-from mesh.topology import get_topology, place_mesh
+from mesh.perf.collective_model import plan_collective
+from mesh.machine import get_topology, place_mesh
 
 ULTRA = get_topology("trn2-ultra")
 ALPHA = ULTRA.link_latency[0]  # seconds per hop

@@ -11,9 +11,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from mesh import dtypes, isa, numerics
-from mesh.kernels import kernel
-from mesh.kernels.context import KernelContext
-from mesh.kernels.devices import map_devices
+from mesh.isa.kernels import kernel
+from mesh.isa.kernels.context import KernelContext
+from mesh.isa.kernels.devices import map_devices
 
 
 @kernel(isa.Convolution)

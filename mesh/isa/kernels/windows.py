@@ -9,12 +9,12 @@ import numpy as np
 from jax import lax
 
 from mesh import isa, numerics
-from mesh.kernels import kernel
-from mesh.kernels.elementwise import boolean_equivalent
-from mesh.kernels.context import KernelContext
-from mesh.kernels.devices import broadcast_mesh, map_devices
-from mesh.kernels.indexing import scatter_elements
-from mesh.kernels.reduction import MONOIDS
+from mesh.isa.kernels import kernel
+from mesh.isa.kernels.elementwise import boolean_equivalent
+from mesh.isa.kernels.context import KernelContext
+from mesh.isa.kernels.devices import broadcast_mesh, map_devices
+from mesh.isa.kernels.indexing import scatter_elements
+from mesh.isa.kernels.reduction import MONOIDS
 
 
 @kernel(isa.ReduceWindow)

@@ -6,9 +6,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from mesh import isa
-from mesh.kernels import kernel
-from mesh.kernels.context import KernelContext
-from mesh.kernels.devices import broadcast_mesh, map_devices
+from mesh.isa.kernels import kernel
+from mesh.isa.kernels.context import KernelContext
+from mesh.isa.kernels.devices import broadcast_mesh, map_devices
 from mesh.sharding import split_order
 
 

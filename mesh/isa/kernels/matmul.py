@@ -1,6 +1,6 @@
 """dot_general on the Tensor Engine.
 
-Model (nki.isa.nc_matmul; mesh/trn2_facts.md): the PE array multiplies BF16/FP16/FP8
+Model (nki.isa.nc_matmul; mesh/machine/trn2_facts.md): the PE array multiplies BF16/FP16/FP8
 inputs exactly and sums a pass of up to 128 contraction elements in FP32; passes accumulate
 into an FP32 PSUM tile one after another; the result is rounded once to the output type.
 Here each pass is one host matmul with FP32 accumulation, and passes are added in order.
@@ -23,8 +23,8 @@ import numpy as np
 from jax import lax
 
 from mesh import dtypes, isa, numerics
-from mesh.kernels import kernel
-from mesh.kernels.context import KernelContext
+from mesh.isa.kernels import kernel
+from mesh.isa.kernels.context import KernelContext
 
 
 @kernel(isa.Matmul)

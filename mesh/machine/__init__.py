@@ -1,0 +1,9 @@
+"""The machine description: the Trainium2 chip, the torus of chips, and where a logical mesh
+sits on it."""
+
+from mesh.machine.chip import ChipSpec
+from mesh.machine.placement import Placement, place_mesh
+from mesh.machine.topology import TOPOLOGY_NAMES, Link, Topology, get_topology
+
+__all__ = ["ChipSpec", "Link", "Placement", "TOPOLOGY_NAMES", "Topology", "get_topology",
+           "place_mesh"]

@@ -1,0 +1,2 @@
+"""The performance model: what each instruction costs (Tensor Engine tiling, collectives on
+the torus, engine ops), one chip's schedule of them, and the timeline as a trace."""
