@@ -13,6 +13,9 @@ from jax import tree_util
 from jax_trn2.executable import LoadedExecutable
 from mesh import numerics
 
+# jax.jit's marker for "no sharding given" (distinct from None: let the partitioner choose).
+UNSPECIFIED = inspect.signature(jax.jit).parameters["in_shardings"].default
+
 
 def _canonical(leaf: Any) -> Any:
     """A host array in the type jax.jit traced it as (float64 -> float32 without x64)."""
@@ -96,7 +99,7 @@ class Jitted:
 
     def __init__(self, fun: Callable, static_argnums: int | Sequence[int] = (),
                  static_argnames: str | Sequence[str] = (), topology: str | None = None,
-                 rounding: numerics.Rounding = numerics.NEAREST):
+                 rounding: numerics.Rounding = numerics.NEAREST, **jit_options):
         functools.update_wrapper(self, fun)
         self._fun = fun
         self._topology = topology
@@ -108,7 +111,8 @@ class Jitted:
         self._static_argnums, self._static_argnames = self._statics(static_argnums,
                                                                     static_argnames)
         self._jax_jit = jax.jit(fun, static_argnums=self._static_argnums,
-                                static_argnames=self._static_argnames, keep_unused=True)
+                                static_argnames=self._static_argnames, keep_unused=True,
+                                **jit_options)
         self._cache: dict[Any, Compiled] = {}
 
     def _statics(self, argnums, argnames) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -180,15 +184,24 @@ class Jitted:
         return names
 
 
-def jit(fun: Callable | None = None, *, static_argnums: int | Sequence[int] = (),
-        static_argnames: str | Sequence[str] = (), topology: str | None = None,
+def jit(fun: Callable | None = None, *, in_shardings: Any = UNSPECIFIED,
+        out_shardings: Any = UNSPECIFIED, static_argnums: int | Sequence[int] = (),
+        static_argnames: str | Sequence[str] = (), donate_argnums: int | Sequence[int] = (),
+        donate_argnames: str | Sequence[str] = (), topology: str | None = None,
         rounding: str = "nearest", seed: int = 0):
     """Like `jax.jit`, but runs on the simulated Trainium2 mesh.
 
     Pytrees in and out, keyword arguments, static arguments, and a compiled-program cache
-    keyed like jax.jit's. `topology` defaults to the one the shard_map's mesh was made for
-    by `jax_trn2.make_mesh` (otherwise the preset with as many chips as the mesh has
-    devices; trn2-ultra for a program without a mesh). Usable as `@jit` or `@jit(...)`.
+    keyed like jax.jit's. `topology` defaults to the one the mesh was made for by
+    `jax_trn2.make_mesh` (otherwise the preset with as many chips as the mesh has devices;
+    trn2-ultra for a program without a mesh). Usable as `@jit` or `@jit(...)`.
+
+    `in_shardings`, `out_shardings`, `donate_argnums` and `donate_argnames` have jax.jit's
+    meaning (NamedShardings over a make_mesh mesh, PartitionSpecs under
+    `jax.set_mesh(mesh)`, pytree prefixes, None to let the partitioner choose). A program
+    with shardings outside shard_map bodies (these, `with_sharding_constraint`, sharding in
+    types) is partitioned by XLA's SPMD partitioner, and each chip runs its partitioned
+    program, with the collectives the partitioner inserted (lowering.partition).
 
     `rounding` says how results are rounded to BF16/FP16/FP8: "nearest" (round-to-nearest-
     even, the hardware default) or "stochastic" (Trainium2's opt-in stochastic rounding,
@@ -196,8 +209,10 @@ def jit(fun: Callable | None = None, *, static_argnums: int | Sequence[int] = ()
     See mesh.numerics for the arithmetic model.
     """
     policy = numerics.Rounding(rounding, seed)
+    jit_options = dict(in_shardings=in_shardings, out_shardings=out_shardings,
+                       donate_argnums=donate_argnums, donate_argnames=donate_argnames)
     if fun is None:
         return functools.partial(jit, static_argnums=static_argnums,
                                  static_argnames=static_argnames, topology=topology,
-                                 rounding=rounding, seed=seed)
-    return Jitted(fun, static_argnums, static_argnames, topology, policy)
+                                 rounding=rounding, seed=seed, **jit_options)
+    return Jitted(fun, static_argnums, static_argnames, topology, policy, **jit_options)

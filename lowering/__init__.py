@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lowering import partition
 from lowering import rules  # noqa: F401  (fills the rule registry)
 from lowering.errors import LoweringError, UnsupportedOpError
 from lowering.mlir import parse_module
@@ -15,11 +16,19 @@ from mesh import isa
 __all__ = ["LoweringError", "UnsupportedOpError", "RULES", "lower", "supported_ops"]
 
 
-def lower(program: Any) -> isa.Program:
-    """Lower StableHLO (MLIR text, bytecode or a jaxlib ir.Module) to a Trn2 Program."""
+def lower(program: Any, mesh: isa.MeshSpec | None = None) -> isa.Program:
+    """Lower StableHLO (MLIR text, bytecode or a jaxlib ir.Module) to a Trn2 Program.
+
+    A global program with shardings outside shard_map bodies (jit's in_shardings,
+    with_sharding_constraint, sharding in types) is first partitioned by XLA's SPMD
+    partitioner (lowering.partition): what is lowered is each chip's program. `mesh` names
+    the axes of a per-chip program given as such, whose own mesh has lost them."""
     module = parse_module(program)
+    if partition.needs_partitioning(module):
+        mesh = partition.global_mesh(module)
+        module = partition.partition(module, mesh.num_devices)
     try:
-        return simplify(Walker(module).lower())
+        return simplify(Walker(module, mesh).lower())
     except LoweringError:
         raise
     except NotImplementedError as e:  # module-level forms (meshes, shardings of main)

@@ -50,6 +50,21 @@ def _from_string(text: str):
     return sharding
 
 
+def elements(text: str, count: int) -> list[str]:
+    """The HloShardings of `count` values from one sharding: a tuple sharding's elements,
+    or the same sharding for each (a module's `mhlo.spmd_output_sharding`)."""
+    try:
+        sharding = xla_client.HloSharding.from_string(text)
+    except Exception as e:  # the bindings raise their own error types
+        raise ValueError(f"not an HloSharding: {text!r} ({e})") from None
+    parts = [str(e) for e in sharding.tuple_elements()]
+    if not parts:
+        return [text] * count
+    if len(parts) != count:
+        raise ValueError(f"tuple sharding {text} has {len(parts)} elements for {count} values")
+    return parts
+
+
 def parse(text: str) -> Tiling | None:
     """The tiling of an HloSharding, None when it is replicated, manual or maximal (one
     device holds the whole value, the others a copy: replicated in the simulator)."""

@@ -121,6 +121,16 @@ class DimSharding:
     mesh: str
 
 
+@dataclass(frozen=True)
+class MeshAxesGroups:
+    """Replica groups named by mesh axes (`#stablehlo.replica_group_mesh_axes`): a group per
+    coordinate of the other axes, its members along `axes`, each a mesh axis name and, for a
+    sub-axis, its (pre_size, size)."""
+
+    mesh: str
+    axes: tuple[tuple[str, tuple[int, int] | None], ...]
+
+
 def decode_attribute(attr: ir.Attribute) -> Any:
     """A plain Python value for an attribute: ints, floats, strings, tuples, numpy arrays,
     small dataclasses for StableHLO/sdy structured attributes; the text of anything else."""
@@ -215,6 +225,15 @@ def _axis_ref(ref) -> str:
     return ref.name
 
 
+def _mesh_axes_groups(attr) -> MeshAxesGroups:
+    axes = []
+    for ref in attr.axes:
+        ref = hlo.AxisRefAttr(ref)
+        sub = ref.sub_axis_info
+        axes.append((ref.name, None if sub is None else (int(sub.pre_size), int(sub.size))))
+    return MeshAxesGroups(ir.FlatSymbolRefAttr(attr.mesh).value, tuple(axes))
+
+
 _DECODERS: list[tuple[type, Any]] = [
     (ir.BoolAttr, lambda a: bool(a.value)),
     (ir.IntegerAttr, lambda a: int(a.value)),
@@ -236,6 +255,7 @@ _DECODERS: list[tuple[type, Any]] = [
     (hlo.ComparisonDirectionAttr, lambda a: a.value),
     (hlo.ComparisonTypeAttr, lambda a: a.value),
     (hlo.ChannelHandle, lambda a: (a.handle, a.channel_type)),
+    (hlo.ReplicaGroupMeshAxesAttr, _mesh_axes_groups),
     (sdy.TensorShardingPerValueAttr,
      lambda a: tuple(_tensor_sharding(sdy.TensorShardingAttr(s)) for s in a.shardings)),
     (sdy.TensorShardingAttr, _tensor_sharding),
@@ -283,6 +303,21 @@ def source_location(loc: ir.Location) -> str:
         if not any(mark in path for mark in _INTERNAL):
             return f"{path}:{line}:{col}"
     return ""
+
+
+_SCOPE = re.compile(r'^loc\("([^"]+)"(?!:)')
+
+
+def scope_name(loc: ir.Location) -> str:
+    """The jax name stack an op's location starts with (`jit(f)/transpose(jvp(dot_general))`),
+    or ''."""
+    match = _SCOPE.match(str(loc))
+    return match.group(1) if match else ""
+
+
+def argument_name(argument) -> str:
+    """The name jax gave a function argument (its location: `params['w1']`), or ''."""
+    return scope_name(argument.location)
 
 
 def source_line(location: str) -> str:

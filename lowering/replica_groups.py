@@ -62,6 +62,35 @@ CROSS_REPLICA_AND_PARTITION = "cross_replica_and_partition"
 FLATTENED_IDS = "flattened_ids"
 
 
+def mesh_axes_groups(mesh: isa.MeshSpec,
+                     axes: tuple[tuple[str, tuple[int, int] | None], ...]) -> np.ndarray:
+    """Flattened device ids [groups, size] of replica groups named by axes of `mesh`
+    (row-major device ids): one group per coordinate of the other axes, members ordered by
+    the named (sub-)axes, the first major. A sub-axis (pre_size, size) of an axis is the part
+    of size `size` after the major `pre_size` (Shardy's `"x":(pre_size)size`)."""
+    pieces: list[tuple[str, int, int]] = []  # (axis, pre_size, size) of each part, major first
+    for name, size in zip(mesh.axis_names, mesh.axis_sizes):
+        cuts = {1, size}
+        for axis, sub in axes:
+            if axis == name and sub is not None:
+                cuts |= {sub[0], sub[0] * sub[1]}
+        cuts_sorted = sorted(cuts)
+        if any(b % a for a, b in zip(cuts_sorted, cuts_sorted[1:])) or cuts_sorted[-1] != size:
+            raise ValueError(f"sub-axes {axes} do not divide axis {name} of size {size}")
+        pieces += [(name, a, b // a) for a, b in zip(cuts_sorted, cuts_sorted[1:])]
+    selected: list[int] = []
+    for axis, sub in axes:
+        if axis not in mesh.axis_names:
+            raise ValueError(f"replica groups name axis {axis!r}, not an axis of {mesh}")
+        low, high = (1, mesh.axis_sizes[mesh.axis_names.index(axis)] + 1) if sub is None \
+            else (sub[0], sub[0] * sub[1])
+        selected += [i for i, (n, pre, _) in enumerate(pieces) if n == axis and low <= pre < high]
+    others = [i for i in range(len(pieces)) if i not in selected]
+    ids = np.arange(mesh.num_devices).reshape([size for _, _, size in pieces] or [1])
+    group_size = int(np.prod([pieces[i][2] for i in selected], dtype=np.int64))
+    return ids.transpose(others + selected).reshape(-1, group_size)
+
+
 def grouping_mode(op_name: str, channel_id: int, use_global_device_ids: bool) -> str:
     """The spec's grouping strategy of a collective op from its channel_id and
     use_global_device_ids (all_gather, all_reduce, reduce_scatter have three; all_to_all,

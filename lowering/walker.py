@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from jaxlib.mlir import ir
 
-from lowering import hlo_sharding, mlir
+from lowering import hlo_sharding, inserted, mlir, partition
 from lowering.errors import LoweringError, UnsupportedOpError, located
 from lowering.registry import RULES
 from lowering.replica_groups import ProcessGrid
@@ -51,6 +51,7 @@ class Op:
     attrs: Mapping[str, Any]
     regions: tuple[Region, ...]
     loc: str
+    scope: str = ""  # jax's name stack: `jit(step)/dot_general`
 
     @property
     def short_name(self) -> str:
@@ -185,7 +186,9 @@ class LoweringContext:
 class Walker:
     """Lowers one StableHLO module to a Trn2 `Program`."""
 
-    def __init__(self, module: ir.Module):
+    def __init__(self, module: ir.Module, mesh: isa.MeshSpec | None = None):
+        """`mesh`: the user's mesh of a per-chip program XLA's partitioner made
+        (lowering.partition), whose own sdy.mesh has lost the axis names."""
         self.module = module
         self.functions: dict[str, Any] = {}
         self.call_locations: list[str] = []  # user source lines of the func.calls being inlined
@@ -199,6 +202,13 @@ class Walker:
                 meshes[attrs["sym_name"]] = mlir.mesh_spec(op)
         if "main" not in self.functions:
             raise LoweringError("the module has no public function 'main'")
+        self.sdy_meshes = dict(meshes)  # by symbol name, for replica groups named by axes
+        self.partitioned = partition.is_partitioned(module)
+        self.argument_names: dict[int, str] = {}  # main's inputs -> names, when partitioned
+        if self.partitioned:  # each chip's program: arguments are the chip's pieces
+            if mesh is None:
+                mesh = hlo_sharding.module_mesh(module) or isa.MeshSpec((), ())
+            meshes = {"": mesh}
         if not any(m.rank for m in meshes.values()):  # a GSPMD program names its mesh only
             gspmd_mesh = hlo_sharding.module_mesh(module)  # through its shardings
             if gspmd_mesh is not None:
@@ -212,6 +222,14 @@ class Walker:
         self.argument_layout = frozenset() if any(m.rank for m in meshes.values()) \
             else frozenset(range(self.mesh.rank))
 
+    def module_mesh(self, name: str) -> isa.MeshSpec:
+        """The module's sdy.mesh `name` (replica groups may name its axes)."""
+        try:
+            return self.sdy_meshes[name]
+        except KeyError:
+            raise LoweringError(f"replica groups name the mesh @{name}, which the module does "
+                                "not define") from None
+
     def function_block(self, name: str):
         try:
             return self.functions[name].regions[0].blocks[0]
@@ -219,6 +237,8 @@ class Walker:
             raise LoweringError(f"func.call of unknown function @{name}") from None
 
     def lower(self) -> isa.Program:
+        if self.partitioned:
+            return self._lower_partitioned()
         builder = ProgramBuilder(self.mesh)
         block = self.function_block("main")
         inputs = [builder.new_value(_argument_type(i, a), self.argument_layout)
@@ -229,6 +249,53 @@ class Walker:
             inputs, outputs, "main",
             input_shardings=self._shardings(main.get("arg_attrs", ()), len(inputs)),
             output_shardings=self._shardings(main.get("res_attrs", ()), len(outputs)))
+
+    def _lower_partitioned(self) -> isa.Program:
+        """A per-chip program as a program on global values: each argument is split into
+        the chip's piece by its parameter sharding, each result assembled by the output
+        sharding, so callers pass and get global arrays as for any jax program."""
+        builder = ProgramBuilder(self.mesh)
+        block = self.function_block("main")
+        attrs = mlir.Attributes(self.module.operation)
+        in_shardings = attrs[partition.PARAMETER_SHARDINGS_ATTR]
+        inputs, pieces, input_shardings = [], [], []
+        for i, argument in enumerate(block.arguments):
+            local = _argument_type(i, argument)
+            dim_axes = self._tiled_axes(in_shardings[i], local.rank)
+            global_ = isa.TensorType(tuple(n * self._tiles(axes) for n, axes in
+                                           zip(local.shape, dim_axes)), local.dtype)
+            inputs.append(builder.new_value(global_, frozenset()))
+            self.argument_names[inputs[-1]] = mlir.argument_name(argument) or f"argument {i}"
+            input_shardings.append(dim_axes if any(dim_axes) else None)
+            if not any(dim_axes):
+                pieces.append(inputs[-1])
+                continue
+            split = frozenset(a for axes in dim_axes for a in axes)
+            pieces.append(builder.new_value(local, split))
+            builder.instructions.append(isa.Shard((pieces[-1],), (inputs[-1],),
+                                                  dim_axes=dim_axes))
+        results = self.lower_block(block, pieces, builder)
+        outputs, output_shardings = [], []
+        out_texts = hlo_sharding.elements(attrs[partition.OUTPUT_SHARDING_ATTR], len(results))
+        for value, text in zip(results, out_texts):
+            local = builder.values[value].type
+            dim_axes = self._tiled_axes(text, local.rank)
+            output_shardings.append(dim_axes if any(dim_axes) else None)
+            global_ = isa.TensorType(tuple(n * self._tiles(axes) for n, axes in
+                                           zip(local.shape, dim_axes)), local.dtype)
+            outputs.append(builder.new_value(global_, frozenset()))
+            builder.instructions.append(isa.Unshard((outputs[-1],), (value,),
+                                                    dim_axes=dim_axes))
+        return builder.program(inputs, outputs, "main", input_shardings=tuple(input_shardings),
+                               output_shardings=tuple(output_shardings))
+
+    def _tiled_axes(self, text: str, rank: int) -> tuple[tuple[int, ...], ...]:
+        """The mesh axes each dim of a value with HloSharding `text` is split over."""
+        tiling = hlo_sharding.parse(text)
+        return ((),) * rank if tiling is None else hlo_sharding.dim_axes(tiling, self.mesh)
+
+    def _tiles(self, axes: tuple[int, ...]) -> int:
+        return int(np.prod([self.mesh.axis_sizes[a] for a in axes], dtype=np.int64))
 
     def _shardings(self, attrs: tuple, count: int) -> tuple:
         """dim_axes of each main argument/result from its sdy.sharding (None: replicated)."""
@@ -253,7 +320,10 @@ class Walker:
             if operation.name in TERMINATORS:
                 return [env[v] for v in operation.operands]
             op = self._decode(operation, env)
+            first_new = len(builder.instructions)
             results = self._apply_rule(ctx, op, operation)
+            if self.partitioned:
+                inserted.explain(builder, first_new, op, self.argument_names)
             if len(results) != len(operation.results):
                 raise LoweringError(located(
                     f"internal: rule gave {len(results)} results for "
@@ -271,7 +341,7 @@ class Walker:
                       result_types=tuple(mlir.tensor_type(r.type) for r in operation.results),
                       attrs=mlir.Attributes(operation),
                       regions=tuple(Region(r) for r in operation.regions),
-                      loc=loc)
+                      loc=loc, scope=mlir.scope_name(operation.location))
         except mlir.UnsupportedTypeError as e:
             raise UnsupportedOpError(located(str(e), operation.name, loc,
                                              mlir.source_line(loc))) from None

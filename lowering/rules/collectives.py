@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from lowering.registry import rule
-from lowering.replica_groups import decode_groups, grouping_mode
+from lowering.mlir import MeshAxesGroups
+from lowering.replica_groups import decode_groups, grouping_mode, mesh_axes_groups
 from lowering.rules.reduction import monoid
 from lowering.walker import LoweringContext, Op
 from mesh import isa
@@ -23,7 +24,10 @@ def _mode(op: Op) -> str:
 
 def _process_groups(ctx: LoweringContext, op: Op, complete: bool = True) -> np.ndarray:
     """The op's groups as logical device ids [groups, size]."""
-    return ctx.grid.process_groups(np.asarray(op.attrs["replica_groups"]), _mode(op), complete)
+    groups = op.attrs["replica_groups"]
+    if isinstance(groups, MeshAxesGroups):  # axes of an sdy.mesh of the module
+        groups = mesh_axes_groups(ctx.walker.module_mesh(groups.mesh), groups.axes)
+    return ctx.grid.process_groups(np.asarray(groups), _mode(op), complete)
 
 
 def _groups(ctx: LoweringContext, op: Op) -> isa.Groups:

@@ -137,12 +137,15 @@ class Plan:
 class Instruction:
     """One instruction: reads values `ins`, defines values `outs`.
 
-    `loc` is the user's source location of the StableHLO op it came from.
+    `loc` is the user's source location of the StableHLO op it came from; `why` says why
+    a compiler put it there when the user did not write it (a collective XLA's SPMD
+    partitioner inserted, with the sharding change that needed it).
     """
 
     outs: tuple[int, ...]
     ins: tuple[int, ...]
     loc: str = field(default="", kw_only=True)
+    why: str = field(default="", kw_only=True)
 
     engine: ClassVar[str] = NONE
 
@@ -152,7 +155,7 @@ class Instruction:
 
     def params(self) -> dict:
         """The instruction's own parameters, for the listing."""
-        skip = {"outs", "ins", "loc"}
+        skip = {"outs", "ins", "loc", "why"}
         return {k: v for k, v in self.__dict__.items() if k not in skip}
 
 

@@ -53,9 +53,11 @@ def instruction_text(program: isa.Program, instr: isa.Instruction) -> str:
 
 
 def plan_lines(instr: isa.Instruction, indent: str) -> list[str]:
-    """How the hardware runs the instruction (tiling, torus plan), indented under it."""
-    return [indent + line for value in instr.params().values() if isinstance(value, isa.Plan)
-            for line in value.describe().splitlines()]
+    """Why the instruction is there when the user did not write it, and how the hardware
+    runs it (tiling, torus plan), indented under it."""
+    return ([indent + instr.why] if instr.why else []) + \
+        [indent + line for value in instr.params().values() if isinstance(value, isa.Plan)
+         for line in value.describe().splitlines()]
 
 
 def _region_lines(instr: isa.Instruction, indent: str) -> list[str]:
