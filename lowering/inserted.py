@@ -23,6 +23,11 @@ USER_COLLECTIVES = frozenset({
     "psum_scatter", "pbroadcast", "pvary", "pcast",
 })
 
+COLLECTIVE_OPS = frozenset({
+    "stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter",
+    "stablehlo.all_to_all", "stablehlo.collective_permute", "stablehlo.collective_broadcast",
+})
+
 _KIND = {isa.AllReduce: "all-reduce", isa.AllGather: "all-gather",
          isa.ReduceScatter: "reduce-scatter", isa.AllToAll: "all-to-all",
          isa.CollectivePermute: "collective-permute"}
@@ -39,10 +44,10 @@ def primitive(scope: str) -> str:
 
 
 def explain(builder, first: int, op, argument_names: dict[int, str]) -> None:
-    """Give the collectives emitted for `op` (builder.instructions[first:]) a `why`, when
-    the partitioner inserted them."""
+    """Give the collectives emitted for the collective `op` (builder.instructions[first:])
+    a `why`, when the partitioner inserted it."""
     served = primitive(op.scope)
-    if served in USER_COLLECTIVES:
+    if op.name not in COLLECTIVE_OPS or served in USER_COLLECTIVES:
         return
     for i in range(first, len(builder.instructions)):
         instr = builder.instructions[i]

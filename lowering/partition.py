@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -26,8 +27,9 @@ from jax._src.lib import _jax
 from jax._src.lib import xla_client
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
+from jaxlib.mlir.dialects import stablehlo as hlo
 
-from lowering import hlo_sharding, mlir
+from lowering import hlo_sharding, mlir, replica_groups
 from lowering.errors import LoweringError
 from lowering.host import host_client
 from mesh import isa
@@ -82,7 +84,7 @@ def partition(module: ir.Module, num_devices: int) -> ir.Module:
     with tempfile.TemporaryDirectory(prefix="jax_trn2_partition_") as dump:
         options.env_option_overrides = [
             ("xla_dump_to", dump), ("xla_dump_hlo_pass_re", _DUMP_PASS),
-            ("xla_dump_hlo_as_proto", True),
+            ("xla_dump_hlo_as_proto", True), ("xla_dump_hlo_as_text", True),
             ("xla_backend_optimization_level", 0),  # only the partitioned module is wanted
         ]
         try:
@@ -96,8 +98,80 @@ def partition(module: ir.Module, num_devices: int) -> ir.Module:
                                 f"(no *after_{_DUMP_PASS}* dump)")
         with open(dumps[0], "rb") as f:
             hlo_proto = f.read()
+        with open(dumps[0][:-len(".hlo.pb")] + ".txt") as f:
+            mesh_groups = _mesh_replica_groups(f.read())
     stablehlo = _jax.mlir.hlo_to_stablehlo(_hlo_module_proto(hlo_proto))
-    return ir.Module.parse(stablehlo, jax_mlir.make_ir_context())
+    partitioned = ir.Module.parse(stablehlo, jax_mlir.make_ir_context())
+    _set_replica_groups(partitioned, mesh_groups)
+    return partitioned
+
+
+# `replica_groups=mesh['axis_0'=4,'axis_1'=1,'axis_2'=16], device_ids=([16,4]T(1,0)) {'axis_0'}`
+_MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\](?:, device_ids=\(([^)]*\)?)\))? "
+                          r"\{([^}]*)\}")
+_CHANNEL = re.compile(r"channel_id=(\d+)")
+
+
+def _mesh_replica_groups(hlo_text: str) -> dict[int, np.ndarray]:
+    """Device-id groups [groups, size] of each collective (by channel id) whose replica
+    groups the partitioner gave as axes of a mesh with its own device order.
+
+    HLO to StableHLO conversion keeps such groups as `#stablehlo.replica_group_mesh_axes`
+    over one `sdy.mesh` without the device order, which would misplace them; the HLO text
+    has all of it."""
+    groups = {}
+    for line in hlo_text.splitlines():
+        mesh_axes, channel = _MESH_GROUPS.search(line), _CHANNEL.search(line)
+        if mesh_axes and channel:
+            groups[int(channel.group(1))] = _groups_of_mesh_axes(*mesh_axes.groups())
+    return groups
+
+
+def _groups_of_mesh_axes(mesh_text: str, device_ids: str | None, axes_text: str) -> np.ndarray:
+    names, sizes = [], []
+    for name, size in re.findall(r"'([^']+)'=(\d+)", mesh_text):
+        names.append(name)
+        sizes.append(int(size))
+    mesh = isa.MeshSpec(tuple(names), tuple(sizes))
+    axes = tuple((name, (int(pre), int(size)) if pre else None) for name, pre, size in
+                 re.findall(r"'([^']+)'(?::\((\d+)\)(\d+))?", axes_text))
+    positions = replica_groups.mesh_axes_groups(mesh, axes)
+    return _device_order(device_ids, mesh.num_devices)[positions]
+
+
+def _device_order(text: str | None, count: int) -> np.ndarray:
+    """Device ids in mesh order: iota (`None`), an iota list `[16,4]T(1,0)`, or ids."""
+    if not text:
+        return np.arange(count)
+    iota = re.fullmatch(r"\[([\d,]+)\](?:T\(([\d,]+)\))?", text.strip())
+    if iota:
+        dims = [int(d) for d in iota.group(1).split(",")]
+        perm = [int(p) for p in iota.group(2).split(",")] if iota.group(2) else \
+            list(range(len(dims)))
+        return np.arange(count).reshape(dims).transpose(perm).reshape(-1)
+    return np.array([int(d) for d in text.split(",")], dtype=np.int64)
+
+
+def _set_replica_groups(module: ir.Module, groups: dict[int, np.ndarray]) -> None:
+    """Replace mesh-axes replica groups by the device-id groups of the same channel."""
+    def visit(operation) -> None:
+        for region in operation.regions:
+            for block in region.blocks:
+                for op in block.operations:
+                    op = op.operation
+                    attrs = op.attributes
+                    if "replica_groups" in attrs and "channel_handle" in attrs and \
+                            hlo.ReplicaGroupMeshAxesAttr.isinstance(attrs["replica_groups"]):
+                        channel = hlo.ChannelHandle(attrs["channel_handle"]).handle
+                        if channel not in groups:
+                            raise LoweringError(f"no replica groups for channel {channel} in "
+                                                "XLA's partitioned module")
+                        with module.context:
+                            attrs["replica_groups"] = ir.DenseIntElementsAttr.get(
+                                np.ascontiguousarray(groups[channel], dtype=np.int64))
+                    visit(op)
+
+    visit(module.operation)
 
 
 def _hlo_module_proto(hlo_proto: bytes) -> bytes:

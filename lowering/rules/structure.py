@@ -47,9 +47,11 @@ def call(ctx: LoweringContext, op: Op):
 
 
 @rule("sdy.sharding_constraint", "sdy.reshard", "sdy.propagation_barrier",
-      "stablehlo.optimization_barrier")
+      "stablehlo.optimization_barrier", "mhlo.copy")
 def identity(ctx: LoweringContext, op: Op):
-    """Sharding hints and barriers do not change values."""
+    """Sharding hints and barriers do not change values; nor does the copy XLA's
+    partitioner leaves where a value changes sharding (XLA removes it as a no-op copy
+    before code generation, so it costs nothing)."""
     return op.operands
 
 

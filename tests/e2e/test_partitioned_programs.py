@@ -1,0 +1,231 @@
+"""jax_trn2.jit with jax.jit's sharding arguments: XLA's SPMD partitioner makes each chip's
+program (lowering.partition), which runs on the simulated mesh; results against the same
+program under jax.jit on 64 CPU host devices, collectives against XLA:CPU's own compiled
+program, per-chip costs against the global program's."""
+
+import re
+from collections import Counter
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+import jax_trn2
+import lowering.partition
+from e2e_reference import assert_matches, cpu_mesh
+from mesh import isa
+
+SHAPE, NAMES = (4, 4, 4), ("data", "fsdp", "tensor")
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return cpu_mesh(SHAPE, NAMES)
+
+
+def mlp_loss(params, x):
+    h = jax.nn.relu(x @ params["w1"])
+    return jnp.mean((h @ params["w2"]) ** 2)
+
+
+def sgd_step(params, x):
+    loss, grads = jax.value_and_grad(mlp_loss)(params, x)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), loss
+
+
+def mlp_data(rng):
+    params = {"w1": rng.standard_normal((32, 64)).astype(np.float32) / 8,
+              "w2": rng.standard_normal((64, 16)).astype(np.float32) / 8}
+    return params, rng.standard_normal((64, 32)).astype(np.float32)
+
+
+def param_shardings(mesh):
+    return {"w1": NamedSharding(mesh, P("fsdp", "tensor")),
+            "w2": NamedSharding(mesh, P("tensor", "fsdp"))}
+
+
+def collectives(program: isa.Program) -> list[isa.Instruction]:
+    return [i for i in program.instructions if i.engine == isa.COLLECTIVE]
+
+
+def test_named_shardings_in_and_out_with_donation(rng, mesh):
+    params, x = mlp_data(rng)
+    kwargs = dict(in_shardings=(param_shardings(mesh), NamedSharding(mesh, P(("data", "fsdp")))),
+                  out_shardings=(param_shardings(mesh), NamedSharding(mesh, P())),
+                  donate_argnums=0)
+    step = jax_trn2.jit(sgd_step, **kwargs)
+    got = step(params, x)
+    assert_matches(got, jax.jit(sgd_step, **kwargs)(params, x))
+    assert collectives(step.lower(params, x).program)  # the partitioner's, now on the torus
+
+
+def test_partition_specs_under_set_mesh_with_prefix_and_none(rng, mesh):
+    params, x = mlp_data(rng)
+    kwargs = dict(in_shardings=(P(None, "tensor"), P("data")), out_shardings=None)
+    with jax.set_mesh(mesh):
+        got = jax_trn2.jit(sgd_step, **kwargs)(params, x)
+        want = jax.jit(sgd_step, **kwargs)(params, x)
+    assert_matches(got, want)
+
+
+def test_explicit_axes_mesh_sharding_in_types(rng):
+    mesh = jax.make_mesh(SHAPE, NAMES, axis_types=(AxisType.Explicit,) * 3,
+                         devices=jax.devices("cpu")[:64])
+    x = rng.standard_normal((64, 32)).astype(np.float32)
+    w = rng.standard_normal((32, 16)).astype(np.float32)
+    loss = lambda x, w: jnp.sum(jnp.tanh(x @ w) ** 2)  # noqa: E731
+    with jax.set_mesh(mesh):
+        x = jax.device_put(x, P("data"))
+        w = jax.device_put(w, P(None, "tensor"))
+        got = jax_trn2.jit(jax.grad(loss, argnums=1))(x, w)
+        want = jax.jit(jax.grad(loss, argnums=1))(x, w)
+    assert_matches(got, want)
+
+
+def test_shard_map_over_some_axes_inside_a_partitioned_program(rng, mesh):
+    x = rng.standard_normal((16, 64)).astype(np.float32)
+
+    def f(x):
+        y = jnp.sin(x) * 2
+        inner = jax.shard_map(lambda b: jax.lax.psum(b, "tensor"), mesh=mesh,
+                              in_specs=P(None, "tensor"), out_specs=P(None, None),
+                              axis_names={"tensor"})
+        return inner(y) + 1
+
+    kwargs = dict(in_shardings=NamedSharding(mesh, P("data", "tensor")))
+    assert_matches(jax_trn2.jit(f, **kwargs)(x), jax.jit(f, **kwargs)(x))
+
+
+def test_sharding_constraint_inside(rng, mesh):
+    a = rng.standard_normal((16, 32)).astype(np.float32)
+
+    def f(a):
+        b = jax.lax.with_sharding_constraint(jnp.tanh(a), NamedSharding(mesh, P("fsdp", None)))
+        return b @ b.T
+
+    kwargs = dict(in_shardings=NamedSharding(mesh, P(None, "tensor")))
+    assert_matches(jax_trn2.jit(f, **kwargs)(a), jax.jit(f, **kwargs)(a))
+
+
+def _xla_collective_kinds(jax_jitted, *args) -> Counter:
+    """How many collectives of each kind XLA:CPU's compiled program holds."""
+    text = jax_jitted.lower(*args).compile().as_text()
+    return Counter(re.findall(r" (all-gather|all-reduce|reduce-scatter|all-to-all|"
+                              r"collective-permute)(?:-start)?\(", text))
+
+
+def test_listing_holds_the_collectives_xla_cpu_compiles(rng, mesh):
+    params, x = mlp_data(rng)
+    kwargs = dict(in_shardings=(param_shardings(mesh), NamedSharding(mesh, P(("data", "fsdp")))),
+                  out_shardings=(param_shardings(mesh), NamedSharding(mesh, P())))
+    program = jax_trn2.jit(sgd_step, **kwargs).lower(params, x).program
+    ours = {{isa.AllGather: "all-gather", isa.AllReduce: "all-reduce",
+             isa.ReduceScatter: "reduce-scatter", isa.AllToAll: "all-to-all",
+             isa.CollectivePermute: "collective-permute"}[type(i)] for i in collectives(program)}
+    xla = _xla_collective_kinds(jax.jit(sgd_step, **kwargs), params, x)
+    # XLA:CPU's later passes combine collectives (fewer ops), never change their kinds.
+    assert ours == set(xla), (ours, xla)
+
+
+def test_per_chip_flops_are_the_global_share(rng, mesh):
+    x = jax.ShapeDtypeStruct((1024, 256), jnp.float32)
+    w = jax.ShapeDtypeStruct((256, 512), jnp.float32)
+    matmul = lambda x, w: x @ w  # noqa: E731
+    sharded = jax_trn2.jit(matmul, in_shardings=(NamedSharding(mesh, P(("data", "fsdp"))),
+                                                 NamedSharding(mesh, P(None, "tensor"))))
+    per_chip = sharded.lower(x, w).compile().cost_analysis()["flops"]
+    global_ = jax_trn2.jit(matmul).lower(x, w).compile().cost_analysis()["flops"]
+    assert global_ == 2 * 1024 * 256 * 512
+    assert per_chip == global_ / 64  # batch split 16 ways, columns 4 ways, no collective
+
+
+def apply_layer(w, x):
+    return jnp.tanh(x @ w)
+
+
+def test_inserted_collectives_name_the_sharding_change_and_source_line(mesh):
+    # A big replicated-per-row batch and a small FSDP weight: gathering the weight is the
+    # partitioner's cheapest plan (the alternative all-reduces a 4096x64 partial product).
+    x = jax.ShapeDtypeStruct((4096, 32), jnp.float32)
+    w = jax.ShapeDtypeStruct((32, 64), jnp.float32)
+    step = jax_trn2.jit(apply_layer, in_shardings=(NamedSharding(mesh, P("fsdp", None)),
+                                                   NamedSharding(mesh, P("data"))))
+    line = apply_layer.__code__.co_firstlineno + 1
+    assert ("inserted by XLA's SPMD partitioner: all-gather of w: P('fsdp', None) -> "
+            f"P(None, None) over fsdp for the dot_general at test_partitioned_programs.py:{line}"
+            ) in step.lower(w, x).as_text()
+
+
+def test_user_collectives_are_not_marked_inserted(rng, mesh):
+    def f(x):
+        body = jax.shard_map(lambda b: jax.lax.psum(b, "tensor"), mesh=mesh,
+                             in_specs=P("data", "tensor"), out_specs=P("data", None))
+        return body(x) * 2
+
+    x = rng.standard_normal((16, 8)).astype(np.float32)
+    program = jax_trn2.jit(f, in_shardings=NamedSharding(mesh, P("data", "tensor"))).lower(
+        x).program
+    reductions = [i for i in collectives(program) if isinstance(i, isa.AllReduce)]
+    assert reductions and not any(i.why for i in reductions)
+
+
+def test_partitioning_runs_once_per_signature(rng, mesh, monkeypatch):
+    calls = []
+    real = lowering.partition.partition
+    monkeypatch.setattr(lowering.partition, "partition",
+                        lambda *a: calls.append(1) or real(*a))
+    params, x = mlp_data(rng)
+    step = jax_trn2.jit(mlp_loss, in_shardings=(param_shardings(mesh), None))
+    step(params, x)
+    step(params, x)
+    assert len(calls) == 1
+
+
+def test_client_compile_partitions_a_sharded_module(rng, mesh):
+    params, x = mlp_data(rng)
+    jitted = jax.jit(mlp_loss, in_shardings=(param_shardings(mesh), None))
+    executable = jax_trn2.client().compile(jitted.lower(params, x).as_text())
+    (loss,) = executable.execute([params["w1"], params["w2"], x])
+    assert_matches(loss, jitted(params, x))
+
+
+def test_execute_sharded_takes_the_parameter_shardings_pieces(rng, mesh):
+    a = rng.standard_normal((16, 8)).astype(np.float32)
+    jitted = jax.jit(lambda a: a * 2, in_shardings=NamedSharding(mesh, P("data", "tensor")),
+                     out_shardings=NamedSharding(mesh, P(None, "tensor")))
+    executable = jax_trn2.client().compile(jitted.lower(a).as_text())
+    pieces = [[a[(d // 16) * 4:(d // 16 + 1) * 4, (d % 4) * 2:(d % 4 + 1) * 2]]
+              for d in range(64)]  # device d = (data, fsdp, tensor) row-major
+    results = executable.execute_sharded(pieces)
+    for d, (piece,) in enumerate(results):
+        np.testing.assert_array_equal(np.asarray(piece.to_jax()),
+                                      2 * a[:, (d % 4) * 2:(d % 4 + 1) * 2])
+
+
+# --- bad input: jax.jit's errors, naming the argument -------------------------------------
+
+def test_an_axis_the_mesh_lacks(rng, mesh):
+    with pytest.raises(ValueError, match="'model'"):
+        jax_trn2.jit(jnp.sin, in_shardings=NamedSharding(mesh, P("model"))).lower(
+            np.zeros((8,), np.float32))
+
+
+def test_a_dimension_its_axes_do_not_divide(mesh):
+    with pytest.raises(ValueError, match=r"args\[0\]|x"):
+        jax_trn2.jit(jnp.sin, in_shardings=NamedSharding(mesh, P("data"))).lower(
+            np.zeros((6,), np.float32))
+
+
+def test_in_shardings_of_the_wrong_structure(rng, mesh):
+    params, x = mlp_data(rng)
+    with pytest.raises(ValueError, match="in_shardings"):
+        jax_trn2.jit(mlp_loss, in_shardings=({"w1": None}, None)).lower(params, x)
+
+
+def test_a_mesh_larger_than_the_topology(rng):
+    big = jax.sharding.Mesh(np.array(jax.devices("cpu")[:64]).reshape(64), ("d",))
+    with pytest.raises(ValueError, match="16 chips"):
+        jax_trn2.jit(jnp.sin, in_shardings=NamedSharding(big, P("d")), topology="trn2").lower(
+            np.zeros((64,), np.float32))
