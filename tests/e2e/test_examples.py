@@ -17,3 +17,10 @@ def test_example_matches_cpu_jax(name, monkeypatch):
     assert result["cost"]["flops"] > 0
     if "losses" in result:
         assert result["losses"][-1] < result["losses"][0]
+
+
+def test_auto_sharding_example_matches_cpu_jax(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    example = importlib.import_module("auto_sharding")
+    result = example.run(small=True, layouts=("dp x fsdp x tp",))
+    assert 0 < result["cost"]["flops"]
