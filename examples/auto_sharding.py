@@ -124,12 +124,12 @@ def collectives_table(program: isa.Program, rows_shown: int = 12) -> list[str]:
         key = (_KIND[type(instr)], axes, where)
         rows[key] += 1
         detail[key] = instr.plan
-    lines = [f"  {'kind':<19}{'axes':<21}{'count':>5}{'bytes/chip':>12}{'time each':>11}  source"]
+    lines = [f"  {'kind':<19}{'axes':<21}{'count':>5}{'bytes/chip':>15}{'time each':>11}  source"]
     ranked = sorted(rows.items(), key=lambda kv: -kv[1] * detail[kv[0]].seconds)
     for key, count in ranked[:rows_shown]:
         kind, axes, where = key
         plan = detail[key]
-        lines.append(f"  {kind:<19}{axes:<21}{count:>5}{plan.message_bytes:>12,}"
+        lines.append(f"  {kind:<19}{axes:<21}{count:>5}{plan.message_bytes:>15,}"
                      f"{plan.seconds * 1e6:>9.1f}us  {where}")
     if len(ranked) > rows_shown:
         lines.append(f"  ... and {len(ranked) - rows_shown} more rows "

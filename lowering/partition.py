@@ -103,7 +103,41 @@ def partition(module: ir.Module, num_devices: int) -> ir.Module:
     stablehlo = _jax.mlir.hlo_to_stablehlo(_hlo_module_proto(hlo_proto))
     partitioned = ir.Module.parse(stablehlo, jax_mlir.make_ir_context())
     _set_replica_groups(partitioned, mesh_groups)
+    _carry_donation(module, partitioned)
     return partitioned
+
+
+_DONATION_ATTRS = ("tf.aliasing_output", "jax.buffer_donor")
+
+
+def _carry_donation(source: ir.Module, target: ir.Module) -> None:
+    """Mark main's donated arguments in the partitioned module as jax marked them in the
+    source (the conversion from HLO drops the marks)."""
+    source_attrs = _main(source).attributes
+    if "arg_attrs" not in source_attrs:
+        return
+    donated = [{name: str(entry[name]) for name in _DONATION_ATTRS if name in entry}
+               for entry in map(ir.DictAttr, ir.ArrayAttr(source_attrs["arg_attrs"]))]
+    if not any(donated):
+        return
+    main = _main(target)
+    with target.context:
+        current = list(map(ir.DictAttr, ir.ArrayAttr(main.attributes["arg_attrs"]))) \
+            if "arg_attrs" in main.attributes else [ir.DictAttr.get({})] * len(donated)
+        merged = []
+        for entry, marks in zip(current, donated, strict=True):
+            attrs = {entry[i].name: entry[i].attr for i in range(len(entry))}
+            attrs.update({name: ir.Attribute.parse(text) for name, text in marks.items()})
+            merged.append(ir.DictAttr.get(attrs))
+        main.attributes["arg_attrs"] = ir.ArrayAttr.get(merged)
+
+
+def _main(module: ir.Module):
+    for op in module.body.operations:
+        op = op.operation
+        if op.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == "main":
+            return op
+    raise LoweringError("the module has no function 'main'")
 
 
 # `replica_groups=mesh['axis_0'=4,'axis_1'=1,'axis_2'=16], device_ids=([16,4]T(1,0)) {'axis_0'}`
