@@ -53,3 +53,19 @@ def test_partially_manual_body(gspmd, rng):
     got = jax_trn2.jit(program(jax_trn2.make_mesh()))(x)
     want = jax.jit(program(cpu_mesh(*MESH)))(x)
     assert_matches(got, want)  # sums of four FP32 terms
+
+
+def test_named_shardings_partitioned_by_gspmd(gspmd, rng):
+    """Without Shardy, jit's in_shardings are mhlo.sharding tilings on main, and GSPMD's
+    partitioner makes each chip's program."""
+    from jax.sharding import NamedSharding
+
+    mesh = cpu_mesh(*MESH)
+    w = rng.standard_normal((32, 64)).astype(np.float32)
+    x = rng.standard_normal((64, 32)).astype(np.float32)
+    grad = jax.grad(lambda w, x: (jax.numpy.tanh(x @ w) ** 2).mean())
+    kwargs = dict(in_shardings=(NamedSharding(mesh, P("y", "z")),
+                                NamedSharding(mesh, P(("x", "y")))))
+    step = jax_trn2.jit(grad, **kwargs)
+    assert_matches(step(w, x), jax.jit(grad, **kwargs)(w, x))
+    assert any(i.why for i in step.lower(w, x).program.instructions)
