@@ -26,6 +26,11 @@ def _canonical(leaf: Any) -> Any:
     return leaf
 
 
+def _committed_sharding(leaf: Any) -> Any:
+    """The sharding a jax Array brings to jax.jit (it steers partitioning), else None."""
+    return leaf.sharding if isinstance(leaf, jax.Array) and leaf.committed else None
+
+
 class Compiled:
     """A compiled function: call it with the dynamic arguments it was lowered for."""
 
@@ -150,7 +155,8 @@ class Jitted:
     def __call__(self, *args, **kwargs) -> Any:
         static, dyn_args, dyn_kwargs = self._split(args, kwargs)
         leaves, tree = tree_util.tree_flatten((dyn_args, dyn_kwargs))
-        key = (self.rounding, static, tree, tuple(jax.typeof(leaf) for leaf in leaves))
+        key = (self.rounding, static, tree, tuple(jax.typeof(leaf) for leaf in leaves),
+               tuple(_committed_sharding(leaf) for leaf in leaves))
         compiled = self._cache.get(key)
         if compiled is None:
             compiled = self.lower(*args, **kwargs).compile()
