@@ -8,6 +8,7 @@ from typing import Any, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 import lowering
@@ -20,6 +21,32 @@ from mesh.perf import trace
 from mesh.perf.estimate import ProgramEstimate, target_text
 from mesh.executor import compile_program
 from mesh.machine import Placement, Topology
+
+
+def python_scalar(name: str, value: bool | int | float | complex,
+                  expected: isa.TensorType) -> np.ndarray:
+    """A Python scalar as a value of the parameter's type, when it fits that type: TypeError
+    naming the argument for a value the conversion would change (a fraction or an
+    out-of-range number for an integer or bool parameter, a complex for a real one, a float
+    that overflows) rather than a silently different number. Floats round to the
+    parameter's precision, as they do under jax.jit."""
+    dtype = dtypes.numpy_dtype(expected.dtype)
+    if isinstance(value, complex) and not jnp.issubdtype(dtype, np.complexfloating):
+        fits = False
+    elif jnp.issubdtype(dtype, np.integer) or jnp.issubdtype(dtype, np.bool_):
+        whole = not isinstance(value, float) or float(value).is_integer()
+        low, high = (0, 1) if jnp.issubdtype(dtype, np.bool_) else \
+            (int(ml_dtypes.iinfo(dtype).min), int(ml_dtypes.iinfo(dtype).max))
+        fits = whole and low <= value <= high
+    else:  # floating: rounds to the type's precision, must not overflow
+        with np.errstate(over="ignore"):
+            fits = bool(np.all(np.isfinite(np.asarray(value, dtype=dtype)))) or \
+                not np.all(np.isfinite(value))
+    if not fits:
+        raise TypeError(f"{name}: the Python {type(value).__name__} {value!r} does not fit "
+                        f"the parameter's type {expected} (the program was compiled for "
+                        f"{expected.dtype}); pass a value of that type or recompile for this one")
+    return np.asarray(value, dtype=dtype)
 
 
 class LoadedExecutable:
@@ -201,8 +228,8 @@ class LoadedExecutable:
             arg = arg.to_jax()
         if isinstance(arg, jax.Array) and len(arg.sharding.device_set) > 1:
             arg = np.asarray(arg)  # sharded over host devices: gather it for the simulated mesh
-        if isinstance(arg, (bool, int, float)):  # Python scalars take the parameter's type
-            arg = np.asarray(arg, dtype=dtypes.numpy_dtype(expected.dtype))
+        if isinstance(arg, (bool, int, float, complex)):  # take the parameter's type
+            arg = python_scalar(name, arg, expected)
         shape, dtype = tuple(np.shape(arg)), getattr(arg, "dtype", None)
         got = f"{np.dtype(dtype).name if dtype is not None else type(arg).__name__}" \
               f"[{','.join(map(str, shape))}]"

@@ -4,6 +4,7 @@ listing of programs with array constants."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import PartitionSpec as P
 
 import jax_trn2
@@ -58,3 +59,29 @@ def test_listing_shows_programs_with_array_constants():
     text = lowered.as_text()
     assert "Constant" in text and "value=[1.0, 2.0]" in text
     assert "Constant" in lowered.compile().as_text()
+
+
+@pytest.mark.parametrize("dtype, value", [
+    (np.int32, 3.7), (np.int32, -2.5), (np.int32, 2 ** 40), (np.uint8, -1),
+    (np.bool_, 0.5), (np.bool_, 2), (np.float32, 1j), (np.float32, 1e300)])
+def test_python_scalars_that_do_not_fit_the_parameter_are_errors(dtype, value):
+    """Never a silently different number: 3.7 is not 3 (jax's compiled function raises)."""
+    compiled = jax_trn2.jit(lambda x, n: x * n).lower(np.ones(3, np.float32),
+                                                       np.asarray(1, dtype)).compile()
+    with pytest.raises(TypeError, match=r"argument 'n'.*does not fit"):
+        compiled(np.ones(3, np.float32), value)
+
+
+@pytest.mark.parametrize("dtype, value, want", [
+    (np.int32, 3.0, 3), (np.int32, True, 1), (np.bool_, 1, True), (np.float32, 3, 3.0)])
+def test_python_scalars_that_fit_go_through(dtype, value, want):
+    compiled = jax_trn2.jit(lambda x, n: x * n).lower(np.ones(3, np.float32),
+                                                       np.asarray(1, dtype)).compile()
+    np.testing.assert_array_equal(compiled(np.ones(3, np.float32), value),
+                                  np.full(3, want, np.float32))
+
+
+def test_execute_checks_python_scalars_too():
+    executable = jax_trn2.client().compile(I32_POWER)
+    with pytest.raises(TypeError, match="argument 1.*does not fit"):
+        executable.execute([np.arange(6, dtype=np.int32), 2.5])
