@@ -5,6 +5,7 @@
     out = step(a, b)                     # runs on the simulated mesh
 """
 
+from jax_trn2 import numerics
 from jax_trn2.client import Client, client
 from jax_trn2.device import Buffer, Device
 from jax_trn2.executable import LoadedExecutable
@@ -16,4 +17,5 @@ from mesh.machine import TOPOLOGY_NAMES
 __all__ = [
     "Buffer", "Client", "Compiled", "Device", "Jitted", "LoadedExecutable", "Lowered",
     "LoweringError", "TOPOLOGY_NAMES", "UnsupportedOpError", "client", "jit", "make_mesh",
+    "numerics",
 ]

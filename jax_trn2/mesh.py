@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from jax.sharding import AbstractMesh, AxisType
+import numpy as np
+from jax.sharding import AxisType, Mesh
 
+from lowering.host import host_devices
 from mesh.machine import Placement, Topology, get_topology, place_mesh
 
 DEFAULT_TOPOLOGY = "trn2-ultra"
@@ -18,13 +20,18 @@ _MESH_TOPOLOGIES: dict[tuple[tuple[int, ...], tuple[str, ...]], str] = {}
 
 def make_mesh(axis_shapes: Sequence[int] | None = None,
               axis_names: Sequence[str] | None = None, *,
-              topology: str = DEFAULT_TOPOLOGY) -> AbstractMesh:
-    """A mesh of the chips of `topology` that `jax.shard_map` accepts.
+              topology: str = DEFAULT_TOPOLOGY,
+              axis_types: Sequence[AxisType] | None = None) -> Mesh:
+    """A mesh of the chips of `topology`, for `jax.shard_map`, `NamedSharding`s and
+    `jax.set_mesh`, as jax.make_mesh's.
 
     Defaults to the torus itself: ('x','y','z') = (4,4,4) on trn2-ultra. Any logical shape
     whose product is the chip count works; its devices are placed on the torus so that a
     logical axis as long as a torus axis is a physical ring (mesh.machine.placement.place_mesh).
-    No XLA_FLAGS or host devices are needed: the mesh is abstract, and jax_trn2.jit runs it.
+    `axis_types` as in jax.make_mesh (default: every axis Auto; AxisType.Explicit puts
+    shardings in types). The mesh's devices are host CPU devices standing in for the chips
+    (device i is logical device i, row-major), so plain jax.jit also runs a program over it,
+    on the CPU: no XLA_FLAGS are needed.
     """
     topo = get_topology(topology)
     shapes = tuple(topo.shape if axis_shapes is None else axis_shapes)
@@ -37,7 +44,9 @@ def make_mesh(axis_shapes: Sequence[int] | None = None,
         raise ValueError(f"mesh shape {shapes} has {math.prod(shapes)} devices but topology "
                          f"'{topo.name}' has {topo.num_chips} chips (torus {topo.shape})")
     _MESH_TOPOLOGIES[(shapes, names)] = topo.name
-    return AbstractMesh(shapes, names, axis_types=(AxisType.Auto,) * len(shapes))
+    types = tuple(axis_types) if axis_types is not None else (AxisType.Auto,) * len(shapes)
+    devices = np.array(host_devices(math.prod(shapes)), dtype=object).reshape(shapes)
+    return Mesh(devices, names, axis_types=types)
 
 
 def topology_for(axis_sizes: tuple[int, ...], axis_names: tuple[str, ...],

@@ -9,11 +9,8 @@ output dtype, the fraction of elements that are bit-exact, and where the worst e
 `report` does the same for any two pytrees (say an FP8 result against a BF16 one, or against
 a float64 reference). From the shell: `jax-trn2 compare script.py:function`.
 
-A function whose shard_map uses a `jax_trn2.make_mesh()` mesh runs unchanged on CPU JAX: the
-arguments are placed, replicated, on a mesh of CPU devices of the same shape, and the
-shard_map runs on those devices. CPU JAX must then have as many devices as the mesh has
-chips: `jax.config.update("jax_num_cpu_devices", 64)` before JAX first runs anything
-(`jax-trn2 compare` does this for you).
+A function over a `jax_trn2.make_mesh()` mesh runs unchanged on CPU JAX: the mesh's devices
+are host CPU devices (one per chip), so jax.jit runs the same program on them.
 """
 
 from __future__ import annotations
@@ -21,14 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import jax
 import ml_dtypes
 import numpy as np
 from jax import tree_util
-from jax.sharding import AxisType, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from jax_trn2.jit import Jitted, jit
-from mesh import dtypes, isa
+from mesh import dtypes
 
 
 
@@ -141,36 +136,16 @@ def compare(fun: Callable, *args, **kwargs) -> NumericsReport:
 
     `fun` is a plain function (jitted here with jax_trn2.jit and jax.jit) or a
     `jax_trn2.jit` function, whose static arguments and rounding mode are kept: compare
-    `jax_trn2.jit(f, rounding="stochastic", seed=0)` to see stochastic rounding. A shard_map
-    over a `jax_trn2.make_mesh()` mesh runs on CPU devices of a mesh of the same shape; CPU
-    JAX needs that many devices (RuntimeError otherwise, saying how to get them).
+    `jax_trn2.jit(f, rounding="stochastic", seed=0)` to see stochastic rounding. The
+    reference is jax.jit of the same function on the CPU devices of the function's mesh.
     """
     simulated = fun if isinstance(fun, Jitted) else jit(fun)
     lowered = simulated.lower(*args, **kwargs)  # compiled once; its program gives the mesh
     dyn_args, dyn_kwargs = simulated.dynamic_arguments(args, kwargs)
     got = lowered.compile()(*dyn_args, **dyn_kwargs)
     reference = simulated.jax_function  # jax.jit of the same function, static args and all
-    placement = _cpu_placement(lowered.program.mesh)
-    put = (lambda x: jax.device_put(x, placement)
-           if isinstance(x, (np.ndarray, jax.Array, np.generic)) else x)
-    want = reference(*tree_util.tree_map(put, args), **tree_util.tree_map(put, kwargs))
+    want = reference(*args, **kwargs)
     return report(got, want, got_label=f"trn2 (rounding {simulated.rounding})",
                   want_label="CPU JAX")
 
 
-def _cpu_placement(mesh: isa.MeshSpec):
-    """Where CPU JAX runs a program for `mesh`: replicated over a CPU mesh of its shape, or on
-    one CPU device when the program has no mesh."""
-    cpus = jax.devices("cpu")
-    if not mesh.rank:
-        return SingleDeviceSharding(cpus[0])
-    if len(cpus) < mesh.num_devices:
-        raise RuntimeError(
-            f"the program runs on a mesh {mesh} of {mesh.num_devices} chips, but CPU JAX has "
-            f"{len(cpus)} devices for the reference run: call "
-            f"jax.config.update('jax_num_cpu_devices', {mesh.num_devices}) before JAX first "
-            "runs anything (or run `jax-trn2 compare`)")
-    cpu_mesh = jax.make_mesh(mesh.axis_sizes, mesh.axis_names,
-                             axis_types=(AxisType.Auto,) * mesh.rank,
-                             devices=cpus[:mesh.num_devices])
-    return NamedSharding(cpu_mesh, PartitionSpec())

@@ -57,7 +57,8 @@ def test_explicit_axes_reshard_and_unreduced(rng):
     assert_matches(got, want)
 
 
-def test_abstract_mesh_with_partition_spec_constraints(rng, auto_mesh):
+@pytest.mark.parametrize("context", ["set_mesh", "use_abstract_mesh"])
+def test_mesh_context_with_partition_spec_constraints(rng, auto_mesh, context):
     x = rng.standard_normal((16, 8)).astype(np.float32)
     w = rng.standard_normal((8, 4)).astype(np.float32)
 
@@ -65,7 +66,9 @@ def test_abstract_mesh_with_partition_spec_constraints(rng, auto_mesh):
         y = jax.lax.with_sharding_constraint(x @ w, P("x", "y"))
         return jnp.exp(y) * 2
 
-    with jax.sharding.use_abstract_mesh(jax_trn2.make_mesh()):
+    mesh = jax_trn2.make_mesh()
+    with jax.set_mesh(mesh) if context == "set_mesh" else \
+            jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
         got = jax_trn2.jit(f)(x, w)
     with jax.set_mesh(auto_mesh):
         want = jax.jit(f)(x, w)

@@ -114,11 +114,12 @@ def test_compare_keeps_a_jitted_functions_statics_and_rounding(rng):
     assert nearest.exact_fraction == 1.0
 
 
-def test_compare_says_how_to_get_enough_cpu_devices():
-    mesh = jax_trn2.make_mesh(topology="trn2-ultra-max")  # 256 chips; the tests have 64
+def test_compare_needs_no_host_device_setup():
+    """The mesh brings its own host devices: 256 chips while jax has 64 CPU devices."""
+    mesh = jax_trn2.make_mesh(topology="trn2-ultra-max")
     fun = jax.shard_map(lambda a: a + 1, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
-    with pytest.raises(RuntimeError, match=r"jax_num_cpu_devices', 256"):
-        numerics.compare(fun, np.zeros((4,), np.float32))
+    (leaf,) = numerics.compare(fun, np.zeros((4,), np.float32)).leaves
+    assert leaf.exact_fraction == 1.0
 
 
 def test_compare_command_loads_a_script(tmp_path, capsys):
