@@ -13,7 +13,7 @@ import numpy as np
 
 import lowering
 from jax_trn2.device import Buffer, Device
-from jax_trn2.mesh import placement_for, topology_for
+from jax_trn2.mesh import PROCESS_GRID_AXES, placement_for, topology_for
 from lowering.plan import plan_program
 from mesh import dtypes, isa, numerics, sharding
 from mesh.isa import printer
@@ -60,8 +60,8 @@ class LoadedExecutable:
     code that each process runs on its own arguments, on the mesh ('replica', 'partition')
     (lowering.replica_groups.ProcessGrid): `execute_sharded` gives each device its own
     buffers and returns each device's results; `execute` gives every device the same
-    arguments and returns device 0's results. The process count must be the chip count of
-    the topology (16 for trn2, 64 for trn2-ultra, 256 for trn2-ultra-max).
+    arguments and returns device 0's results. Process d runs on chip d (PJRT's default device
+    assignment), so a module of fewer processes than chips leaves the other chips idle.
     """
 
     def __init__(self, program: isa.Program, topology: Topology,
@@ -100,14 +100,14 @@ class LoadedExecutable:
         program = lowering.lower(stablehlo)
         if not isinstance(topology, Topology):
             topology = topology_for(program.mesh.axis_sizes, program.mesh.axis_names, topology)
-        if program.mesh.axis_names == ("replica", "partition") and \
-                program.mesh.num_devices != topology.num_chips:
+        if program.mesh.axis_names == PROCESS_GRID_AXES and \
+                program.mesh.num_devices > topology.num_chips:
             replicas, partitions = program.mesh.axis_sizes
             raise ValueError(
                 f"the module has {replicas} replicas x {partitions} partitions = "
                 f"{program.mesh.num_devices} processes, but topology '{topology.name}' has "
-                f"{topology.num_chips} chips: jax-trn2 runs one process per chip of a whole "
-                "topology (trn2: 16, trn2-ultra: 64, trn2-ultra-max: 256)")
+                f"only {topology.num_chips} chips (one process runs on each chip; trn2: 16, "
+                "trn2-ultra: 64, trn2-ultra-max: 256)")
         return cls(program, topology, arg_names, rounding)
 
     def devices(self) -> list[Device]:

@@ -9,9 +9,12 @@ import numpy as np
 from jax.sharding import AxisType, Mesh
 
 from lowering.host import host_devices
-from mesh.machine import Placement, Topology, get_topology, place_mesh
+from mesh.machine import (TOPOLOGY_NAMES, Placement, Topology, get_topology, place_first,
+                          place_mesh)
 
 DEFAULT_TOPOLOGY = "trn2-ultra"
+# The mesh of an SPMD module's processes (lowering.replica_groups.ProcessGrid).
+PROCESS_GRID_AXES = ("replica", "partition")
 
 # Topology of each mesh shape make_mesh handed out, so that jit can find the machine a
 # shard_map's mesh was made for (the lowered module only carries axis names and sizes).
@@ -26,8 +29,11 @@ def make_mesh(axis_shapes: Sequence[int] | None = None,
     `jax.set_mesh`, as jax.make_mesh's.
 
     Defaults to the torus itself: ('x','y','z') = (4,4,4) on trn2-ultra. Any logical shape
-    whose product is the chip count works; its devices are placed on the torus so that a
-    logical axis as long as a torus axis is a physical ring (mesh.machine.placement.place_mesh).
+    of at most the chip count works: (2, 4), (8,) and (16, 4) on trn2-ultra, (4,) on trn2.
+    Its devices are placed on a compact block of the torus, a logical axis as long as a
+    torus axis on a physical ring and a shorter one on a segment of one, so that
+    neighbours are one link apart (mesh.machine.placement.place_mesh); the chips outside
+    the block do nothing.
     `axis_types` as in jax.make_mesh (default: every axis Auto; AxisType.Explicit puts
     shardings in types). The mesh's devices are host CPU devices standing in for the chips
     (device i is logical device i, row-major), so plain jax.jit also runs a program over it,
@@ -40,32 +46,36 @@ def make_mesh(axis_shapes: Sequence[int] | None = None,
                   else tuple("xyzwuv"[: len(shapes)]))
     if len(names) != len(shapes):
         raise ValueError(f"axis_names {names} and axis_shapes {shapes} differ in length")
-    if math.prod(shapes) != topo.num_chips:
-        raise ValueError(f"mesh shape {shapes} has {math.prod(shapes)} devices but topology "
-                         f"'{topo.name}' has {topo.num_chips} chips (torus {topo.shape})")
+    place_mesh(topo, shapes, names)  # the mesh fits the topology, or an error says so
     _MESH_TOPOLOGIES[(shapes, names)] = topo.name
     types = tuple(axis_types) if axis_types is not None else (AxisType.Auto,) * len(shapes)
-    devices = np.array(host_devices(math.prod(shapes)), dtype=object).reshape(shapes)
+    devices = np.array(host_devices(topo.num_chips)[:math.prod(shapes)],
+                       dtype=object).reshape(shapes)
     return Mesh(devices, names, axis_types=types)
 
 
 def topology_for(axis_sizes: tuple[int, ...], axis_names: tuple[str, ...],
                  topology: str | None) -> Topology:
     """The topology a program's mesh runs on: the one asked for, else the one make_mesh
-    made that mesh for, else the default (trn2-ultra), or the preset with as many chips."""
+    made that mesh for, else the smallest preset that holds it (trn2: 16 chips,
+    trn2-ultra: 64, trn2-ultra-max: 256)."""
     if topology is None:
         topology = _MESH_TOPOLOGIES.get((axis_sizes, axis_names))
     if topology is None:
         count = math.prod(axis_sizes)
-        topology = next((t for t in ("trn2-ultra", "trn2", "trn2-ultra-max")
-                         if get_topology(t).num_chips == count or not axis_sizes),
-                        DEFAULT_TOPOLOGY)
+        holding = [t for t in TOPOLOGY_NAMES if get_topology(t).num_chips >= count]
+        topology = min(holding, key=lambda t: get_topology(t).num_chips) if holding \
+            else max(TOPOLOGY_NAMES, key=lambda t: get_topology(t).num_chips)
     return get_topology(topology)
 
 
 def placement_for(topo: Topology, axis_sizes: tuple[int, ...],
                   axis_names: tuple[str, ...]) -> Placement | None:
-    """Where each logical device sits; a program without a mesh runs on chip 0."""
+    """Where each logical device sits; a program without a mesh runs on chip 0. An SPMD
+    module's processes (mesh ('replica', 'partition')) take the first chips, as PJRT's
+    default device assignment; a jax mesh is placed on the torus (place_mesh)."""
     if not axis_sizes:
         return None
+    if axis_names == PROCESS_GRID_AXES:
+        return place_first(topo, axis_sizes, axis_names)
     return place_mesh(topo, axis_sizes, axis_names)

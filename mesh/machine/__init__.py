@@ -2,8 +2,8 @@
 sits on it."""
 
 from mesh.machine.chip import ChipSpec
-from mesh.machine.placement import Placement, place_mesh
+from mesh.machine.placement import Placement, chips_text, place_first, place_mesh
 from mesh.machine.topology import TOPOLOGY_NAMES, Link, Topology, get_topology
 
-__all__ = ["ChipSpec", "Link", "Placement", "TOPOLOGY_NAMES", "Topology", "get_topology",
-           "place_mesh"]
+__all__ = ["ChipSpec", "Link", "Placement", "TOPOLOGY_NAMES", "Topology", "chips_text",
+           "get_topology", "place_first", "place_mesh"]

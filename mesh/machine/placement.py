@@ -27,11 +27,12 @@ class Placement:
     physical_axes: tuple[tuple[int, ...], ...]  # per logical axis
 
     def __post_init__(self) -> None:
-        n = math.prod(self.axis_sizes)
-        if sorted(self.device_to_chip) != list(range(n)):
+        n, chips = math.prod(self.axis_sizes), math.prod(self.topology_shape)
+        if len(self.device_to_chip) != n or len(set(self.device_to_chip)) != n or \
+                not all(0 <= c < chips for c in self.device_to_chip):
             raise ValueError(
-                f"Placement.device_to_chip must be a permutation of range({n}), "
-                f"got {self.device_to_chip}"
+                f"Placement.device_to_chip must give each of the {n} devices its own chip "
+                f"in range({chips}), got {self.device_to_chip}"
             )
         if not len(self.axis_names) == len(self.physical_axes) == len(self.axis_sizes):
             raise ValueError(
@@ -47,8 +48,9 @@ class Placement:
 
     def device_of(self, chip_id: int) -> int:
         """Logical device id placed on chip ``chip_id``."""
-        if not 0 <= chip_id < len(self.device_to_chip):
-            raise ValueError(f"chip id {chip_id} is out of range [0, {len(self.device_to_chip)})")
+        if chip_id not in self.device_to_chip:
+            raise ValueError(f"chip {chip_id} runs no device of this mesh (it occupies chips "
+                             f"{chips_text(self.device_to_chip)})")
         return self.device_to_chip.index(chip_id)
 
     def is_torus_ring(self, logical_axis: int) -> bool:
@@ -59,39 +61,64 @@ class Placement:
         axes = self.physical_axes[logical_axis]
         return len(axes) == 1 and self.topology_shape[axes[0]] == self.axis_sizes[logical_axis]
 
+    def axis_text(self, logical_axis: int, physical_names: Sequence[str]) -> str:
+        """How logical axis `logical_axis` lies on the torus: 'ring x', 'segment 2 of y'
+        (a line, no wraparound link) or 'spans x*y' (routed hop by hop)."""
+        axes = self.physical_axes[logical_axis]
+        if not axes:
+            return "-"
+        if len(axes) > 1:
+            return "spans " + "*".join(physical_names[p] for p in axes)
+        name, size = physical_names[axes[0]], self.axis_sizes[logical_axis]
+        return f"ring {name}" if self.is_torus_ring(logical_axis) else \
+            f"segment {size} of {name}"
+
+
+def chips_text(chips: Sequence[int]) -> str:
+    """Chip ids as sorted ranges: '0-3, 16-19'."""
+    ranges: list[list[int]] = []
+    for c in sorted(chips):
+        if ranges and c == ranges[-1][1] + 1:
+            ranges[-1][1] = c
+        else:
+            ranges.append([c, c])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in ranges)
+
 
 def place_mesh(topology: Topology, axis_sizes: Sequence[int], axis_names: Sequence[str]) -> Placement:
-    """Place a logical mesh of ``axis_sizes`` devices on the chips of ``topology``.
+    """Place a logical mesh of ``axis_sizes`` devices on the chips of ``topology``, as a
+    topology-aware ``mesh_utils.create_device_mesh`` would: a compact block of chips at the
+    torus origin, each logical axis on a physical ring or a contiguous segment of one where
+    it can be, so that neighbours are one link apart.
 
     Rule:
       1. Each logical axis (in logical order) whose size equals the size of a still-unused
          physical axis takes that whole physical axis, the lowest-index one if several
-         match. On trn2-ultra a (4, 4, 4) mesh is the identity: logical axis i is physical
-         axis i, and each is a physical ring with wraparound links.
-      2. The other logical axes are laid out row-major, in logical order, over the
-         remaining physical axes flattened row-major, in physical order. Such an axis
-         (e.g. 8 or 64 chips on trn2-ultra) spans several physical axes: its neighbours
-         are not all torus neighbours, and traffic along it is routed hop by hop.
+         match: a physical ring with wraparound links. On trn2-ultra a (4, 4, 4) mesh is
+         the identity.
+      2. The other logical axes, largest first, each take a segment (coordinates 0..size-1)
+         of the shortest unused physical axis that holds them: a line of chips one link
+         apart (no wraparound link, since the segment is shorter than the ring).
+      3. Logical axes longer than any unused physical axis are laid out row-major, in
+         logical order, over a block of the remaining physical axes (each block side the
+         largest divisor of what is left that fits the axis, in physical order). Such an
+         axis (e.g. 8 or 64 chips on trn2-ultra) spans several physical axes and traffic
+         along it is routed hop by hop. If the segments of step 2 leave no such block, step
+         3 takes every remaining logical axis (the full-mesh layout).
+      4. A device count that no block of the torus holds (a prime larger than every torus
+         axis, say) takes the first chips in chip-id order, as PJRT's default assignment.
     Size-1 logical axes take no physical axis.
     """
     sizes, names = _check_mesh(topology, axis_sizes, axis_names)
     whole = _match_whole_axes(sizes, topology.shape)
-    rest_logical = [i for i in range(len(sizes)) if i not in whole]
-    rest_physical = [p for p in range(topology.ndim) if p not in whole.values()]
-
-    logical = np.indices(sizes).reshape(len(sizes), -1)  # [logical axis, device]
-    physical = np.zeros((topology.ndim, logical.shape[1]), dtype=np.int64)  # [physical axis, device]
-    for i, p in whole.items():
-        physical[p] = logical[i]
-    flat = np.zeros(logical.shape[1], dtype=np.int64)
-    for i in rest_logical:
-        flat = flat * sizes[i] + logical[i]
-    for p in reversed(rest_physical):
-        flat, physical[p] = np.divmod(flat, topology.shape[p])
-
-    chips = np.zeros(logical.shape[1], dtype=np.int64)
-    for p, size in enumerate(topology.shape):
-        chips = chips * size + physical[p]
+    layouts = (_segments(sizes, topology.shape, whole), {})
+    for segments in layouts:
+        physical = _block_coordinates(sizes, topology.shape, {**whole, **segments})
+        if physical is not None:
+            break
+    else:
+        physical = np.array(np.unravel_index(np.arange(math.prod(sizes)), topology.shape))
+    chips = np.ravel_multi_index(tuple(physical), topology.shape)
     return Placement(
         topology_name=topology.name,
         topology_shape=topology.shape,
@@ -100,6 +127,18 @@ def place_mesh(topology: Topology, axis_sizes: Sequence[int], axis_names: Sequen
         device_to_chip=tuple(int(c) for c in chips),
         physical_axes=_varying_axes(physical, sizes),
     )
+
+
+def place_first(topology: Topology, axis_sizes: Sequence[int],
+                axis_names: Sequence[str]) -> Placement:
+    """Logical device d on chip d: PJRT's default device assignment of an SPMD module's
+    processes (replica-major), which does not know the torus."""
+    sizes, names = _check_mesh(topology, axis_sizes, axis_names)
+    physical = np.array(np.unravel_index(np.arange(math.prod(sizes)), topology.shape))
+    return Placement(topology_name=topology.name, topology_shape=topology.shape,
+                     axis_sizes=sizes, axis_names=names,
+                     device_to_chip=tuple(range(math.prod(sizes))),
+                     physical_axes=_varying_axes(physical, sizes))
 
 
 def _check_mesh(
@@ -113,10 +152,11 @@ def _check_mesh(
         raise ValueError(
             f"mesh axis names {names} must be {len(sizes)} distinct names for shape {sizes}"
         )
-    if math.prod(sizes) != topo.num_chips:
+    if math.prod(sizes) > topo.num_chips:
         raise ValueError(
             f"mesh shape {sizes} has {math.prod(sizes)} devices but topology '{topo.name}' has "
-            f"{topo.num_chips} chips (torus shape {topo.shape})"
+            f"only {topo.num_chips} chips (torus shape {topo.shape}); meshes of up to "
+            f"{topo.num_chips} devices fit, e.g. {fitting_shapes(topo, len(sizes))}"
         )
     return sizes, names
 
@@ -131,6 +171,59 @@ def _match_whole_axes(sizes: tuple[int, ...], shape: tuple[int, ...]) -> dict[in
             whole[i] = match
             unused.remove(match)
     return whole
+
+
+def _segments(sizes: tuple[int, ...], shape: tuple[int, ...],
+              whole: dict[int, int]) -> dict[int, int]:
+    """Logical axis -> physical axis for logical axes that take a segment of one (rule 2)."""
+    unused = [p for p in range(len(shape)) if p not in whole.values()]
+    segments = {}
+    for i in sorted((i for i in range(len(sizes)) if i not in whole and sizes[i] > 1),
+                    key=lambda i: -sizes[i]):
+        fits = [p for p in unused if shape[p] >= sizes[i]]
+        if fits:
+            p = min(fits, key=lambda p: (shape[p], p))
+            segments[i] = p
+            unused.remove(p)
+    return segments
+
+
+def _block_coordinates(sizes: tuple[int, ...], shape: tuple[int, ...],
+                       own_axis: dict[int, int]) -> np.ndarray | None:
+    """Torus coordinates [physical axis, device] of every logical device: axes in
+    `own_axis` along their physical axis from coordinate 0, the others row-major over a
+    block of the remaining physical axes (rule 3); None when no block holds them."""
+    logical = np.indices(sizes).reshape(len(sizes), -1)  # [logical axis, device]
+    physical = np.zeros((len(shape), logical.shape[1]), dtype=np.int64)
+    for i, p in own_axis.items():
+        physical[p] = logical[i]
+    rest_logical = [i for i in range(len(sizes)) if i not in own_axis]
+    rest_physical = [p for p in range(len(shape)) if p not in own_axis.values()]
+    left = math.prod(sizes[i] for i in rest_logical)
+    block = {}
+    for p in rest_physical:
+        block[p] = max(d for d in range(1, shape[p] + 1) if left % d == 0)
+        left //= block[p]
+    if left != 1:
+        return None
+    flat = np.zeros(logical.shape[1], dtype=np.int64)
+    for i in rest_logical:
+        flat = flat * sizes[i] + logical[i]
+    for p in reversed(rest_physical):
+        flat, physical[p] = np.divmod(flat, block[p])
+    return physical
+
+
+def fitting_shapes(topology: Topology, rank: int) -> list[tuple[int, ...]]:
+    """A few mesh shapes of `rank` axes that use every chip of `topology`."""
+    n = topology.num_chips
+    shapes = [topology.shape] if len(topology.shape) == rank else []
+    if rank == 1:
+        shapes.append((n,))
+    elif rank >= 2:
+        shapes.append((n // topology.shape[-1],) + (1,) * (rank - 2) + (topology.shape[-1],))
+        shapes.append((1,) * (rank - 1) + (n,))
+    return list(dict.fromkeys(shapes))
 
 
 def _varying_axes(physical: np.ndarray, sizes: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:

@@ -15,6 +15,9 @@ Algorithms (M is the full buffer per chip: the result of an all-gather, the oper
 others; P is the group size):
   ring            bidirectional ring along each group axis in turn ("one dimension after
                   another"), every axis order tried; all-reduce = reduce-scatter + all-gather.
+  line            the same on groups that are not whole torus rings (a segment of a ring:
+                  a 2-chip group on a 4-ring is one link), without the wraparound link:
+                  each link carries twice a ring's bytes per direction.
   rotated rings   the buffer split into one part per axis, part i running the axes in an
                   order rotated by i, so every axis is busy in every stage (reaches the
                   injection bound on a torus of equal links); the split is equal, or in
@@ -56,8 +59,8 @@ class CollectivePlan(isa.Plan):
     """How one collective runs on the torus, and its alpha-beta time estimate (seconds).
 
     `message_bytes` is the full buffer per chip; `link_bytes` the bytes the busiest link
-    carries in one direction over the whole collective; `rings` the ring length of each
-    ring stage (empty for direct algorithms).
+    carries in one direction over the whole collective; `rings` the ring (or line) length
+    of each stage (empty for direct algorithms).
     """
 
     kind: str
@@ -65,7 +68,7 @@ class CollectivePlan(isa.Plan):
     group_size: int
     logical_axes: tuple[str, ...] | None  # None: groups that are not lines of the mesh
     torus_axes: tuple[str, ...]
-    routed: bool  # some transfers take several hops (the groups are not torus rings)
+    routed: bool  # some transfers of the chosen algorithm take several hops
     algorithm: str
     rings: tuple[int, ...]
     steps: int
@@ -83,7 +86,8 @@ class CollectivePlan(isa.Plan):
         axes = ",".join(self.logical_axes) if self.logical_axes is not None else \
             f"groups of {self.group_size}"
         torus = ",".join(self.torus_axes) or "-"
-        rings = f" rings {'x'.join(map(str, self.rings))}" if self.rings else ""
+        shape = "lines" if self.algorithm.startswith("line") else "rings"
+        rings = f" {shape} {'x'.join(map(str, self.rings))}" if self.rings else ""
         routed = f", routed up to {self.max_hops} hops" if self.routed else ""
         others = sorted((s, a) for a, s in self.candidates if a != self.algorithm)
         runner_up = f" (next: {others[0][1]} {seconds_text(others[0][0])})" if others else ""
@@ -117,11 +121,12 @@ def _plan_grouped(kind: str, groups: isa.Groups, message_bytes: int, topology: T
     net = _Network.of(topology)
     grids, on_rings = net.grids([[placement.chip_of(d) for d in g] for g in groups.device_groups])
     candidates, rings = {}, {}
-    for name, steps, ring_lengths in _algorithms(kind, grids, message_bytes, net):
+    for name, steps, ring_lengths in _algorithms(kind, grids, message_bytes, net,
+                                                  on_rings):
         candidates[name], rings[name] = net.evaluate(steps), ring_lengths
     best = min(candidates, key=lambda name: candidates[name].seconds)
     return _plan(kind, message_bytes, size, logical, net.torus_axes(grids[0].ravel()),
-                 not on_rings, best, rings[best], candidates)
+                 candidates[best].max_hops > 1, best, rings[best], candidates)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -160,7 +165,7 @@ class _Pattern:
 Steps = list[tuple[_Pattern, int]]  # (pattern, how many times it runs back to back)
 
 
-def _algorithms(kind: str, grids: list[np.ndarray], m: float, net: _Network):
+def _algorithms(kind: str, grids: list[np.ndarray], m: float, net: _Network, on_rings: bool):
     """(name, steps, ring lengths) of every candidate algorithm for `kind`."""
     dims = list(range(grids[0].ndim))
     shape = grids[0].shape
@@ -168,17 +173,20 @@ def _algorithms(kind: str, grids: list[np.ndarray], m: float, net: _Network):
     ring_stages = {"all-gather": _all_gather, "reduce-scatter": _reduce_scatter,
                    "all-reduce": _all_reduce}.get(kind)
     if ring_stages is not None:
-        for order in itertools.permutations(dims):
-            label = "ring" if len(dims) == 1 else "rings " + ">".join(names[d] for d in order)
-            yield label, ring_stages(grids, order, m), tuple(shape[d] for d in order)
+        # Lines first, so that where a line costs what a ring does (2 chips) it is named so.
+        stages = (("line", _line_stage),) * (not on_rings) + (("ring", _ring_stage),)
+        for (label, stage), order in itertools.product(stages, itertools.permutations(dims)):
+            if len(dims) > 1:
+                label = f"{label}s " + ">".join(names[d] for d in order)
+            yield label, ring_stages(grids, order, m, stage), tuple(shape[d] for d in order)
         if len(dims) > 1:
             yield from _rotated(kind, ring_stages, grids, names, m, net)
     yield from _direct(kind, grids, m)
 
 
-def _ring_stage(grids: list[np.ndarray], dim: int, per_direction: float) -> Steps:
+def _ring_stage(grids: list[np.ndarray], dim: int, block: float) -> Steps:
     """k-1 steps of a bidirectional ring along grid dim `dim` of every group: each member
-    sends `per_direction` bytes to its next and to its previous member."""
+    sends half of a `block` to its next and the other half to its previous member."""
     k = grids[0].shape[dim]
     if k == 1:
         return []
@@ -186,31 +194,49 @@ def _ring_stage(grids: list[np.ndarray], dim: int, per_direction: float) -> Step
     for grid in grids:
         for shift in (-1, 1):
             peer = np.roll(grid, shift, axis=dim).ravel()
-            parts.append(_Pattern(grid.ravel(), peer, np.full(grid.size, per_direction)))
+            parts.append(_Pattern(grid.ravel(), peer, np.full(grid.size, block / 2)))
     return [(_Pattern.concat(parts), k - 1)]
 
 
-def _all_gather(grids, order, m) -> Steps:
+def _line_stage(grids: list[np.ndarray], dim: int, block: float) -> Steps:
+    """k-1 steps of a bidirectional line (a ring without its wraparound link: a segment of
+    a torus ring, or a ring with a failed link) along grid dim `dim`: each step every
+    member passes a whole `block` on to each neighbour it has, both ways pipelined, so a
+    link carries (k-1) blocks each way, twice a ring's (k-1) half blocks."""
+    k = grids[0].shape[dim]
+    if k == 1:
+        return []
+    parts = []
+    for grid in grids:
+        lower = np.take(grid, range(k - 1), axis=dim).ravel()
+        upper = np.take(grid, range(1, k), axis=dim).ravel()
+        parts.append(_Pattern(np.concatenate([lower, upper]), np.concatenate([upper, lower]),
+                              np.full(2 * lower.size, block)))
+    return [(_Pattern.concat(parts), k - 1)]
+
+
+def _all_gather(grids, order, m, stage=_ring_stage) -> Steps:
     held = m / grids[0].size  # bytes each member holds before the first stage
     steps = []
     for d in order:
-        steps += _ring_stage(grids, d, held / 2)
+        steps += stage(grids, d, held)
         held *= grids[0].shape[d]
     return steps
 
 
-def _reduce_scatter(grids, order, m) -> Steps:
+def _reduce_scatter(grids, order, m, stage=_ring_stage) -> Steps:
     held = m
     steps = []
     for d in order:
         k = grids[0].shape[d]
-        steps += _ring_stage(grids, d, held / (2 * k))
+        steps += stage(grids, d, held / k)
         held /= k
     return steps
 
 
-def _all_reduce(grids, order, m) -> Steps:
-    return _reduce_scatter(grids, order, m) + _all_gather(grids, tuple(reversed(order)), m)
+def _all_reduce(grids, order, m, stage=_ring_stage) -> Steps:
+    return _reduce_scatter(grids, order, m, stage) + \
+        _all_gather(grids, tuple(reversed(order)), m, stage)
 
 
 def _rotated(kind, ring_stages, grids, names, m, net: _Network):

@@ -21,7 +21,7 @@ from mesh import isa
 from mesh.isa import printer
 from mesh.perf import schedule, trace
 from mesh.perf.cost import Cost, has_rule, instruction_cost
-from mesh.machine import Placement, Topology
+from mesh.machine import Placement, Topology, chips_text
 from mesh.units import bandwidth_text, bytes_text, seconds_text
 
 
@@ -186,10 +186,11 @@ def target_text(topology: Topology, placement: Placement | None) -> str:
                                          topology.link_latency))
     placed = ""
     if placement is not None:
-        placed = "; mesh " + ", ".join(
-            f"{n}={s}->torus {''.join(topology.axis_names[p] for p in axes) or '-'}"
-            for n, s, axes in zip(placement.axis_names, placement.axis_sizes,
-                                  placement.physical_axes))
+        axes = ", ".join(f"{n}={s} on {placement.axis_text(i, topology.axis_names)}"
+                         for i, (n, s) in enumerate(zip(placement.axis_names,
+                                                        placement.axis_sizes)))
+        placed = (f"\nmesh: {axes}; chips {chips_text(placement.device_to_chip)} "
+                  f"({len(placement.device_to_chip)} of {topology.num_chips})")
     return (f"target: {topology.name} torus {'x'.join(map(str, topology.shape))} (links per "
             f"direction {links}){placed}\n"
             f"chip: {chip.name}, {chip.neuron_cores} NeuronCores, PE {chip.pe_rows}x"

@@ -145,7 +145,7 @@ def test_cli_reads_bytecode(stablehlo_file, tmp_path, capsys):
 
 def test_cli_errors_name_the_problem(stablehlo_file, tmp_path, capsys):
     assert main(["inspect", str(stablehlo_file), "--topology", "trn2"]) == 1
-    assert "topology 'trn2' has 16 chips" in capsys.readouterr().err
+    assert "topology 'trn2' has only 16 chips" in capsys.readouterr().err
     assert main(["inspect", str(tmp_path / "missing.mlir")]) == 1
     assert "No such file" in capsys.readouterr().err
 

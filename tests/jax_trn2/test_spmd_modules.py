@@ -222,9 +222,22 @@ def test_execute_gives_every_device_the_same_arguments(client):
     assert executable.program.mesh.axis_sizes == (R, P)
 
 
-def test_process_count_must_match_the_topology(client):
-    text = module(f"    return %x : {F4}", F4, replicas=1, partitions=8)
-    with pytest.raises(ValueError, match=r"1 replicas x 8 partitions = 8 processes.*16 chips"):
+def test_fewer_processes_than_chips_run_on_the_first_chips(client):
+    """PJRT's default device assignment: process d on device d; the other chips idle."""
+    groups = np.arange(8)[None, :]
+    body = collective("all_reduce", [groups_attr(groups), CHANNEL, GLOBAL_IDS], reducer=True)
+    executable = client.compile(module(body, F4, replicas=1, partitions=8))
+    assert [d.id for d in executable.devices()] == list(range(8))
+    results = executable.execute_sharded([[x] for x in X[:8]])
+    for out in results:
+        np.testing.assert_array_equal(np.asarray(out[0]), X[:8].sum(0))
+    assert "chips 0-7 (8 of 16)" in executable.as_text()
+
+
+def test_more_processes_than_chips_is_an_error(client):
+    text = module(f"    return %x : {F4}", F4, replicas=2, partitions=16)
+    with pytest.raises(ValueError, match=r"2 replicas x 16 partitions = 32 processes.*only 16 "
+                                         r"chips"):
         client.compile(text)
 
 

@@ -240,10 +240,11 @@ def test_size_one_axis_takes_no_physical_axis():
     assert not placement.is_torus_ring(0)
 
 
-def test_wrong_mesh_shape_mentions_chip_count():
-    expected = r"mesh shape \(4, 4\) has 16 devices but topology 'trn2-ultra' has 64 chips"
+def test_too_large_mesh_names_chip_count_and_shapes_that_fit():
+    expected = (r"mesh shape \(8, 16\) has 128 devices but topology 'trn2-ultra' has only 64 "
+                r"chips .* e\.g\. \[\(16, 4\), \(1, 64\)\]")
     with pytest.raises(ValueError, match=expected):
-        place_mesh(get_topology("trn2-ultra"), (4, 4), ("x", "y"))
+        place_mesh(get_topology("trn2-ultra"), (8, 16), ("x", "y"))
 
 
 def test_mesh_names_must_match_sizes():

@@ -151,3 +151,27 @@ def test_group_of_one_is_free():
 def test_not_a_collective_is_an_error():
     with pytest.raises(ValueError, match="Elementwise is not a collective"):
         plan_collective(isa.Elementwise((1,), (0,), op="add"), 1, ULTRA, None)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_group_on_a_segment_of_a_ring_runs_a_line(k):
+    """A k-chip group on a segment of the 4-chip x ring: no wraparound link inside the
+    group, so a line: k-1 steps, each link carrying (k-1)/k of the buffer per direction
+    (twice a ring's); for k = 2 that is the one link between the two chips, and the plan."""
+    p = plan("all-gather", (0,), BIG, shape=(k, 2), names=("seg", "other"))
+    line = (k - 1) * ALPHA + (k - 1) / k * BIG / BX
+    assert dict(p.candidates)["line"] == pytest.approx(line, rel=1e-12)
+    assert p.seconds <= line and p.torus_axes == ("x",)
+    if k == 2:
+        assert p.algorithm == "line" and p.rings == (2,) and not p.routed
+        assert p.link_bytes == pytest.approx(BIG / 2)
+    all_reduce = plan("all-reduce", (0,), BIG, shape=(k, 2), names=("seg", "other"))
+    # reduce-scatter + all-gather on the line (for k = 2 one-shot saves one hop latency)
+    assert dict(all_reduce.candidates)["line"] == pytest.approx(2 * line, rel=1e-12)
+
+
+def test_whole_ring_is_cheaper_than_a_segment_of_the_same_length():
+    whole = plan("all-gather", (0,), BIG, shape=(4, 2), names=("ring", "other"))
+    assert whole.algorithm == "ring"  # (4, 2): the 4 takes the whole x ring
+    segment = plan("all-gather", (1,), BIG, shape=(4, 2), names=("ring", "other"))
+    assert segment.algorithm == "line" and segment.torus_axes == ("y",)
