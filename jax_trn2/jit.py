@@ -10,6 +10,7 @@ import jax
 import numpy as np
 from jax import tree_util
 
+from jax_trn2 import compose
 from jax_trn2.executable import LoadedExecutable
 from mesh import numerics
 
@@ -155,6 +156,9 @@ class Jitted:
     def __call__(self, *args, **kwargs) -> Any:
         static, dyn_args, dyn_kwargs = self._split(args, kwargs)
         leaves, tree = tree_util.tree_flatten((dyn_args, dyn_kwargs))
+        if compose.has_tracers(leaves):  # under a JAX transformation (jax_trn2.compose)
+            return compose.call_traced(self._fun, dict(static), leaves, tree,
+                                       self._topology, self.rounding)
         key = (self.rounding, static, tree, tuple(jax.typeof(leaf) for leaf in leaves),
                tuple(_committed_sharding(leaf) for leaf in leaves))
         compiled = self._cache.get(key)

@@ -52,10 +52,10 @@ def test_compiled_function_checks_its_arguments(compiled):
         compiled(A, B, A)
 
 
-def test_mesh_shape_that_does_not_use_every_chip():
-    with pytest.raises(ValueError, match=r"'trn2-ultra' has 64 chips"):
-        jax_trn2.make_mesh((4, 4, 2))
-    with pytest.raises(ValueError, match=r"'trn2' has 16 chips"):
+def test_mesh_shape_larger_than_the_topology():
+    with pytest.raises(ValueError, match=r"'trn2-ultra' has only 64 chips"):
+        jax_trn2.make_mesh((4, 4, 8))
+    with pytest.raises(ValueError, match=r"'trn2' has only 16 chips"):
         jax_trn2.make_mesh((4, 8), topology="trn2")
 
 

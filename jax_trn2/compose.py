@@ -1,0 +1,100 @@
+"""jax_trn2.jit functions under JAX's transformations: a call primitive.
+
+Called with tracers (inside `jax.grad`, `jax.vjp`, `jax.jvp`, `jax.vmap`, `jax.jit`, or
+another `jax_trn2.jit`), a `jax_trn2.jit` function binds `trn2_call_p`, a JAX call primitive
+like `core.call_p`. JAX transforms a call primitive by transforming the function it calls
+and binding the same primitive again: the JVP of the call is a call of the JVP of the
+function, its linearisation a call of the primal part (with the residuals it saves) and a
+call of the linear part, its transpose a call of the transposed function, its batched form a
+call of the vmapped function. When such a call is finally evaluated (no tracer left, at the
+top level), `_run_on_mesh` compiles the function it carries for the simulated mesh and runs
+it there. So `jax.grad(jax_trn2.jit(f))(x)` runs the forward pass and the backward pass on
+the simulated mesh, each as its own program. Inside a staged computation (`jax.jit`, or an
+outer `jax_trn2.jit`) the call is inlined as a `func.call` of the function.
+
+This uses JAX's call-primitive machinery from `jax._src` (there is no public API to define
+a call primitive); the rules registered here are the ones `core.call_p` has.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Callable
+
+from jax import tree_util
+from jax._src import api_util, core
+from jax._src import linear_util as lu
+from jax._src.interpreters import ad, mlir
+from jax._src.interpreters import partial_eval as pe
+
+from mesh import numerics
+
+
+class Trn2CallPrimitive(core.CallPrimitive):
+    """A call of a function that runs on the simulated Trainium2 mesh when evaluated."""
+
+
+trn2_call_p = Trn2CallPrimitive("trn2_call")
+
+
+def has_tracers(leaves: list[Any]) -> bool:
+    """True when a call is being traced by a JAX transformation (not evaluated)."""
+    return any(isinstance(leaf, core.Tracer) for leaf in leaves)
+
+
+def call_traced(fun: Callable, static: dict, leaves: list[Any], in_tree,
+                topology: str | None, rounding: numerics.Rounding) -> Any:
+    """`fun` on traced flat dynamic arguments `leaves` (static arguments `static`, by
+    position or name), as a trn2_call: returns the output pytree."""
+    out_tree_store = []
+
+    def flat_fun(*flat_args):
+        args, kwargs = tree_util.tree_unflatten(in_tree, flat_args)
+        args, kwargs = _with_statics(args, kwargs, static)
+        out = fun(*args, **kwargs)
+        out_leaves, out_tree = tree_util.tree_flatten(out)
+        out_tree_store.append(out_tree)
+        return out_leaves
+
+    debug = api_util.debug_info("jax_trn2.jit", flat_fun, tuple(leaves), {})
+    wrapped = lu.wrap_init(flat_fun, debug_info=debug)
+    outs = trn2_call_p.bind(*leaves, subfuns=(wrapped,), name=getattr(fun, "__name__", "fun"),
+                            topology=topology, rounding=rounding)
+    return tree_util.tree_unflatten(out_tree_store[-1], outs)
+
+
+def _with_statics(args: tuple, kwargs: dict, static: dict) -> tuple[tuple, dict]:
+    """Put the static arguments back (positions are in the full argument list)."""
+    args = list(args)
+    for position in sorted(k for k in static if isinstance(k, int)):
+        args.insert(position, static[position])
+    kwargs = {**kwargs, **{k: v for k, v in static.items() if isinstance(k, str)}}
+    return tuple(args), kwargs
+
+
+def _run_on_mesh(fun: lu.WrappedFun, *args, name: str, topology: str | None,
+                 rounding: numerics.Rounding):
+    """Evaluate a trn2_call: compile the (possibly transformed) function for the mesh and
+    run it. A transformed function records what its transformation needs when traced, so
+    each evaluation traces it exactly once (no compilation cache across calls)."""
+    from jax_trn2.jit import Jitted  # jit imports this module
+
+    def flat(*flat_args):
+        return list(fun.call_wrapped(*flat_args))
+
+    flat.__name__ = name
+    return Jitted(flat, topology=topology, rounding=rounding)(*args)
+
+
+def _lower_inline(ctx, *args, call_jaxpr, name, topology, rounding):
+    del topology, rounding  # the enclosing program's machine and rounding apply
+    return mlir.core_call_lowering(ctx, *args, name=name, call_jaxpr=call_jaxpr)
+
+
+trn2_call_p.def_impl(_run_on_mesh)
+mlir.register_lowering(trn2_call_p, _lower_inline)
+ad.fancy_transposes[trn2_call_p] = partial(ad.call_transpose_fancy, trn2_call_p)
+pe.partial_eval_jaxpr_custom_rules[trn2_call_p] = partial(
+    pe.call_partial_eval_custom_rule, "call_jaxpr",
+    lambda _, __, ___, ____, _____, known, staged: (known, staged))
+pe.dce_rules[trn2_call_p] = pe.dce_jaxpr_call_rule

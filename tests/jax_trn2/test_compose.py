@@ -1,0 +1,115 @@
+"""jax_trn2.jit functions under JAX's transformations and inside other jitted functions."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import jax_trn2
+from jax_trn2.executable import LoadedExecutable
+
+# FP32 matmuls and tanh: the simulator's and XLA:CPU's results differ by the order of a few
+# FP32 roundings of sums over K = 16, well inside 1e-5 relative.
+RTOL = 1e-5
+
+
+def loss(x, w):
+    return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+
+@pytest.fixture
+def data(rng):
+    return (rng.standard_normal((8, 16)).astype(np.float32),
+            rng.standard_normal((16, 4)).astype(np.float32))
+
+
+@pytest.fixture
+def mesh_runs(monkeypatch):
+    """How many programs ran on the simulated mesh."""
+    runs = []
+    execute = LoadedExecutable.execute
+
+    def counting(self, *args, **kwargs):
+        runs.append(self)
+        return execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(LoadedExecutable, "execute", counting)
+    return runs
+
+
+def test_grad_runs_forward_and_backward_on_the_mesh(data, mesh_runs):
+    x, w = data
+    got = jax.grad(jax_trn2.jit(loss), argnums=(0, 1))(x, w)
+    want = jax.grad(loss, argnums=(0, 1))(x, w)
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(g, r, rtol=RTOL, atol=1e-6)
+    assert len(mesh_runs) == 2  # the primal part and the transposed linear part
+
+
+def test_value_and_grad_and_vjp(data):
+    x, w = data
+    value, grad = jax.value_and_grad(jax_trn2.jit(loss))(x, w)
+    np.testing.assert_allclose(value, loss(x, w), rtol=RTOL)
+    np.testing.assert_allclose(grad, jax.grad(loss)(x, w), rtol=RTOL, atol=1e-6)
+    out, pullback = jax.vjp(jax_trn2.jit(loss), x, w)
+    (gx, gw), (rx, rw) = pullback(jnp.float32(2.0)), jax.vjp(loss, x, w)[1](jnp.float32(2.0))
+    np.testing.assert_allclose(gw, rw, rtol=RTOL, atol=1e-6)
+
+
+def test_jvp(data, mesh_runs):
+    x, w = data
+    out, tangent = jax.jvp(jax_trn2.jit(loss), (x, w), (x, w))
+    want_out, want_tangent = jax.jvp(loss, (x, w), (x, w))
+    np.testing.assert_allclose(out, want_out, rtol=RTOL)
+    np.testing.assert_allclose(tangent, want_tangent, rtol=RTOL)
+    assert len(mesh_runs) == 1
+
+
+def test_vmap_runs_the_batched_function_on_the_mesh(data, mesh_runs):
+    x, w = data
+    xs = np.stack([x, 2 * x, -x])
+    got = jax.vmap(jax_trn2.jit(loss), in_axes=(0, None))(xs, w)
+    np.testing.assert_allclose(got, jax.vmap(loss, in_axes=(0, None))(xs, w), rtol=RTOL)
+    assert len(mesh_runs) == 1
+
+
+def test_second_derivatives(data):
+    x, w = data
+    f = jax_trn2.jit(loss)
+    got = jax.grad(jax.grad(lambda a: f(a * x, w)))(1.5)
+    want = jax.grad(jax.grad(lambda a: loss(a * x, w)))(1.5)
+    np.testing.assert_allclose(got, want, rtol=1e-4)  # two more levels of FP32 rounding
+    np.testing.assert_allclose(jax.jacfwd(f, argnums=1)(x, w),
+                               jax.jacfwd(loss, argnums=1)(x, w), rtol=RTOL, atol=1e-6)
+
+
+def test_jit_of_a_jitted_function_inlines_it(data, mesh_runs):
+    x, w = data
+    inner = jax_trn2.jit(loss)
+    outer = jax_trn2.jit(lambda x, w: inner(x, w) * 2 + inner(w.T, x.T))
+    np.testing.assert_allclose(outer(x, w), loss(x, w) * 2 + loss(w.T, x.T), rtol=RTOL)
+    np.testing.assert_allclose(jax_trn2.jit(inner)(x, w), loss(x, w), rtol=RTOL)
+    assert len(mesh_runs) == 2  # one program each: the inner calls are inlined
+    np.testing.assert_allclose(jax.jit(inner)(x, w), loss(x, w), rtol=RTOL)  # XLA:CPU
+
+
+def test_static_arguments_under_a_transformation(data):
+    x, w = data
+    f = jax_trn2.jit(lambda x, w, power: jnp.sum((x @ w) ** power), static_argnums=2)
+    np.testing.assert_allclose(jax.grad(f, argnums=1)(x, w, 3),
+                               jax.grad(lambda w: jnp.sum((x @ w) ** 3))(w), rtol=1e-4)
+
+
+def test_grad_of_a_shard_map_program(rng):
+    mesh = jax_trn2.make_mesh((2, 4), ("data", "model"))
+
+    def body(x, w):
+        return jax.lax.psum(jnp.sum(jnp.tanh(x @ w)), ("data", "model"))
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=(P("data", "model"), P("model", None)),
+                      out_specs=P())
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    np.testing.assert_allclose(jax.grad(jax_trn2.jit(f), argnums=1)(x, w),
+                               jax.grad(f, argnums=1)(x, w), rtol=RTOL, atol=1e-6)
