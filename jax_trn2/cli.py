@@ -1,6 +1,7 @@
 """The jax-trn2 command line.
 
     jax-trn2 inspect program.mlir [--topology trn2|trn2-ultra|trn2-ultra-max] [--trace out.json]
+                     [--fail-link A,B ...] [--fail-chip C ...]
 
 `inspect` lowers a StableHLO file (MLIR text or bytecode, e.g. what
 `jax.jit(f).lower(...).as_text()` gives) to a Trn2 program, maps it onto the machine and
@@ -26,11 +27,13 @@ from typing import Callable, Sequence
 
 import jax
 
+import lowering
 from jax_trn2.executable import LoadedExecutable
+from jax_trn2.mesh import topology_for
 from jax_trn2.jit import Jitted, jit
 from jax_trn2.numerics import compare
 from mesh.perf import trace
-from mesh.machine import TOPOLOGY_NAMES, get_topology
+from mesh.machine import TOPOLOGY_NAMES, Topology, get_topology
 
 MLIR_BYTECODE_MAGIC = b"ML\xefR"
 # CPU devices `jax-trn2 compare` asks CPU JAX for: one per chip of the largest topology.
@@ -52,17 +55,45 @@ def add_inspect(subparsers) -> None:
     parser.add_argument("--trace", type=Path, metavar="OUT.json",
                         help="also write the timeline as Chrome trace-event JSON "
                              "(open in ui.perfetto.dev or chrome://tracing)")
+    parser.add_argument("--fail-link", type=chip_pair, action="append", default=[],
+                        metavar="A,B", help="the cable between neighbour chips A and B failed "
+                                            "(both directions); repeatable")
+    parser.add_argument("--fail-chip", type=int, action="append", default=[], metavar="C",
+                        help="chip C failed; repeatable")
     parser.set_defaults(run=inspect)
 
 
+def chip_pair(text: str) -> tuple[int, int]:
+    """'0,1' -> (0, 1)."""
+    try:
+        a, b = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected two chip ids as A,B, got {text!r}") from None
+    return a, b
+
+
 def inspect(args: argparse.Namespace) -> int:
-    executable = LoadedExecutable.from_stablehlo(args.topology, read_program(args.program))
+    program = read_program(args.program)
+    topology = args.topology
+    if args.fail_link or args.fail_chip:
+        topology = faulty_topology(program, topology, args.fail_link, args.fail_chip)
+    executable = LoadedExecutable.from_stablehlo(topology, program)
     estimate = executable.estimate  # the host computation is not compiled: nothing runs
     print(estimate.listing())
     if args.trace is not None:
         trace.write_trace(args.trace, estimate.trace())
         print(f"\ntrace written to {args.trace} (open in ui.perfetto.dev or chrome://tracing)")
     return 0
+
+
+def faulty_topology(program: str | bytes, name: str | None,
+                    cables: list[tuple[int, int]], chips: list[int]) -> Topology:
+    """The topology `inspect` would pick for `program` (or `name`), with these faults."""
+    mesh = lowering.lower(program).mesh
+    topology = topology_for(mesh.axis_sizes, mesh.axis_names, name)
+    for a, b in cables:
+        topology = topology.with_failed_cable(a, b)
+    return topology.with_overrides(failed_chips=topology.failed_chips | set(chips))
 
 
 def read_program(path: Path) -> str | bytes:

@@ -13,6 +13,7 @@ from jax import tree_util
 from jax_trn2 import compose
 from jax_trn2.executable import LoadedExecutable
 from mesh import numerics
+from mesh.machine import Topology
 
 # jax.jit's marker for "no sharding given" (distinct from None: let the partitioner choose).
 UNSPECIFIED = inspect.signature(jax.jit).parameters["in_shardings"].default
@@ -104,7 +105,7 @@ class Jitted:
     signature (shapes, dtypes, weak types, pytree structure and static arguments)."""
 
     def __init__(self, fun: Callable, static_argnums: int | Sequence[int] = (),
-                 static_argnames: str | Sequence[str] = (), topology: str | None = None,
+                 static_argnames: str | Sequence[str] = (), topology: str | Topology | None = None,
                  rounding: numerics.Rounding = numerics.NEAREST, **jit_options):
         functools.update_wrapper(self, fun)
         self._fun = fun
@@ -197,7 +198,7 @@ class Jitted:
 def jit(fun: Callable | None = None, *, in_shardings: Any = UNSPECIFIED,
         out_shardings: Any = UNSPECIFIED, static_argnums: int | Sequence[int] = (),
         static_argnames: str | Sequence[str] = (), donate_argnums: int | Sequence[int] = (),
-        donate_argnames: str | Sequence[str] = (), topology: str | None = None,
+        donate_argnames: str | Sequence[str] = (), topology: str | Topology | None = None,
         rounding: str = "nearest", seed: int = 0):
     """Like `jax.jit`, but runs on the simulated Trainium2 mesh.
 

@@ -17,14 +17,17 @@ DEFAULT_TOPOLOGY = "trn2-ultra"
 PROCESS_GRID_AXES = ("replica", "partition")
 
 # Topology of each mesh shape make_mesh handed out, so that jit can find the machine a
-# shard_map's mesh was made for (the lowered module only carries axis names and sizes).
-_MESH_TOPOLOGIES: dict[tuple[tuple[int, ...], tuple[str, ...]], str] = {}
+# shard_map's mesh was made for, and the block origin it was placed at (the lowered module
+# only carries axis names and sizes).
+_MESH_MACHINES: dict[tuple[tuple[int, ...], tuple[str, ...]],
+                     tuple[Topology, tuple[int, ...] | None]] = {}
 
 
 def make_mesh(axis_shapes: Sequence[int] | None = None,
               axis_names: Sequence[str] | None = None, *,
-              topology: str = DEFAULT_TOPOLOGY,
-              axis_types: Sequence[AxisType] | None = None) -> Mesh:
+              topology: str | Topology = DEFAULT_TOPOLOGY,
+              axis_types: Sequence[AxisType] | None = None,
+              origin: Sequence[int] | None = None) -> Mesh:
     """A mesh of the chips of `topology`, for `jax.shard_map`, `NamedSharding`s and
     `jax.set_mesh`, as jax.make_mesh's.
 
@@ -33,21 +36,23 @@ def make_mesh(axis_shapes: Sequence[int] | None = None,
     Its devices are placed on a compact block of the torus, a logical axis as long as a
     torus axis on a physical ring and a shorter one on a segment of one, so that
     neighbours are one link apart (mesh.machine.placement.place_mesh); the chips outside
-    the block do nothing.
+    the block do nothing. `origin` (torus coordinates) moves the block, e.g. off a failed
+    chip: `topology` may be a Topology with faults (mesh.machine.get_topology(name,
+    failed_links=..., degraded_links=..., failed_chips=...)).
     `axis_types` as in jax.make_mesh (default: every axis Auto; AxisType.Explicit puts
     shardings in types). The mesh's devices are host CPU devices standing in for the chips
     (device i is logical device i, row-major), so plain jax.jit also runs a program over it,
     on the CPU: no XLA_FLAGS are needed.
     """
-    topo = get_topology(topology)
+    topo = topology if isinstance(topology, Topology) else get_topology(topology)
     shapes = tuple(topo.shape if axis_shapes is None else axis_shapes)
     names = tuple(axis_names if axis_names is not None
                   else topo.axis_names if axis_shapes is None
                   else tuple("xyzwuv"[: len(shapes)]))
     if len(names) != len(shapes):
         raise ValueError(f"axis_names {names} and axis_shapes {shapes} differ in length")
-    place_mesh(topo, shapes, names)  # the mesh fits the topology, or an error says so
-    _MESH_TOPOLOGIES[(shapes, names)] = topo.name
+    place_mesh(topo, shapes, names, origin)  # the mesh fits the topology, or an error says so
+    _MESH_MACHINES[(shapes, names)] = (topo, None if origin is None else tuple(origin))
     types = tuple(axis_types) if axis_types is not None else (AxisType.Auto,) * len(shapes)
     devices = np.array(host_devices(topo.num_chips)[:math.prod(shapes)],
                        dtype=object).reshape(shapes)
@@ -55,12 +60,14 @@ def make_mesh(axis_shapes: Sequence[int] | None = None,
 
 
 def topology_for(axis_sizes: tuple[int, ...], axis_names: tuple[str, ...],
-                 topology: str | None) -> Topology:
+                 topology: str | Topology | None) -> Topology:
     """The topology a program's mesh runs on: the one asked for, else the one make_mesh
     made that mesh for, else the smallest preset that holds it (trn2: 16 chips,
     trn2-ultra: 64, trn2-ultra-max: 256)."""
     if topology is None:
-        topology = _MESH_TOPOLOGIES.get((axis_sizes, axis_names))
+        topology = _MESH_MACHINES.get((axis_sizes, axis_names), (None, None))[0]
+    if isinstance(topology, Topology):
+        return topology
     if topology is None:
         count = math.prod(axis_sizes)
         holding = [t for t in TOPOLOGY_NAMES if get_topology(t).num_chips >= count]
@@ -78,4 +85,5 @@ def placement_for(topo: Topology, axis_sizes: tuple[int, ...],
         return None
     if axis_names == PROCESS_GRID_AXES:
         return place_first(topo, axis_sizes, axis_names)
-    return place_mesh(topo, axis_sizes, axis_names)
+    made_on, origin = _MESH_MACHINES.get((axis_sizes, axis_names), (None, None))
+    return place_mesh(topo, axis_sizes, axis_names, origin if made_on == topo else None)

@@ -85,7 +85,8 @@ def chips_text(chips: Sequence[int]) -> str:
     return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in ranges)
 
 
-def place_mesh(topology: Topology, axis_sizes: Sequence[int], axis_names: Sequence[str]) -> Placement:
+def place_mesh(topology: Topology, axis_sizes: Sequence[int], axis_names: Sequence[str],
+               origin: Sequence[int] | None = None) -> Placement:
     """Place a logical mesh of ``axis_sizes`` devices on the chips of ``topology``, as a
     topology-aware ``mesh_utils.create_device_mesh`` would: a compact block of chips at the
     torus origin, each logical axis on a physical ring or a contiguous segment of one where
@@ -107,7 +108,8 @@ def place_mesh(topology: Topology, axis_sizes: Sequence[int], axis_names: Sequen
          3 takes every remaining logical axis (the full-mesh layout).
       4. A device count that no block of the torus holds (a prime larger than every torus
          axis, say) takes the first chips in chip-id order, as PJRT's default assignment.
-    Size-1 logical axes take no physical axis.
+    Size-1 logical axes take no physical axis. `origin` (torus coordinates) moves the
+    block there, wrapping around the torus: the way to keep a mesh off failed chips.
     """
     sizes, names = _check_mesh(topology, axis_sizes, axis_names)
     whole = _match_whole_axes(sizes, topology.shape)
@@ -118,7 +120,11 @@ def place_mesh(topology: Topology, axis_sizes: Sequence[int], axis_names: Sequen
             break
     else:
         physical = np.array(np.unravel_index(np.arange(math.prod(sizes)), topology.shape))
+    if origin is not None:
+        physical = (physical + _check_origin(topology, origin)[:, None]) % \
+            np.array(topology.shape)[:, None]
     chips = np.ravel_multi_index(tuple(physical), topology.shape)
+    _check_failed_chips(topology, sizes, names, chips, physical)
     return Placement(
         topology_name=topology.name,
         topology_shape=topology.shape,
@@ -135,6 +141,7 @@ def place_first(topology: Topology, axis_sizes: Sequence[int],
     processes (replica-major), which does not know the torus."""
     sizes, names = _check_mesh(topology, axis_sizes, axis_names)
     physical = np.array(np.unravel_index(np.arange(math.prod(sizes)), topology.shape))
+    _check_failed_chips(topology, sizes, names, np.arange(math.prod(sizes)), physical)
     return Placement(topology_name=topology.name, topology_shape=topology.shape,
                      axis_sizes=sizes, axis_names=names,
                      device_to_chip=tuple(range(math.prod(sizes))),
@@ -159,6 +166,39 @@ def _check_mesh(
             f"{topo.num_chips} devices fit, e.g. {fitting_shapes(topo, len(sizes))}"
         )
     return sizes, names
+
+
+def _check_origin(topology: Topology, origin: Sequence[int]) -> np.ndarray:
+    origin = tuple(as_int(c, "mesh origin") for c in origin)
+    if len(origin) != topology.ndim or \
+            not all(0 <= c < n for c, n in zip(origin, topology.shape)):
+        raise ValueError(f"mesh origin {origin} must be torus coordinates of '{topology.name}' "
+                         f"{topology.shape}")
+    return np.array(origin, dtype=np.int64)
+
+
+def _check_failed_chips(topology: Topology, sizes: tuple[int, ...], names: tuple[str, ...],
+                        chips: np.ndarray, physical: np.ndarray) -> None:
+    """An error naming every failed chip the mesh would run on, what lived there, and the
+    origins of placements that avoid the failed chips."""
+    failed = [d for d, c in enumerate(chips) if int(c) in topology.failed_chips]
+    if not failed:
+        return
+    lost = "; ".join(
+        f"chip {int(chips[d])} at torus {tuple(int(x) for x in physical[:, d])} held device "
+        f"{d} (" + ", ".join(f"{n}={i}" for n, i in zip(names, np.unravel_index(d, sizes)))
+        + ")" for d in failed)
+    base = (physical - physical[:, :1]) % np.array(topology.shape)[:, None]
+    shape = np.array(topology.shape)[:, None]
+    avoiding = [o for o in np.ndindex(*topology.shape)
+                if not topology.failed_chips & set(np.ravel_multi_index(
+                    tuple((base + np.array(o)[:, None]) % shape), topology.shape).tolist())]
+    offer = (f"placements that avoid the failed chips: origin={avoiding[:4]}"
+             f"{' ...' if len(avoiding) > 4 else ''} (make_mesh(..., origin=...))"
+             if avoiding else
+             f"no placement of {math.prod(sizes)} devices avoids them: use a mesh of at most "
+             f"{topology.num_chips - len(topology.failed_chips)} devices")
+    raise ValueError(f"mesh {sizes} {names} would run on failed chips: {lost}; {offer}")
 
 
 def _match_whole_axes(sizes: tuple[int, ...], shape: tuple[int, ...]) -> dict[int, int]:

@@ -60,6 +60,13 @@ class Topology:
     link_bandwidth: tuple[float, ...]  # bytes/s per direction per neighbour link, per axis
     link_latency: tuple[float, ...]  # seconds per hop, per axis
     chip: ChipSpec = field(default_factory=ChipSpec)
+    # Faults. A failed link carries nothing: routes go around it the way the torus allows.
+    # A degraded link runs at `factor` (0 < factor < 1) of its axis' bandwidth. A failed
+    # chip runs no device of a mesh and forwards no traffic. Links are (src, dst) chip
+    # pairs of neighbours, one direction each (a cable is both: see with_failed_cable).
+    failed_links: frozenset[tuple[int, int]] = frozenset()
+    degraded_links: tuple[tuple[int, int, float], ...] = ()
+    failed_chips: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         shape = tuple(as_int(s, "Topology.shape") for s in self.shape)
@@ -86,6 +93,56 @@ class Topology:
             raise ValueError(f"Topology.link_latency must be >= 0 seconds, got {self.link_latency}")
         if not isinstance(self.chip, ChipSpec):
             raise ValueError(f"Topology.chip must be a ChipSpec, got {type(self.chip).__name__}")
+        self._check_faults()
+
+    def _check_faults(self) -> None:
+        object.__setattr__(self, "failed_links", frozenset(
+            (as_int(a, "failed_links"), as_int(b, "failed_links")) for a, b in self.failed_links))
+        object.__setattr__(self, "degraded_links", tuple(
+            (as_int(a, "degraded_links"), as_int(b, "degraded_links"), float(f))
+            for a, b, f in self.degraded_links))
+        object.__setattr__(self, "failed_chips", frozenset(
+            as_int(c, "failed_chips") for c in self.failed_chips))
+        for a, b, factor in self.degraded_links:
+            if not 0 < factor < 1:
+                raise ValueError(f"degraded link {a}->{b} needs a bandwidth factor in (0, 1), "
+                                 f"got {factor} (fail the link instead of a factor of 0)")
+        for a, b in [*self.failed_links, *((a, b) for a, b, _ in self.degraded_links)]:
+            self.link(a, b)  # raises unless a and b are neighbours
+        for chip in self.failed_chips:
+            self._check_chip(chip)
+
+    @property
+    def has_faults(self) -> bool:
+        return bool(self.failed_links or self.degraded_links or self.failed_chips)
+
+    def healthy(self) -> Topology:
+        """The same machine without its faults."""
+        return dataclasses.replace(self, failed_links=frozenset(), degraded_links=(),
+                                   failed_chips=frozenset())
+
+    def with_failed_cable(self, a: int, b: int) -> Topology:
+        """A copy in which the cable between neighbours `a` and `b` failed (both ways)."""
+        return dataclasses.replace(self, failed_links=self.failed_links | {(a, b), (b, a)})
+
+    def link_usable(self, src: int, dst: int) -> bool:
+        """Whether the link src -> dst carries traffic (neither it nor its ends failed)."""
+        return (src, dst) not in self.failed_links and \
+            src not in self.failed_chips and dst not in self.failed_chips
+
+    def faults_text(self) -> str:
+        """The faults, for listings: '' when there are none."""
+        parts = []
+        if self.failed_links:
+            parts.append("failed links " + ", ".join(f"{a}->{b}"
+                                                     for a, b in sorted(self.failed_links)))
+        if self.degraded_links:
+            parts.append("degraded links " + ", ".join(f"{a}->{b} x{f:g}"
+                                                       for a, b, f in self.degraded_links))
+        if self.failed_chips:
+            parts.append("failed chips " + ", ".join(f"{c} {self.coords(c)}"
+                                                     for c in sorted(self.failed_chips)))
+        return "; ".join(parts)
 
     @property
     def num_chips(self) -> int:
@@ -164,6 +221,12 @@ class Topology:
         """
         if tie_direction not in (1, -1):
             raise ValueError(f"tie_direction must be +1 or -1, got {tie_direction}")
+        links = self._dimension_order_route(src, dst, tie_direction)
+        if all(self.link_usable(l.src, l.dst) for l in links):
+            return links
+        return self._detour(src, dst)
+
+    def _dimension_order_route(self, src: int, dst: int, tie_direction: int) -> tuple[Link, ...]:
         target = self.coords(dst)
         here = src
         links = []
@@ -175,6 +238,31 @@ class Topology:
                 links.append(self._link(here, axis, direction))
                 here = links[-1].dst
         return tuple(links)
+
+    def _detour(self, src: int, dst: int) -> tuple[Link, ...]:
+        """The shortest route over usable links (breadth first, neighbours in axis order):
+        how traffic goes around failed links and chips."""
+        previous = {src: None}
+        frontier = [src]
+        while frontier and dst not in previous:
+            reached = []
+            for chip in frontier:
+                for peer, axis, direction in self.neighbours(chip):
+                    if peer not in previous and self.link_usable(chip, peer):
+                        previous[peer] = (chip, axis, direction)
+                        reached.append(peer)
+            frontier = reached
+        if dst not in previous:
+            raise ValueError(f"no route from chip {src} {self.coords(src)} to chip {dst} "
+                             f"{self.coords(dst)} on '{self.name}' avoids its faults "
+                             f"({self.faults_text()})")
+        links = []
+        here = dst
+        while previous[here] is not None:
+            chip, axis, direction = previous[here]
+            links.append(self._link(chip, axis, direction))
+            here = chip
+        return tuple(reversed(links))
 
     def hops(self, src: int, dst: int) -> int:
         """Length of the shortest route (torus Manhattan distance with wraparound)."""
@@ -191,14 +279,19 @@ class Topology:
         return self.chip_id(c)
 
     def _link(self, src: int, axis: int, direction: int) -> Link:
+        dst = self._step(src, axis, direction)
         return Link(
             src=src,
-            dst=self._step(src, axis, direction),
+            dst=dst,
             axis=axis,
             direction=direction,
-            bandwidth=self.link_bandwidth[axis],
+            bandwidth=self.link_bandwidth[axis] * self.bandwidth_factor(src, dst),
             latency=self.link_latency[axis],
         )
+
+    def bandwidth_factor(self, src: int, dst: int) -> float:
+        """The share of its axis' bandwidth the link src -> dst runs at (degraded links)."""
+        return next((f for a, b, f in self.degraded_links if (a, b) == (src, dst)), 1.0)
 
     def _check_chip(self, chip_id: int) -> None:
         if not 0 <= chip_id < self.num_chips:

@@ -35,6 +35,7 @@ collective DMA, software launch overhead, and congestion from other traffic.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 from dataclasses import dataclass
@@ -77,6 +78,8 @@ class CollectivePlan(isa.Plan):
     latency_seconds: float
     bandwidth_seconds: float
     candidates: tuple[tuple[str, float], ...]  # (algorithm, seconds) of every one considered
+    detours: int = 0  # transfers of the chosen algorithm routed around faults
+    healthy_seconds: float | None = None  # the same collective without the topology's faults
 
     @property
     def seconds(self) -> float:
@@ -91,6 +94,11 @@ class CollectivePlan(isa.Plan):
         routed = f", routed up to {self.max_hops} hops" if self.routed else ""
         others = sorted((s, a) for a, s in self.candidates if a != self.algorithm)
         runner_up = f" (next: {others[0][1]} {seconds_text(others[0][0])})" if others else ""
+        if self.healthy_seconds is not None:
+            detours = f"{self.detours} transfers detoured, " if self.detours else ""
+            slowdown = self.seconds / self.healthy_seconds if self.healthy_seconds else 1.0
+            runner_up += (f"; faults: {detours}{slowdown:.2f}x the healthy "
+                          f"{seconds_text(self.healthy_seconds)}")
         return (f"torus: {self.kind} of {bytes_text(self.message_bytes)} over logical {axes} "
                 f"-> torus {torus}{rings}{routed}; {self.algorithm}, {self.steps} steps, "
                 f"busiest link {bytes_text(self.link_bytes)}/direction; "
@@ -125,8 +133,13 @@ def _plan_grouped(kind: str, groups: isa.Groups, message_bytes: int, topology: T
                                                   on_rings):
         candidates[name], rings[name] = net.evaluate(steps), ring_lengths
     best = min(candidates, key=lambda name: candidates[name].seconds)
-    return _plan(kind, message_bytes, size, logical, net.torus_axes(grids[0].ravel()),
+    plan = _plan(kind, message_bytes, size, logical, net.torus_axes(grids[0].ravel()),
                  candidates[best].max_hops > 1, best, rings[best], candidates)
+    if not topology.has_faults:
+        return plan
+    healthy = _plan_grouped(kind, groups, message_bytes, topology.healthy(), placement)
+    return dataclasses.replace(plan, detours=candidates[best].detours,
+                               healthy_seconds=healthy.seconds)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -141,9 +154,13 @@ def _plan_permute(pairs: tuple[tuple[int, int], ...], message_bytes: int, topolo
     chips = np.asarray(placement.device_to_chip, dtype=np.int64)
     steps = [(_Pattern(chips[src], chips[dst], np.full(len(src), float(message_bytes))), 1)]
     result = net.evaluate(steps)
-    return _plan("collective-permute", message_bytes, 2, _moved_axes(placement, src, dst),
+    plan = _plan("collective-permute", message_bytes, 2, _moved_axes(placement, src, dst),
                  net.torus_axes(np.concatenate([chips[src], chips[dst]])),
                  result.max_hops > 1, "direct", (), {"direct": result})
+    if not topology.has_faults:
+        return plan
+    healthy = _plan_permute(pairs, message_bytes, topology.healthy(), placement)
+    return dataclasses.replace(plan, detours=result.detours, healthy_seconds=healthy.seconds)
 
 
 # --- algorithms -----------------------------------------------------------------------------
@@ -174,7 +191,8 @@ def _algorithms(kind: str, grids: list[np.ndarray], m: float, net: _Network, on_
                    "all-reduce": _all_reduce}.get(kind)
     if ring_stages is not None:
         # Lines first, so that where a line costs what a ring does (2 chips) it is named so.
-        stages = (("line", _line_stage),) * (not on_rings) + (("ring", _ring_stage),)
+        line = functools.partial(_line_stage, broken=net.broken)
+        stages = (("line", line),) * (not on_rings) + (("ring", _ring_stage),)
         for (label, stage), order in itertools.product(stages, itertools.permutations(dims)):
             if len(dims) > 1:
                 label = f"{label}s " + ">".join(names[d] for d in order)
@@ -198,21 +216,30 @@ def _ring_stage(grids: list[np.ndarray], dim: int, block: float) -> Steps:
     return [(_Pattern.concat(parts), k - 1)]
 
 
-def _line_stage(grids: list[np.ndarray], dim: int, block: float) -> Steps:
+def _line_stage(grids: list[np.ndarray], dim: int, block: float, broken=None) -> Steps:
     """k-1 steps of a bidirectional line (a ring without its wraparound link: a segment of
-    a torus ring, or a ring with a failed link) along grid dim `dim`: each step every
-    member passes a whole `block` on to each neighbour it has, both ways pipelined, so a
-    link carries (k-1) blocks each way, twice a ring's (k-1) half blocks."""
+    a torus ring, or a ring with a failed link, opened there) along grid dim `dim`: each
+    step every member passes a whole `block` on to each neighbour it has, both ways
+    pipelined, so a link carries (k-1) blocks each way, twice a ring's (k-1) half blocks.
+    `broken(a, b)` says whether neighbours a and b lost their link."""
     k = grids[0].shape[dim]
     if k == 1:
         return []
     parts = []
     for grid in grids:
-        lower = np.take(grid, range(k - 1), axis=dim).ravel()
-        upper = np.take(grid, range(1, k), axis=dim).ravel()
+        lines = np.array([_opened(line, broken) for line in _lines(grid, dim)])
+        lower, upper = lines[:, :-1].ravel(), lines[:, 1:].ravel()
         parts.append(_Pattern(np.concatenate([lower, upper]), np.concatenate([upper, lower]),
                               np.full(2 * lower.size, block)))
     return [(_Pattern.concat(parts), k - 1)]
+
+
+def _opened(ring: np.ndarray, broken) -> np.ndarray:
+    """The members of a ring as a line that starts after its first broken link, if any."""
+    for r in range(len(ring)):
+        if broken is not None and broken(int(ring[r - 1]), int(ring[r])):
+            return np.roll(ring, -r)
+    return ring
 
 
 def _all_gather(grids, order, m, stage=_ring_stage) -> Steps:
@@ -323,6 +350,7 @@ class _StepCost:
     link_bytes: float
     max_hops: int
     steps: int
+    detours: int = 0  # transfers routed around faults
 
     @property
     def seconds(self) -> float:
@@ -337,7 +365,25 @@ class _Network:
         self.coords = np.array([topology.coords(c) for c in range(topology.num_chips)])
         self.n_links = topology.num_chips * topology.ndim * 2
         self.link_bandwidth = np.tile(np.repeat(topology.link_bandwidth, 2), topology.num_chips)
+        self.failed = np.zeros(self.n_links, dtype=bool)  # links no route may take
+        for chip in range(topology.num_chips):
+            for peer, axis, direction in topology.neighbours(chip):
+                for a, b, d in ((chip, peer, direction), (peer, chip, -direction)):
+                    link = self.link_id(a, axis, d)
+                    self.link_bandwidth[link] = topology.link_bandwidth[axis] * \
+                        topology.bandwidth_factor(a, b)
+                    self.failed[link] = not topology.link_usable(a, b)
         self._templates: dict[int, tuple] = {}
+        self._detours: dict[tuple[int, int], tuple] = {}
+
+    def link_id(self, src: int, axis: int, direction: int) -> int:
+        """Index of the link leaving chip `src` along `axis` in `direction` (+1/-1)."""
+        return (src * self.topology.ndim + axis) * 2 + (direction > 0)
+
+    def broken(self, a: int, b: int) -> bool:
+        """Whether neighbours a and b cannot use the link between them (either way)."""
+        return self.topology.hops(a, b) == 1 and \
+            not (self.topology.link_usable(a, b) and self.topology.link_usable(b, a))
 
     @staticmethod
     @functools.lru_cache(maxsize=8)
@@ -358,8 +404,9 @@ class _Network:
         if any(g is None for g in grids) or len({g.shape for g in grids}) > 1:
             return [np.asarray(g, dtype=np.int64) for g in groups], False
         spanned = self.spanned_axes(grids[0].ravel())
-        whole = all(len(np.unique(self.coords[g.ravel(), a])) == self.topology.shape[a]
-                    for g in grids for a in spanned)
+        whole = not self.topology.has_faults and \
+            all(len(np.unique(self.coords[g.ravel(), a])) == self.topology.shape[a]
+                for g in grids for a in spanned)
         return (grids[:1] if whole else grids), whole
 
     def _torus_grid(self, chips: np.ndarray) -> np.ndarray | None:
@@ -381,7 +428,9 @@ class _Network:
         are equally short and half the bytes go each way (ties going one way only would load
         one direction of every ring twice as much as the other)."""
         if offset not in self._templates:
-            ways = {self.topology.route(0, offset, tie) for tie in (1, -1)}
+            # the healthy route: transfers whose translated route meets a fault are
+            # detoured one by one in loads()
+            ways = {self.topology.healthy().route(0, offset, tie) for tie in (1, -1)}
             links = [l for way in ways for l in way]
             way = next(iter(ways))
             self._templates[offset] = (
@@ -392,41 +441,62 @@ class _Network:
                 sum(l.latency for l in way), len(way))
         return self._templates[offset]
 
-    def loads(self, pattern: _Pattern) -> tuple[np.ndarray, float, int]:
-        """(bytes on every link, longest route latency, most hops) of one step."""
+    def loads(self, pattern: _Pattern) -> tuple[np.ndarray, float, int, int]:
+        """(bytes on every link, longest route latency, most hops, transfers detoured
+        around faults) of one step."""
         shape = np.array(self.topology.shape)
         src = self.coords[pattern.src]
         offsets = np.ravel_multi_index(((self.coords[pattern.dst] - src) % shape).T,
                                        self.topology.shape)
         links, weights = [], []
-        latency, hops = 0.0, 0
+        latency, hops, detoured = 0.0, 0, 0
         for offset in np.unique(offsets):
             at, axis, up, share, lat, h = self._template(int(offset))
             mine = offsets == offset
             # link source chips: each transfer's source translated by the template's hops
             chips = np.ravel_multi_index(((src[mine][:, None, :] + at[None]) % shape)
                                          .reshape(-1, len(shape)).T, self.topology.shape)
-            links.append(((chips.reshape(-1, len(axis)) * self.topology.ndim + axis) * 2 + up)
-                         .ravel())
-            weights.append((pattern.nbytes[mine][:, None] * share[None]).ravel())
-            latency, hops = max(latency, lat), max(hops, h)
+            ids = (chips.reshape(-1, len(axis)) * self.topology.ndim + axis) * 2 + up
+            nbytes = pattern.nbytes[mine]
+            blocked = self.failed[ids].any(axis=1)
+            links.append(ids[~blocked].ravel())
+            weights.append((nbytes[~blocked][:, None] * share[None]).ravel())
+            if not blocked.all():
+                latency, hops = max(latency, lat), max(hops, h)
+            for s, d, n in zip(pattern.src[mine][blocked], pattern.dst[mine][blocked],
+                               nbytes[blocked]):
+                route_ids, route_latency = self._detour(int(s), int(d))
+                links.append(route_ids)
+                weights.append(np.full(len(route_ids), n))
+                latency, hops = max(latency, route_latency), max(hops, len(route_ids))
+                detoured += 1
         loads = np.bincount(np.concatenate(links), np.concatenate(weights),
                             minlength=self.n_links)
-        return loads, latency, hops
+        return loads, latency, hops, detoured
+
+    def _detour(self, src: int, dst: int) -> tuple[np.ndarray, float]:
+        """(link ids, latency) of the route around the faults (Topology.route)."""
+        if (src, dst) not in self._detours:
+            route = self.topology.route(src, dst)
+            self._detours[src, dst] = (
+                np.array([self.link_id(l.src, l.axis, l.direction) for l in route],
+                         dtype=np.int64), sum(l.latency for l in route))
+        return self._detours[src, dst]
 
     def evaluate(self, steps: Steps) -> _StepCost:
         """Alpha-beta time of `steps`: per step, the longest route's latency plus the
         busiest link's bytes over its bandwidth."""
         latency = bandwidth = 0.0
         totals = np.zeros(self.n_links)
-        max_hops = count = 0
+        max_hops = count = detours = 0
         for pattern, times in steps:
-            loads, step_latency, step_hops = self.loads(pattern)
+            loads, step_latency, step_hops, step_detours = self.loads(pattern)
             latency += times * step_latency
             bandwidth += times * float(np.max(loads / self.link_bandwidth))
             totals += times * loads
             max_hops, count = max(max_hops, step_hops), count + times
-        return _StepCost(latency, bandwidth, float(totals.max()), max_hops, count)
+            detours += times * step_detours
+        return _StepCost(latency, bandwidth, float(totals.max()), max_hops, count, detours)
 
     def spanned_axes(self, chips: np.ndarray) -> list[int]:
         """Physical axes along which `chips` differ."""

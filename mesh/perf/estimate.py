@@ -191,6 +191,8 @@ def target_text(topology: Topology, placement: Placement | None) -> str:
                                                         placement.axis_sizes)))
         placed = (f"\nmesh: {axes}; chips {chips_text(placement.device_to_chip)} "
                   f"({len(placement.device_to_chip)} of {topology.num_chips})")
+    if topology.has_faults:
+        placed += f"\nfaults: {topology.faults_text()}"
     return (f"target: {topology.name} torus {'x'.join(map(str, topology.shape))} (links per "
             f"direction {links}){placed}\n"
             f"chip: {chip.name}, {chip.neuron_cores} NeuronCores, PE {chip.pe_rows}x"

@@ -169,3 +169,16 @@ def test_loop_body_cost_is_multiplied_by_its_trip_count():
     dots = 4 * 2 * 128 * 256 * 256
     assert dots <= cost["flops"] < dots + 100  # plus the loop counter's adds and compares
     assert cost["trn2"]["loops_of_unknown_trip_count"] == 0
+
+
+def test_cli_with_a_failed_link_lists_the_faults_and_the_slowdown(stablehlo_file, capsys):
+    # chips 0 and 4 are neighbours along y, the axis the psum runs on
+    assert main(["inspect", str(stablehlo_file), "--fail-link", "0,4"]) == 0
+    out = capsys.readouterr().out
+    assert "faults: failed links 0->4, 4->0" in out
+    assert re.search(r"faults: .*x the healthy", out)
+
+
+def test_cli_with_a_failed_chip_under_the_mesh_names_it(stablehlo_file, capsys):
+    assert main(["inspect", str(stablehlo_file), "--fail-chip", "5"]) == 1
+    assert "chip 5 at torus (0, 1, 1) held device 5 (x=0, y=1, z=1)" in capsys.readouterr().err

@@ -71,3 +71,20 @@ def test_chips_text_compresses_ranges():
 def test_unoccupied_chip_has_no_device():
     with pytest.raises(ValueError, match="chip 63 runs no device of this mesh"):
         place_mesh(ULTRA, (2, 4), ("a", "b")).device_of(63)
+
+
+def test_mesh_on_a_failed_chip_names_it_and_offers_placements_that_avoid_it():
+    faulty = ULTRA.with_overrides(failed_chips={5})
+    with pytest.raises(ValueError, match=r"chip 5 at torus \(0, 1, 1\) held device 5 "
+                                         r"\(x=0, y=1, z=1\); no placement of 64 devices"):
+        place_mesh(faulty, (4, 4, 4), ("x", "y", "z"))
+    with pytest.raises(ValueError, match=r"chip 5 at torus \(0, 1, 1\) held device 4 \(a=1, "
+                                         r"b=0\); placements that avoid the failed chips: "
+                                         r"origin=\[\(0, 0, 0\)"):
+        place_mesh(faulty, (2, 4), ("a", "b"), origin=(0, 0, 1))
+
+
+def test_origin_moves_the_block():
+    placement = place_mesh(ULTRA, (2, 4), ("a", "b"), origin=(0, 3, 2))
+    assert sorted(map(tuple, coords(placement))) == \
+        sorted((x, y % 4, 2) for x in range(4) for y in (3, 4))

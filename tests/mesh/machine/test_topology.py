@@ -250,3 +250,27 @@ def test_too_large_mesh_names_chip_count_and_shapes_that_fit():
 def test_mesh_names_must_match_sizes():
     with pytest.raises(ValueError, match="distinct names"):
         place_mesh(get_topology("trn2"), (4, 4), ("x",))
+
+
+def test_route_goes_around_a_failed_cable():
+    faulty = get_topology("trn2-ultra").with_failed_cable(0, 16)
+    assert [l.dst for l in faulty.route(0, 16)] == [48, 32, 16]
+    assert [l.dst for l in faulty.route(0, 1)] == [1]  # other routes unchanged
+
+
+def test_faults_are_checked():
+    ultra = get_topology("trn2-ultra")
+    with pytest.raises(ValueError, match="are not neighbours"):
+        ultra.with_failed_cable(0, 2)
+    with pytest.raises(ValueError, match=r"factor in \(0, 1\)"):
+        ultra.with_overrides(degraded_links=((0, 1, 0.0),))
+    with pytest.raises(ValueError, match="out of range"):
+        ultra.with_overrides(failed_chips={64})
+
+
+def test_isolated_chip_has_no_route():
+    topo = get_topology("trn2")
+    for peer, _, _ in topo.neighbours(0):
+        topo = topo.with_failed_cable(0, peer)
+    with pytest.raises(ValueError, match="no route from chip 0"):
+        topo.route(0, 5)

@@ -175,3 +175,35 @@ def test_whole_ring_is_cheaper_than_a_segment_of_the_same_length():
     assert whole.algorithm == "ring"  # (4, 2): the 4 takes the whole x ring
     segment = plan("all-gather", (1,), BIG, shape=(4, 2), names=("ring", "other"))
     assert segment.algorithm == "line" and segment.torus_axes == ("y",)
+
+
+def test_ring_with_a_failed_link_runs_as_a_line_opened_there():
+    """One x cable down (chips 0 and 16): the x ring through them becomes a line starting
+    after the break, and the all-reduce costs the line formula, twice the ring's bytes."""
+    faulty = ULTRA.with_failed_cable(0, 16)
+    p = plan("all-reduce", (0,), BIG, topology=faulty)
+    line = 2 * (K - 1) * ALPHA + 2 * (K - 1) / K * BIG / BX
+    assert p.algorithm == "line" and p.detours == 0
+    assert p.seconds == pytest.approx(line, rel=1e-12)
+    healthy = 2 * (K - 1) * ALPHA + (K - 1) / K * BIG / BX
+    assert p.healthy_seconds == pytest.approx(healthy, rel=1e-12)
+    assert "faults: 1.98x the healthy 402.216 us" in p.describe()
+
+
+def test_transfer_across_a_failed_link_goes_the_other_way_round():
+    faulty = ULTRA.with_failed_cable(0, 16)
+    pairs = ((0, 16),)  # logical devices 0 and 16 are chips 0 and 16 on (4, 4, 4)
+    instr = isa.CollectivePermute((1,), (0,), pairs=pairs)
+    p = plan_collective(instr, BIG, faulty, place_mesh(faulty, (4, 4, 4), ("x", "y", "z")))
+    assert p.detours == 1 and p.max_hops == 3  # 0 -> 48 -> 32 -> 16
+    assert p.latency_seconds == pytest.approx(3 * ALPHA)
+
+
+def test_degraded_link_slows_the_ring_it_is_on():
+    no_latency = ULTRA.with_overrides(link_latency=(0.0,) * 3)
+    slow = no_latency.with_overrides(degraded_links=((0, 16, 0.5),))
+    healthy, degraded = (plan("all-gather", (0,), BIG, topology=t) for t in (no_latency, slow))
+    # the bottleneck link runs at half speed; the tuner may prefer a line avoiding it
+    assert degraded.seconds <= 2 * healthy.seconds
+    assert degraded.seconds > healthy.seconds
+    assert degraded.healthy_seconds == pytest.approx(healthy.seconds, rel=1e-12)
