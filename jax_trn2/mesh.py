@@ -9,12 +9,13 @@ import numpy as np
 from jax.sharding import AxisType, Mesh
 
 from lowering.host import host_devices
-from mesh.machine import (TOPOLOGY_NAMES, Placement, Topology, get_topology, place_first,
-                          place_mesh)
+from mesh.machine import (TOPOLOGY_NAMES, ULTRACLUSTER_PREFIX, Placement, Topology,
+                          get_topology, place_first, place_mesh)
 
 DEFAULT_TOPOLOGY = "trn2-ultra"
 # The mesh of an SPMD module's processes (lowering.replica_groups.ProcessGrid).
 PROCESS_GRID_AXES = ("replica", "partition")
+ULTRASERVER_CHIPS = 64
 
 # Topology of each mesh shape make_mesh handed out, so that jit can find the machine a
 # shard_map's mesh was made for, and the block origin it was placed at (the lowered module
@@ -63,7 +64,8 @@ def topology_for(axis_sizes: tuple[int, ...], axis_names: tuple[str, ...],
                  topology: str | Topology | None) -> Topology:
     """The topology a program's mesh runs on: the one asked for, else the one make_mesh
     made that mesh for, else the smallest preset that holds it (trn2: 16 chips,
-    trn2-ultra: 64, trn2-ultra-max: 256)."""
+    trn2-ultra: 64, trn2-ultra-max: 256, then UltraClusters of as many 64-chip UltraServers
+    as it takes)."""
     if topology is None:
         topology = _MESH_MACHINES.get((axis_sizes, axis_names), (None, None))[0]
     if isinstance(topology, Topology):
@@ -72,7 +74,7 @@ def topology_for(axis_sizes: tuple[int, ...], axis_names: tuple[str, ...],
         count = math.prod(axis_sizes)
         holding = [t for t in TOPOLOGY_NAMES if get_topology(t).num_chips >= count]
         topology = min(holding, key=lambda t: get_topology(t).num_chips) if holding \
-            else max(TOPOLOGY_NAMES, key=lambda t: get_topology(t).num_chips)
+            else f"{ULTRACLUSTER_PREFIX}{-(-count // ULTRASERVER_CHIPS)}"
     return get_topology(topology)
 
 

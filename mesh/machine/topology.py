@@ -22,6 +22,16 @@ DEFAULT_HOP_LATENCY_S = 1.5e-6
 # Bytes/s per direction per neighbour link (seed 001).
 IN_SERVER_LINK_BANDWIDTH = 128e9  # x, y: inside a 16-chip server
 ACROSS_SERVER_LINK_BANDWIDTH = 64e9  # z: the ring across the 4 servers of an UltraServer
+# EFA between UltraServers (trn2_facts: EFAv3, 200 Gbit/s per chip = 25 GB/s each way,
+# 12.8 Tb/s per UltraServer; 6.5 us packet latency). The cluster axis is modelled as a ring
+# of UltraServers in which each chip talks to the chip at its own position in the previous
+# and next UltraServer, its 25 GB/s shared between the two: 12.5 GB/s per direction per
+# neighbour. (EFA is a switched network; for the ring and hierarchical algorithms used
+# across servers the ring carries the same bytes per NIC, for all-to-all it is pessimistic.)
+EFA_BYTES_PER_CHIP = 200e9 / 8
+EFA_LINK_BANDWIDTH = EFA_BYTES_PER_CHIP / 2
+EFA_LATENCY_S = 6.5e-6
+ULTRACLUSTER_PREFIX = "trn2-ultracluster-"
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,8 @@ class Topology:
     link_bandwidth: tuple[float, ...]  # bytes/s per direction per neighbour link, per axis
     link_latency: tuple[float, ...]  # seconds per hop, per axis
     chip: ChipSpec = field(default_factory=ChipSpec)
+    # Axes whose links are EFA between UltraServers (the others are NeuronLink).
+    efa_axes: frozenset[int] = frozenset()
     # Faults. A failed link carries nothing: routes go around it the way the torus allows.
     # A degraded link runs at `factor` (0 < factor < 1) of its axis' bandwidth. A failed
     # chip runs no device of a mesh and forwards no traffic. Links are (src, dst) chip
@@ -358,11 +370,41 @@ TOPOLOGY_NAMES: tuple[str, ...] = tuple(_PRESETS)
 
 
 def get_topology(name: str = "trn2-ultra", **overrides: object) -> Topology:
-    """The preset ``name`` (see ``TOPOLOGY_NAMES``) with any Topology field overridden.
+    """The preset ``name`` (see ``TOPOLOGY_NAMES``), or ``trn2-ultracluster-N`` (N
+    UltraServers joined by EFA), with any Topology field overridden.
 
     >>> get_topology("trn2-ultra", link_bandwidth=(100e9, 100e9, 50e9)).num_chips
     64
+    >>> get_topology("trn2-ultracluster-16").num_chips
+    1024
     """
+    if name.startswith(ULTRACLUSTER_PREFIX):
+        return _replace(ultracluster(_server_count(name)), overrides)
     if name not in _PRESETS:
-        raise ValueError(f"unknown topology {name!r}; known presets: {list(TOPOLOGY_NAMES)}")
+        raise ValueError(f"unknown topology {name!r}; known presets: {list(TOPOLOGY_NAMES)} "
+                         f"and {ULTRACLUSTER_PREFIX}N (N UltraServers)")
     return _replace(_PRESETS[name], overrides)
+
+
+def ultracluster(servers: int) -> Topology:
+    """`servers` Trn2 UltraServers (the 4x4x4 torus of trn2-ultra each) joined by EFA
+    along a leading axis 's': chip (x, y, z) of UltraServer s links to chip (x, y, z) of
+    UltraServers s-1 and s+1. Chips are numbered row-major over (s, x, y, z), so
+    UltraServer s holds chips 64 s .. 64 s + 63."""
+    ultra = _PRESETS["trn2-ultra"]
+    return Topology(
+        name=f"{ULTRACLUSTER_PREFIX}{servers}",
+        shape=(servers, *ultra.shape),
+        axis_names=("s", *ultra.axis_names),
+        link_bandwidth=(EFA_LINK_BANDWIDTH, *ultra.link_bandwidth),
+        link_latency=(EFA_LATENCY_S, *ultra.link_latency),
+        efa_axes=frozenset({0}),
+    )
+
+
+def _server_count(name: str) -> int:
+    count = name[len(ULTRACLUSTER_PREFIX):]
+    if not count.isdigit() or int(count) < 1:
+        raise ValueError(f"{name!r}: the UltraServer count after {ULTRACLUSTER_PREFIX!r} must "
+                         f"be a positive integer, e.g. {ULTRACLUSTER_PREFIX}16")
+    return int(count)

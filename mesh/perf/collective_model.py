@@ -46,6 +46,11 @@ from mesh import isa
 from mesh.machine import Placement, Topology
 from mesh.units import bytes_text, seconds_text
 
+# Largest group given the direct (all-pairs) candidates, whose n(n-1) transfers make them
+# costly to evaluate and, like a collective library's one-shot algorithms, only ever worth
+# it in small groups (all-to-all has no other algorithm and always gets them).
+DIRECT_MAX_GROUP = 64
+
 KINDS: dict[type, str] = {
     isa.AllReduce: "all-reduce",
     isa.AllGather: "all-gather",
@@ -195,11 +200,33 @@ def _algorithms(kind: str, grids: list[np.ndarray], m: float, net: _Network, on_
         stages = (("line", line),) * (not on_rings) + (("ring", _ring_stage),)
         for (label, stage), order in itertools.product(stages, itertools.permutations(dims)):
             if len(dims) > 1:
-                label = f"{label}s " + ">".join(names[d] for d in order)
+                label = _hierarchical_label(kind, order, names, net.efa_dims(grids[0])) or \
+                    f"{label}s " + ">".join(names[d] for d in order)
             yield label, ring_stages(grids, order, m, stage), tuple(shape[d] for d in order)
         if len(dims) > 1:
             yield from _rotated(kind, ring_stages, grids, names, m, net)
-    yield from _direct(kind, grids, m)
+    if grids[0].size <= DIRECT_MAX_GROUP or ring_stages is None:
+        yield from _direct(kind, grids, m)
+
+
+def _hierarchical_label(kind: str, order: tuple[int, ...], names: list[str],
+                        efa: set[int]) -> str | None:
+    """The name of a ring order that crosses EFA once, on the smallest piece: for
+    all-reduce, reduce-scatter inside the UltraServers, all-reduce over EFA, all-gather
+    inside (the order ends with the EFA axis, so its stages run on 1/(chips per server)
+    of the buffer); for reduce-scatter the EFA stage last, for all-gather first."""
+    if not efa or len(order) < 2 or set(order) <= efa:
+        return None
+    inside = [names[d] for d in order if d not in efa]
+    over = "*".join(names[d] for d in order if d in efa)
+    if kind == "all-reduce" and set(order[-len(efa):]) == efa:
+        return (f"hierarchical: reduce-scatter {'>'.join(inside)}, all-reduce over EFA "
+                f"{over}, all-gather {'>'.join(reversed(inside))}")
+    if kind == "reduce-scatter" and set(order[-len(efa):]) == efa:
+        return f"hierarchical: reduce-scatter {'>'.join(inside)}, then over EFA {over}"
+    if kind == "all-gather" and set(order[:len(efa)]) == efa:
+        return f"hierarchical: all-gather over EFA {over}, then {'>'.join(inside)}"
+    return None
 
 
 def _ring_stage(grids: list[np.ndarray], dim: int, block: float) -> Steps:
@@ -508,6 +535,11 @@ class _Network:
     def axis_name(self, grid: np.ndarray, dim: int) -> str:
         """Physical axes spanned along grid dim `dim` (joined with '*' when several)."""
         return "*".join(self.torus_axes(_lines(grid, dim)[0])) or "-"
+
+    def efa_dims(self, grid: np.ndarray) -> set[int]:
+        """Grid dims whose lines cross EFA links between UltraServers."""
+        return {d for d in range(grid.ndim)
+                if set(self.spanned_axes(_lines(grid, d)[0])) & self.topology.efa_axes}
 
     def axis_bandwidth(self, grid: np.ndarray, dim: int) -> float:
         """Link bandwidth of the slowest physical axis spanned along grid dim `dim`."""

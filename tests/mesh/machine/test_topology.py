@@ -274,3 +274,18 @@ def test_isolated_chip_has_no_route():
         topo = topo.with_failed_cable(0, peer)
     with pytest.raises(ValueError, match="no route from chip 0"):
         topo.route(0, 5)
+
+
+def test_ultracluster_joins_ultraservers_by_efa():
+    cluster = get_topology("trn2-ultracluster-16")
+    assert cluster.shape == (16, 4, 4, 4) and cluster.num_chips == 1024
+    assert cluster.axis_names == ("s", "x", "y", "z") and cluster.efa_axes == {0}
+    # chip (x, y, z) of UltraServer s links to the same chip of UltraServer s + 1
+    link = cluster.link(5, 64 + 5)
+    assert link.axis == 0 and link.bandwidth == 12.5e9 and link.latency == 6.5e-6
+    assert cluster.link(5, 6).bandwidth == 64e9  # z inside the UltraServer: NeuronLink
+
+
+def test_ultracluster_name_needs_a_server_count():
+    with pytest.raises(ValueError, match="must be a positive integer"):
+        get_topology("trn2-ultracluster-x")

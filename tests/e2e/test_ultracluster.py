@@ -1,0 +1,25 @@
+"""A mesh across UltraServers: a logical axis over EFA, executed and estimated."""
+
+import jax
+import numpy as np
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import jax_trn2
+
+
+def test_two_ultraservers_run_a_step_across_efa(rng):
+    mesh = jax_trn2.make_mesh((2, 64), ("dp", "fsdp"), topology="trn2-ultracluster-2")
+    body = lambda x: lax.psum(x, ("dp", "fsdp"))  # noqa: E731
+    step = jax_trn2.jit(jax.shard_map(body, mesh=mesh, in_specs=P(("dp", "fsdp")),
+                                      out_specs=P(("dp", "fsdp"))))
+    x = rng.integers(-100, 100, (128 * 2, 3)).astype(np.int32)  # integers: exact sums
+    np.testing.assert_array_equal(step(x), np.tile(x.reshape(128, 2, 3).sum(0), (128, 1)))
+    text = step.lower(x).compile().as_text()
+    assert "mesh: dp=2 on ring s, fsdp=64 on spans x*y*z; chips 0-127 (128 of 128)" in text
+    assert "hierarchical: reduce-scatter x>y>z, all-reduce over EFA s, all-gather z>y>x" in text
+
+
+def test_mesh_beyond_the_presets_goes_to_an_ultracluster():
+    from jax_trn2.mesh import topology_for
+    assert topology_for((16, 64), ("dp", "fsdp"), None).name == "trn2-ultracluster-16"
