@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from jax_trn2.device import PLATFORM_NAME, Buffer, Device
 from jax_trn2.executable import LoadedExecutable
@@ -27,14 +27,16 @@ class Client:
     def device_count(self) -> int:
         return len(self._devices)
 
-    def compile(self, program: Any, *, rounding: str = "nearest",
-                seed: int = 0) -> LoadedExecutable:
+    def compile(self, program: Any, *, rounding: str = "nearest", seed: int = 0,
+                executor_devices: Sequence[Any] | None = None) -> LoadedExecutable:
         """Compile StableHLO (MLIR text, bytecode, or a jaxlib ir.Module) for this machine.
 
         `rounding` is "nearest" (round-to-nearest-even) or "stochastic" (with `seed`) for
-        every rounding to BF16/FP16/FP8 (mesh.numerics)."""
-        return LoadedExecutable.from_stablehlo(self.topology, program,
-                                               rounding=numerics.Rounding(rounding, seed)).load()
+        every rounding to BF16/FP16/FP8 (mesh.numerics). `executor_devices`: JAX devices
+        that run the simulation together (see jax_trn2.jit)."""
+        return LoadedExecutable.from_stablehlo(
+            self.topology, program, rounding=numerics.Rounding(rounding, seed),
+            executor_devices=executor_devices).load()
 
     def buffer_from_pyval(self, array: Any, device: Device | None = None) -> Buffer:
         """Put a host array on a chip (the first one by default)."""

@@ -66,9 +66,11 @@ class LoadedExecutable:
 
     def __init__(self, program: isa.Program, topology: Topology,
                  arg_names: Sequence[str] | None = None,
-                 rounding: numerics.Rounding = numerics.NEAREST):
+                 rounding: numerics.Rounding = numerics.NEAREST,
+                 executor_devices: Sequence[jax.Device] | None = None):
         self.topology = topology
         self.rounding = rounding
+        self.executor_devices = tuple(executor_devices) if executor_devices else None
         self.placement: Placement | None = placement_for(topology, program.mesh.axis_sizes,
                                                          program.mesh.axis_names)
         # What runs is the planned program: matmuls tiled, collectives mapped on the torus.
@@ -84,7 +86,8 @@ class LoadedExecutable:
                                         dtypes.numpy_dtype(self.program.values[v].type.dtype))
                    for v in self.program.inputs]
         with jax.enable_x64(True):  # a module's 64-bit inputs keep their type
-            return compile_program(self.program, self.rounding).lower(*layouts).compile()
+            return compile_program(self.program, self.rounding,
+                                   self.executor_devices).lower(*layouts).compile()
 
     def load(self) -> "LoadedExecutable":
         """Compile the program for the host now (otherwise the first execute does)."""
@@ -94,9 +97,13 @@ class LoadedExecutable:
     @classmethod
     def from_stablehlo(cls, topology: Topology | str | None, stablehlo: Any,
                        arg_names: Sequence[str] | None = None,
-                       rounding: numerics.Rounding = numerics.NEAREST) -> "LoadedExecutable":
+                       rounding: numerics.Rounding = numerics.NEAREST,
+                       executor_devices: Sequence[jax.Device] | None = None,
+                       ) -> "LoadedExecutable":
         """Lower and compile StableHLO for `topology` (None: the one the mesh was made for),
-        rounding to narrow floats as `rounding` says."""
+        rounding to narrow floats as `rounding` says; the simulation runs on the JAX
+        devices `executor_devices` (default: jax's default device; see
+        mesh.executor.compile_program)."""
         program = lowering.lower(stablehlo)
         if not isinstance(topology, Topology):
             topology = topology_for(program.mesh.axis_sizes, program.mesh.axis_names, topology)
@@ -108,7 +115,7 @@ class LoadedExecutable:
                 f"{program.mesh.num_devices} processes, but topology '{topology.name}' has "
                 f"only {topology.num_chips} chips (one process runs on each chip; trn2: 16, "
                 "trn2-ultra: 64, trn2-ultra-max: 256)")
-        return cls(program, topology, arg_names, rounding)
+        return cls(program, topology, arg_names, rounding, executor_devices)
 
     def devices(self) -> list[Device]:
         """The chips the program runs on, in logical device order (row-major over the mesh)."""

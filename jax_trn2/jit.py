@@ -106,10 +106,12 @@ class Jitted:
 
     def __init__(self, fun: Callable, static_argnums: int | Sequence[int] = (),
                  static_argnames: str | Sequence[str] = (), topology: str | Topology | None = None,
-                 rounding: numerics.Rounding = numerics.NEAREST, **jit_options):
+                 rounding: numerics.Rounding = numerics.NEAREST,
+                 executor_devices: Sequence[jax.Device] | None = None, **jit_options):
         functools.update_wrapper(self, fun)
         self._fun = fun
         self._topology = topology
+        self._executor_devices = executor_devices
         self.rounding = rounding
         try:
             self._params = list(inspect.signature(fun).parameters.values())
@@ -174,7 +176,8 @@ class Jitted:
         _, dyn_args, dyn_kwargs = self._split(args, kwargs)
         executable = LoadedExecutable.from_stablehlo(
             self._topology, jax_lowered.compiler_ir("stablehlo"),
-            arg_names=self._arg_names(dyn_args, dyn_kwargs, len(args)), rounding=self.rounding)
+            arg_names=self._arg_names(dyn_args, dyn_kwargs, len(args)), rounding=self.rounding,
+            executor_devices=self._executor_devices)
         return Lowered(jax_lowered, executable, jax_lowered.in_tree, jax_lowered.out_tree)
 
     def _arg_names(self, dyn_args: tuple, dyn_kwargs: dict, n_args: int) -> list[str]:
@@ -199,7 +202,8 @@ def jit(fun: Callable | None = None, *, in_shardings: Any = UNSPECIFIED,
         out_shardings: Any = UNSPECIFIED, static_argnums: int | Sequence[int] = (),
         static_argnames: str | Sequence[str] = (), donate_argnums: int | Sequence[int] = (),
         donate_argnames: str | Sequence[str] = (), topology: str | Topology | None = None,
-        rounding: str = "nearest", seed: int = 0):
+        rounding: str = "nearest", seed: int = 0,
+        executor_devices: Sequence[jax.Device] | None = None):
     """Like `jax.jit`, but runs on the simulated Trainium2 mesh.
 
     Pytrees in and out, keyword arguments, static arguments, and a compiled-program cache
@@ -218,6 +222,10 @@ def jit(fun: Callable | None = None, *, in_shardings: Any = UNSPECIFIED,
     even, the hardware default) or "stochastic" (Trainium2's opt-in stochastic rounding,
     random bits from `seed`: the same seed reproduces the same results, call after call).
     See mesh.numerics for the arithmetic model.
+
+    `executor_devices` (e.g. `jax.devices()`: several GPUs, or the devices of several hosts
+    joined with jax.distributed) run the one simulation together, its arrays split along
+    the mesh axes; results are bit-identical to a run on one device.
     """
     policy = numerics.Rounding(rounding, seed)
     jit_options = dict(in_shardings=in_shardings, out_shardings=out_shardings,
@@ -225,5 +233,7 @@ def jit(fun: Callable | None = None, *, in_shardings: Any = UNSPECIFIED,
     if fun is None:
         return functools.partial(jit, static_argnums=static_argnums,
                                  static_argnames=static_argnames, topology=topology,
-                                 rounding=rounding, seed=seed, **jit_options)
-    return Jitted(fun, static_argnums, static_argnames, topology, policy, **jit_options)
+                                 rounding=rounding, seed=seed,
+                                 executor_devices=executor_devices, **jit_options)
+    return Jitted(fun, static_argnums, static_argnames, topology, policy, executor_devices,
+                  **jit_options)

@@ -12,6 +12,8 @@ from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from mesh import isa, numerics
 from mesh.isa.kernels import kernel_for
@@ -64,11 +66,21 @@ EXACT_PRECISION = {"xla_allow_excess_precision": False}
 
 
 def compile_program(program: isa.Program,
-                    rounding: numerics.Rounding = numerics.NEAREST) -> Callable:
+                    rounding: numerics.Rounding = numerics.NEAREST,
+                    devices: Sequence[jax.Device] | None = None) -> Callable:
     """One jax.jit-compiled function of the program's input arrays (executor layout).
 
     `rounding` is the policy for rounding to narrow floats; each trace gets a fresh rounding
     hook, so a stochastic program's rounding sites are numbered the same way every time.
+
+    `devices` (JAX devices of any backend: several CPU devices, GPUs, the devices of
+    several hosts under jax.distributed) share the simulation: each input is split along
+    its first mesh axis that they divide, and XLA's SPMD partitioner spreads the one
+    computation over them. The arithmetic does not change with the devices: every matmul
+    and convolution kernel asks for Precision.HIGHEST with FP32 accumulation (on a GPU this
+    rules out TF32 and other reduced-precision passes), collectives add element by element
+    in their stated order, and `xla_allow_excess_precision` is off, so results are
+    bit-identical to a run on one device.
     """
     def run(*args):
         # StableHLO has 64-bit values even when the user's jax has no jax_enable_x64
@@ -76,5 +88,20 @@ def compile_program(program: isa.Program,
         with jax.enable_x64(True):
             return run_program(program, args, rounding.rounder())
 
-    return jax.jit(run, compiler_options=EXACT_PRECISION)
+    if devices is None or len(devices) <= 1:
+        return jax.jit(run, compiler_options=EXACT_PRECISION)
+    return jax.jit(run, compiler_options=EXACT_PRECISION,
+                   in_shardings=tuple(_split_over(devices, program.array_shape(v))
+                                      for v in program.inputs))
+
+
+def _split_over(devices: Sequence[jax.Device], shape: tuple[int, ...]) -> NamedSharding:
+    """The sharding of an executor array over `devices`: its first (mesh) axis whose size
+    the device count divides, else replicated."""
+    mesh = Mesh(np.array(devices), ("executor",))
+    spec = [None] * len(shape)
+    axis = next((i for i, n in enumerate(shape) if n > 1 and n % len(devices) == 0), None)
+    if axis is not None:
+        spec[axis] = "executor"
+    return NamedSharding(mesh, PartitionSpec(*spec))
 

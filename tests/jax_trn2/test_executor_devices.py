@@ -1,0 +1,52 @@
+"""One simulation over several JAX devices: bit-identical to one device.
+
+The host devices must be configured before JAX starts, so each case runs in a subprocess
+with jax_num_cpu_devices set.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCRIPT = """
+import jax
+jax.config.update("jax_num_cpu_devices", {devices})
+import jax.numpy as jnp, numpy as np
+from jax.sharding import PartitionSpec as P
+import jax_trn2
+
+mesh = jax_trn2.make_mesh((4, 4, 4), ("x", "y", "z"))
+
+def body(x, w):  # BF16 matmul with FP32 PSUM, ring reductions, gathers and scatters
+    h = jnp.tanh(jnp.dot(x, w, preferred_element_type=jnp.float32))
+    return (jax.lax.psum(h, "y"), jax.lax.all_gather(h.astype(jnp.bfloat16), "z", tiled=True),
+            jax.lax.psum_scatter(h, "x", tiled=True), jax.lax.pmax(jnp.sum(h), ("x", "y", "z")))
+
+f = jax.shard_map(body, mesh=mesh, in_specs=(P(("x", "z"), "y"), P("y", None)),
+                  out_specs=(P(("x", "z")), P("x"), P("x"), P()), check_vma=False)
+rng = np.random.default_rng(0)
+x = rng.standard_normal((256, 512)).astype(jnp.bfloat16)
+w = rng.standard_normal((512, 256)).astype(jnp.bfloat16)
+one = jax_trn2.jit(f)(x, w)
+split = jax_trn2.jit(f, executor_devices=jax.devices())
+many = split(x, w)
+run = split.lower(x, w).compile().executable._run
+used = {{d for s in run.input_shardings[0] for d in s.device_set}}
+assert len(used) == {devices}, used
+for a, b in zip(one, many):
+    a, b = np.atleast_1d(np.asarray(a)), np.atleast_1d(np.asarray(b))
+    assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+print("bit-identical over", len(used), "devices")
+"""
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_simulation_over_several_devices_is_bit_identical(devices):
+    result = subprocess.run([sys.executable, "-c", SCRIPT.format(devices=devices)], cwd=REPO,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"bit-identical over {devices} devices" in result.stdout
