@@ -71,16 +71,63 @@ def time_side(workload: Workload, side: str, calls: int) -> dict:
     return {"first": first, "steady": statistics.median(times)}
 
 
-def program_stats(workload: Workload) -> dict:
-    """Chips, Trn2 instructions and FLOPs (all chips) of the simulated program."""
+def program_stats(workload: Workload, gemm_rates: dict[str, float]) -> dict:
+    """Chips, Trn2 instructions, FLOPs (all chips) of the simulated program, and the host's
+    limit: the seconds its distinct matmul FLOPs take at the host's GEMM rates."""
     inputs = workload.inputs(np.random.default_rng(0))
     lowered = jax_trn2.jit(workload.build(jax_trn2.make_mesh())).lower(*inputs)
     program = lowered.program
     stats = {"chips": program.mesh.num_devices, "ops": len(program.instructions)}
     compiled = lowered.compile()
-    if hasattr(compiled, "cost_analysis"):
-        stats["flops"] = compiled.cost_analysis()["flops"] * program.mesh.num_devices
+    stats["flops"] = compiled.cost_analysis()["flops"] * program.mesh.num_devices
+    stats["limit_seconds"] = sum(flops / gemm_rates[dtype] for dtype, flops in
+                                 distinct_matmul_flops(compiled.executable.program).items())
     return stats
+
+
+def distinct_matmul_flops(program, times: int = 1) -> dict[str, float]:
+    """Matmul FLOPs the executor computes, by host GEMM type ('bfloat16' or 'float32'): a
+    matmul's per-chip FLOPs times the number of distinct copies of its result (the product
+    of the mesh axes it varies along; replicated work is done once), loop bodies times
+    their trip count."""
+    from mesh import isa
+    totals: dict[str, float] = {"bfloat16": 0.0, "float32": 0.0}
+    sizes = program.mesh.axis_sizes  # `varying` holds mesh axis indices
+    for instr in program.instructions:
+        if isinstance(instr, isa.Matmul):
+            lhs, rhs = (program.values[v].type for v in instr.ins)
+            k = int(np.prod([lhs.shape[d] for d in instr.lhs_contract], dtype=np.int64))
+            out = program.values[instr.outs[0]]
+            copies = int(np.prod([sizes[a] for a in out.varying], dtype=np.int64))
+            host = "bfloat16" if {lhs.dtype, rhs.dtype} <= BF16_HOST else "float32"
+            totals[host] += times * 2.0 * out.type.size * k * copies
+        trips = getattr(instr, "trip_count", None) or 1
+        for programs in isa.subprogram_fields(instr).values():
+            for sub in programs[:1]:  # a loop body, or one branch of a conditional
+                for dtype, flops in distinct_matmul_flops(sub, times * trips).items():
+                    totals[dtype] += flops
+    return totals
+
+
+# Operand types the executor multiplies with host BF16 GEMMs (mesh.isa.kernels.matmul).
+BF16_HOST = {"bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3", "float8_e3m4"}
+
+
+def host_gemm_rates(n: int = 2048, calls: int = 5) -> dict[str, float]:
+    """FLOP/s of one n x n x n GEMM on this host, FP32 accumulation, BF16 and FP32 inputs."""
+    rates = {}
+    for dtype in ("bfloat16", "float32"):
+        a = jnp.ones((n, n), dtype)
+        gemm = jax.jit(lambda a, b: jax.lax.dot(a, b, precision=jax.lax.Precision.HIGHEST,
+                                                preferred_element_type=jnp.float32))
+        _block(gemm(a, a))
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            _block(gemm(a, a))
+            times.append(time.perf_counter() - start)
+        rates[dtype] = 2.0 * n ** 3 / statistics.median(times)
+    return rates
 
 
 def peak_memory_mib(workload: str, side: str) -> float:
@@ -146,24 +193,30 @@ def main(argv=None) -> None:
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"python {platform.python_version()}, jax {jax.__version__}")
-    header = ("| workload | chips | ops | GFLOP | sim ms | jax ms | ratio | sim first s "
-              "| jax first s | first ratio | sim MiB | jax MiB | mem ratio |")
+    rates = host_gemm_rates()
+    print(f"host GEMM (2048^3, FP32 accumulation): BF16 {rates['bfloat16'] / 1e9:.0f} GFLOP/s, "
+          f"FP32 {rates['float32'] / 1e9:.0f} GFLOP/s")
+    header = ("| workload | chips | ops | GFLOP | sim ms | jax ms | ratio | of limit "
+              "| sim first s | jax first s | first ratio | sim MiB | jax MiB | mem ratio |")
     print(header)
-    print("|---" * 13 + "|")
+    print("|---" * 14 + "|")
     for workload in WORKLOADS + (TRANSFORMER_STACK,):
         if args.only and workload.name not in args.only:
             continue
         sim = time_side(workload, "sim", calls)
         ref = time_side(workload, "jax", calls)
-        stats = program_stats(workload)
+        stats = program_stats(workload, rates)
         mem = ("-", "-", "-")
         if not args.quick:
             s, j = peak_memory_mib(workload.name, "sim"), peak_memory_mib(workload.name, "jax")
             mem = (f"{s:.0f}", f"{j:.0f}", f"{s / j:.2f}")
-        gflop = f"{stats['flops'] / 1e9:.1f}" if "flops" in stats else "-"
+        gflop = f"{stats['flops'] / 1e9:.1f}"
+        # the share of the host's limit reached: distinct matmul time at the GEMM rate / sim
+        limit = f"{stats['limit_seconds'] / sim['steady']:.0%}"
         print(f"| {workload.name} | {stats['chips']} | {stats['ops']} | {gflop} "
               f"| {sim['steady'] * 1e3:.1f} | {ref['steady'] * 1e3:.1f} "
-              f"| {sim['steady'] / ref['steady']:.2f} | {sim['first']:.2f} | {ref['first']:.2f} "
+              f"| {sim['steady'] / ref['steady']:.2f} | {limit} | {sim['first']:.2f} "
+              f"| {ref['first']:.2f} "
               f"| {sim['first'] / ref['first']:.2f} | {mem[0]} | {mem[1]} | {mem[2]} |",
               flush=True)
 
