@@ -28,15 +28,20 @@ class Client:
         return len(self._devices)
 
     def compile(self, program: Any, *, rounding: str = "nearest", seed: int = 0,
-                executor_devices: Sequence[Any] | None = None) -> LoadedExecutable:
+                executor_devices: Sequence[Any] | None = None,
+                device_assignment: Sequence[Device | int] | None = None) -> LoadedExecutable:
         """Compile StableHLO (MLIR text, bytecode, or a jaxlib ir.Module) for this machine.
 
         `rounding` is "nearest" (round-to-nearest-even) or "stochastic" (with `seed`) for
         every rounding to BF16/FP16/FP8 (mesh.numerics). `executor_devices`: JAX devices
-        that run the simulation together (see jax_trn2.jit)."""
+        that run the simulation together (see jax_trn2.jit). `device_assignment`: the
+        device (or chip id) each process runs on, in process order (default: PJRT's, the
+        first devices)."""
+        chips = None if device_assignment is None else \
+            [d.id if isinstance(d, Device) else d for d in device_assignment]
         return LoadedExecutable.from_stablehlo(
             self.topology, program, rounding=numerics.Rounding(rounding, seed),
-            executor_devices=executor_devices).load()
+            executor_devices=executor_devices, device_assignment=chips).load()
 
     def buffer_from_pyval(self, array: Any, device: Device | None = None) -> Buffer:
         """Put a host array on a chip (the first one by default)."""

@@ -20,7 +20,7 @@ from mesh.isa import printer
 from mesh.perf import trace
 from mesh.perf.estimate import ProgramEstimate, target_text
 from mesh.executor import compile_program
-from mesh.machine import Placement, Topology
+from mesh.machine import Placement, Topology, place_on
 
 
 def python_scalar(name: str, value: bool | int | float | complex,
@@ -67,12 +67,16 @@ class LoadedExecutable:
     def __init__(self, program: isa.Program, topology: Topology,
                  arg_names: Sequence[str] | None = None,
                  rounding: numerics.Rounding = numerics.NEAREST,
-                 executor_devices: Sequence[jax.Device] | None = None):
+                 executor_devices: Sequence[jax.Device] | None = None,
+                 device_assignment: Sequence[int] | None = None):
         self.topology = topology
         self.rounding = rounding
         self.executor_devices = tuple(executor_devices) if executor_devices else None
-        self.placement: Placement | None = placement_for(topology, program.mesh.axis_sizes,
-                                                         program.mesh.axis_names)
+        mesh = program.mesh
+        self.placement: Placement | None = \
+            placement_for(topology, mesh.axis_sizes, mesh.axis_names) \
+            if device_assignment is None else \
+            place_on(topology, mesh.axis_sizes, mesh.axis_names, device_assignment)
         # What runs is the planned program: matmuls tiled, collectives mapped on the torus.
         self.program = plan_program(program, topology, self.placement)
         self.arg_names = tuple(arg_names) if arg_names is not None else \
@@ -99,11 +103,14 @@ class LoadedExecutable:
                        arg_names: Sequence[str] | None = None,
                        rounding: numerics.Rounding = numerics.NEAREST,
                        executor_devices: Sequence[jax.Device] | None = None,
+                       device_assignment: Sequence[int] | None = None,
                        ) -> "LoadedExecutable":
         """Lower and compile StableHLO for `topology` (None: the one the mesh was made for),
         rounding to narrow floats as `rounding` says; the simulation runs on the JAX
         devices `executor_devices` (default: jax's default device; see
-        mesh.executor.compile_program)."""
+        mesh.executor.compile_program). `device_assignment[d]` is the chip logical device
+        d runs on (default: a jax mesh placed on the torus, an SPMD module's processes on
+        the first chips)."""
         program = lowering.lower(stablehlo)
         if not isinstance(topology, Topology):
             topology = topology_for(program.mesh.axis_sizes, program.mesh.axis_names, topology)
@@ -115,7 +122,7 @@ class LoadedExecutable:
                 f"{program.mesh.num_devices} processes, but topology '{topology.name}' has "
                 f"only {topology.num_chips} chips (one process runs on each chip; trn2: 16, "
                 "trn2-ultra: 64, trn2-ultra-max: 256)")
-        return cls(program, topology, arg_names, rounding, executor_devices)
+        return cls(program, topology, arg_names, rounding, executor_devices, device_assignment)
 
     def devices(self) -> list[Device]:
         """The chips the program runs on, in logical device order (row-major over the mesh)."""

@@ -139,12 +139,25 @@ def place_first(topology: Topology, axis_sizes: Sequence[int],
                 axis_names: Sequence[str]) -> Placement:
     """Logical device d on chip d: PJRT's default device assignment of an SPMD module's
     processes (replica-major), which does not know the torus."""
+    return place_on(topology, axis_sizes, axis_names, range(math.prod(axis_sizes)))
+
+
+def place_on(topology: Topology, axis_sizes: Sequence[int], axis_names: Sequence[str],
+             chips: Sequence[int]) -> Placement:
+    """Logical device d (row-major over `axis_sizes`) on chip `chips[d]`: a device
+    assignment the caller chose."""
     sizes, names = _check_mesh(topology, axis_sizes, axis_names)
-    physical = np.array(np.unravel_index(np.arange(math.prod(sizes)), topology.shape))
-    _check_failed_chips(topology, sizes, names, np.arange(math.prod(sizes)), physical)
+    chips = np.array([as_int(c, "device assignment") for c in chips], dtype=np.int64)
+    if len(chips) != math.prod(sizes) or len(set(chips.tolist())) != len(chips) or \
+            not all(0 <= c < topology.num_chips for c in chips):
+        raise ValueError(f"a device assignment for mesh {sizes} needs {math.prod(sizes)} "
+                         f"distinct chip ids of '{topology.name}' (0..{topology.num_chips - 1}), "
+                         f"got {chips.tolist()}")
+    physical = np.array(np.unravel_index(chips, topology.shape))
+    _check_failed_chips(topology, sizes, names, chips, physical)
     return Placement(topology_name=topology.name, topology_shape=topology.shape,
                      axis_sizes=sizes, axis_names=names,
-                     device_to_chip=tuple(range(math.prod(sizes))),
+                     device_to_chip=tuple(int(c) for c in chips),
                      physical_axes=_varying_axes(physical, sizes))
 
 

@@ -254,3 +254,17 @@ def test_sixty_four_processes_on_trn2_ultra():
     (got,) = run(jax_trn2.client(), module(body, F4, replicas=4, partitions=16), x)
     p = np.arange(64) % 16
     np.testing.assert_array_equal(got, sum(x[r * 16 + p] for r in range(4)))
+
+
+def test_caller_chooses_the_device_assignment(client):
+    """Processes on chips of the caller's choosing: 4 processes on one ring of trn2."""
+    groups = np.arange(4)[None, :]
+    body = collective("all_reduce", [groups_attr(groups), CHANNEL, GLOBAL_IDS], reducer=True)
+    ring = client.devices()[0:16:4]  # chips 0, 4, 8, 12: a ring along x
+    executable = client.compile(module(body, F4, replicas=1, partitions=4),
+                                device_assignment=ring)
+    assert executable.devices() == ring
+    results = executable.execute_sharded([[x] for x in X[:4]])
+    np.testing.assert_array_equal(np.asarray(results[3][0]), X[:4].sum(0))
+    with pytest.raises(ValueError, match="needs 4 distinct chip ids"):
+        client.compile(module(body, F4, replicas=1, partitions=4), device_assignment=[0, 0, 1, 2])
