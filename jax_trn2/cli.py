@@ -1,6 +1,6 @@
 """The jax-trn2 command line.
 
-    jax-trn2 inspect program.mlir [--topology trn2|trn2-ultra|trn2-ultra-max] [--trace out.json]
+    jax-trn2 inspect program.mlir [--topology NAME] [--trace out.json]
                      [--fail-link A,B ...] [--fail-chip C ...]
 
 `inspect` lowers a StableHLO file (MLIR text or bytecode, e.g. what
@@ -33,7 +33,7 @@ from jax_trn2.mesh import topology_for
 from jax_trn2.jit import Jitted, jit
 from jax_trn2.numerics import compare
 from mesh.perf import trace
-from mesh.machine import TOPOLOGY_NAMES, Topology, get_topology
+from mesh.machine import TOPOLOGY_NAMES, ULTRACLUSTER_PREFIX, Topology, get_topology
 
 MLIR_BYTECODE_MAGIC = b"ML\xefR"
 # CPU devices `jax-trn2 compare` asks CPU JAX for: one per chip of the largest topology.
@@ -49,9 +49,10 @@ def add_inspect(subparsers) -> None:
     parser.add_argument("program", type=Path,
                         help="StableHLO as MLIR text or bytecode, e.g. the output of "
                              "jax.jit(f).lower(...).as_text()")
-    parser.add_argument("--topology", choices=TOPOLOGY_NAMES, default=None,
-                        help="the machine (default: the preset with as many chips as the "
-                             "program's mesh, trn2-ultra for 64)")
+    parser.add_argument("--topology", type=topology_name, default=None,
+                        help=f"the machine: {', '.join(TOPOLOGY_NAMES)} or "
+                             f"{ULTRACLUSTER_PREFIX}N (default: the smallest that holds the "
+                             "program's mesh)")
     parser.add_argument("--trace", type=Path, metavar="OUT.json",
                         help="also write the timeline as Chrome trace-event JSON "
                              "(open in ui.perfetto.dev or chrome://tracing)")
@@ -61,6 +62,15 @@ def add_inspect(subparsers) -> None:
     parser.add_argument("--fail-chip", type=int, action="append", default=[], metavar="C",
                         help="chip C failed; repeatable")
     parser.set_defaults(run=inspect)
+
+
+def topology_name(name: str) -> str:
+    """A topology name get_topology knows."""
+    try:
+        get_topology(name)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return name
 
 
 def chip_pair(text: str) -> tuple[int, int]:
