@@ -120,6 +120,8 @@ def liveness(program: isa.Program, times: Sequence[tuple[float, float]] | None =
 
 
 class _Builder:
+    """One liveness computation: where each value is stored, then when each buffer lives."""
+
     def __init__(self, program: isa.Program, times, names, inputs_owned: int):
         self.program = program
         self.times = times
@@ -133,6 +135,7 @@ class _Builder:
         self.piece_types = self._piece_types()
         self.on_chip = on_chip_values(program)
         self.root: dict[int, int] = {}  # value -> the value whose buffer it is stored in
+        self.pinned: set[int] = set()  # buffers live the whole step (see _pin)
 
     # --- where each value is stored ----------------------------------------------------
 
