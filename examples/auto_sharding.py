@@ -21,6 +21,7 @@ import os
 from collections import Counter
 
 import harness  # noqa: F401  (64 CPU host devices for the reference)
+import decoder  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -33,11 +34,7 @@ from mesh import isa  # noqa: E402
 SMALL = dict(layers=2, d_model=128, heads=8, d_ff=512, vocab=512, batch=64, seq=32)
 FULL = dict(layers=16, d_model=2048, heads=16, d_ff=8192, vocab=32768, batch=256, seq=2048)
 
-# Logical axes of each parameter, as MaxText names them, and how each layout maps them.
-PARAM_AXES = {"embedding": ("vocab", "embed"), "wq": ("embed", "heads"),
-              "wk": ("embed", "heads"), "wv": ("embed", "heads"), "wo": ("heads", "embed"),
-              "w_in": ("embed", "mlp"), "w_out": ("mlp", "embed"), "norm1": ("embed",),
-              "norm2": ("embed",), "final_norm": ("embed",)}
+# How each layout maps the parameters' logical axes (decoder.PARAM_AXES) onto mesh axes.
 LAYOUTS = {
     "dp x fsdp x tp": dict(batch=("data", "fsdp"), embed="fsdp", heads="tensor",
                            mlp="tensor", vocab="tensor"),
@@ -51,63 +48,10 @@ _KIND = {isa.AllGather: "all-gather", isa.AllReduce: "all-reduce",
          isa.CollectivePermute: "collective-permute"}
 
 
-def init_params(config: dict, rng: np.random.Generator | None) -> dict:
-    """Parameters (arrays from `rng`, or ShapeDtypeStructs when rng is None), BF16."""
-    d, ff, vocab = config["d_model"], config["d_ff"], config["vocab"]
-    shapes = {"embedding": (vocab, d), "final_norm": (d,), "layers": [
-        {"wq": (d, d), "wk": (d, d), "wv": (d, d), "wo": (d, d), "w_in": (d, ff),
-         "w_out": (ff, d), "norm1": (d,), "norm2": (d,)} for _ in range(config["layers"])]}
-
-    def make(shape):
-        if rng is None:
-            return jax.ShapeDtypeStruct(shape, jnp.bfloat16)
-        if len(shape) == 1:
-            return jnp.ones(shape, jnp.bfloat16)
-        return jnp.asarray(rng.standard_normal(shape) / np.sqrt(shape[0]), jnp.bfloat16)
-
-    return jax.tree.map(make, shapes, is_leaf=lambda s: isinstance(s, tuple))
-
-
-def param_shardings(params: dict, mesh, layout: dict) -> dict:
-    def spec(path, _):
-        name = path[-1].key
-        return NamedSharding(mesh, P(*(layout[axis] for axis in PARAM_AXES[name])))
-    return jax.tree_util.tree_map_with_path(spec, params)
-
-
-def rms_norm(x, scale):
-    x32 = x.astype(jnp.float32)
-    return (x32 * jax.lax.rsqrt(jnp.mean(x32 ** 2, -1, keepdims=True) + 1e-6)
-            ).astype(x.dtype) * scale
-
-
-def decoder_layer(x, p, heads: int):
-    b, s, d = x.shape
-    h = rms_norm(x, p["norm1"])
-    q, k, v = ((h @ p[w]).reshape(b, s, heads, d // heads) for w in ("wq", "wk", "wv"))
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / np.sqrt(d // heads)
-    causal = jnp.tril(jnp.ones((s, s), bool))
-    weights = jax.nn.softmax(jnp.where(causal, scores, -1e9), axis=-1).astype(x.dtype)
-    attention = jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(b, s, d)
-    x = x + attention @ p["wo"]
-    h = rms_norm(x, p["norm2"])
-    return x + jax.nn.gelu(h @ p["w_in"]) @ p["w_out"]
-
-
-def loss_fn(params, tokens, heads: int):
-    x = params["embedding"][tokens[:, :-1]]
-    for layer in params["layers"]:
-        x = decoder_layer(x, layer, heads)
-    logits = (rms_norm(x, params["final_norm"]) @ params["embedding"].T).astype(jnp.float32)
-    labels = jax.nn.one_hot(tokens[:, 1:], logits.shape[-1])
-    return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * labels, -1))
-
-
-def make_step(heads: int):
-    def train_step(params, tokens):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, heads)
-        return jax.tree.map(lambda p, g: p - 0.01 * g.astype(p.dtype), params, grads), loss
-    return train_step
+def model_of(config: dict) -> decoder.Decoder:
+    """The decoder of a SMALL or FULL configuration (GPT-style: MHA, GELU, tied embedding)."""
+    return decoder.Decoder(**{k: config[k] for k in ("layers", "d_model", "heads", "d_ff",
+                                                       "vocab")})
 
 
 def collectives_table(program: isa.Program, rows_shown: int = 12) -> list[str]:
@@ -141,17 +85,18 @@ def run(small: bool = True, layouts=tuple(LAYOUTS)) -> dict:
     config = SMALL if small else FULL
     mesh = jax_trn2.make_mesh((4, 4, 4), ("data", "fsdp", "tensor"))
     rng = np.random.default_rng(0)
-    params = init_params(config, rng if small else None)
+    model = model_of(config)
+    params = decoder.init_params(model, rng if small else None)
     tokens = (rng.integers(0, config["vocab"], (config["batch"], config["seq"] + 1),
                            dtype=np.int32) if small else
               jax.ShapeDtypeStruct((config["batch"], config["seq"] + 1), jnp.int32))
-    step_fn = make_step(config["heads"])
+    step_fn = decoder.make_step(model)
     results = {}
     for name in layouts:
         layout = LAYOUTS[name]
-        shardings = dict(in_shardings=(param_shardings(params, mesh, layout),
+        shardings = dict(in_shardings=(decoder.param_shardings(params, mesh, layout),
                                        NamedSharding(mesh, P(layout["batch"]))),
-                         out_shardings=(param_shardings(params, mesh, layout),
+                         out_shardings=(decoder.param_shardings(params, mesh, layout),
                                         NamedSharding(mesh, P())),
                          donate_argnums=0)
         step = jax_trn2.jit(step_fn, **shardings)

@@ -45,7 +45,8 @@ def add_inspect(subparsers) -> None:
         "inspect", help="print the Trn2 program of a StableHLO file with estimated times",
         description="Lower a StableHLO module to a Trn2 program, tile its matmuls and map its "
                     "collectives onto the torus, and print the listing with an estimated "
-                    "time on every instruction and the step-time summary.")
+                    "time on every instruction, the step-time summary and the HBM each "
+                    "chip needs.")
     parser.add_argument("program", type=Path,
                         help="StableHLO as MLIR text or bytecode, e.g. the output of "
                              "jax.jit(f).lower(...).as_text()")

@@ -21,6 +21,7 @@ from mesh.perf import trace
 from mesh.perf.estimate import ProgramEstimate, target_text
 from mesh.executor import compile_program
 from mesh.machine import Placement, Topology, place_on
+from mesh.memory import MemoryStats
 
 
 def python_scalar(name: str, value: bool | int | float | complex,
@@ -137,7 +138,16 @@ class LoadedExecutable:
     @cached_property
     def estimate(self) -> ProgramEstimate:
         """Estimated per-chip costs and timeline of the program (mesh.perf.estimate)."""
-        return ProgramEstimate(self.program, self.topology, self.placement)
+        return ProgramEstimate(self.program, self.topology, self.placement, self.arg_names)
+
+    def memory_analysis(self, chip: int | None = None) -> MemoryStats:
+        """HBM use of chip `chip` over one step (jax's CompiledMemoryStats field names), or
+        of the chip with the highest peak when None (mesh.memory)."""
+        return self.estimate.memory.stats(chip)
+
+    def check_memory(self) -> None:
+        """Raise OutOfHBMError when the program's peak exceeds some chip's HBM."""
+        self.estimate.memory.check()
 
     def timed_text(self) -> str:
         """The listing with an estimated start and duration on every instruction, and the

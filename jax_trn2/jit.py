@@ -14,6 +14,7 @@ from jax_trn2 import compose
 from jax_trn2.executable import LoadedExecutable
 from mesh import numerics
 from mesh.machine import Topology
+from mesh.memory import MemoryStats
 
 # jax.jit's marker for "no sharding given" (distinct from None: let the partitioner choose).
 UNSPECIFIED = inspect.signature(jax.jit).parameters["in_shardings"].default
@@ -63,6 +64,14 @@ class Compiled:
         estimated step time), as jax's, plus a 'trn2' breakdown (engines, communication)."""
         return self.executable.cost_analysis()
 
+    def memory_analysis(self, chip: int | None = None) -> MemoryStats:
+        """HBM use over one step, per chip, with jax's field names (argument_size_in_bytes,
+        output_size_in_bytes, alias_size_in_bytes, temp_size_in_bytes,
+        generated_code_size_in_bytes, peak_memory_in_bytes): of the chip with the highest
+        peak, or of chip id `chip` of the topology. `live_at_peak` lists the buffers live at
+        the peak, largest first (mesh.memory)."""
+        return self.executable.memory_analysis(chip)
+
     def save_trace(self, path, chips=None) -> None:
         """Write the estimated timeline as Chrome trace-event JSON for Perfetto or
         chrome://tracing: one process per chip (all, or the chip ids in `chips`), one thread
@@ -95,8 +104,23 @@ class Lowered:
     def compiler_ir(self, dialect: str = "stablehlo"):
         return self._jax_lowered.compiler_ir(dialect)
 
-    def compile(self) -> Compiled:
-        """Compile the Trn2 program's executor for the host (one XLA computation)."""
+    def cost_analysis(self) -> dict:
+        """The estimated per-chip costs (as Compiled.cost_analysis), without compiling."""
+        return self._executable.cost_analysis()
+
+    def memory_analysis(self, chip: int | None = None) -> MemoryStats:
+        """The per-chip HBM use (as Compiled.memory_analysis), without compiling: works on
+        a program too large for the chip."""
+        return self._executable.memory_analysis(chip)
+
+    def compile(self, check_memory: bool = True) -> Compiled:
+        """Compile the Trn2 program's executor for the host (one XLA computation).
+
+        Raises jax_trn2.OutOfHBMError when the program needs more HBM on some chip than the
+        chip has (as XLA fails with RESOURCE_EXHAUSTED), saying which chips and what fills
+        them; `check_memory=False` compiles it anyway (it still runs on the simulator)."""
+        if check_memory:
+            self._executable.check_memory()
         return Compiled(self._executable.load(), self.in_tree, self.out_tree)
 
 

@@ -7,9 +7,11 @@ see an MLIR object.
 from __future__ import annotations
 
 import linecache
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
@@ -289,7 +291,10 @@ class Attributes(Mapping):
 # --- locations ------------------------------------------------------------------------------
 
 _FILE_LOC = re.compile(r'"([^"]+)":(\d+):(\d+)')
-_INTERNAL = ("/jax/", "/jaxlib/", "site-packages/jax", "<frozen", "/jax_trn2/")  # not user code
+# Not user code: jax, jaxlib, and this project's jax_trn2 package (by its own directory, so
+# that user files under a folder named jax_trn2, such as tests/jax_trn2, still count).
+_INTERNAL = ("/jax/", "/jaxlib/", "site-packages/jax", "<frozen",
+             str(Path(__file__).resolve().parents[1] / "jax_trn2") + os.sep)
 
 
 def source_location(loc: ir.Location) -> str:

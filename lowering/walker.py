@@ -248,7 +248,8 @@ class Walker:
         return builder.program(
             inputs, outputs, "main",
             input_shardings=self._shardings(main.get("arg_attrs", ()), len(inputs)),
-            output_shardings=self._shardings(main.get("res_attrs", ()), len(outputs)))
+            output_shardings=self._shardings(main.get("res_attrs", ()), len(outputs)),
+            donated_inputs=self._donations())
 
     def _lower_partitioned(self) -> isa.Program:
         """A per-chip program as a program on global values: each argument is split into
@@ -287,7 +288,21 @@ class Walker:
             builder.instructions.append(isa.Unshard((outputs[-1],), (value,),
                                                     dim_axes=dim_axes))
         return builder.program(inputs, outputs, "main", input_shardings=tuple(input_shardings),
-                               output_shardings=tuple(output_shardings))
+                               output_shardings=tuple(output_shardings),
+                               donated_inputs=self._donations())
+
+    def _donations(self) -> tuple[tuple[int, int | None], ...]:
+        """main's donated arguments as jax marks them: (argument, aliased output or None)."""
+        attrs = mlir.Attributes(self.functions["main"]).get("arg_attrs", ())
+        donated = []
+        for i, entry in enumerate(attrs):
+            if not isinstance(entry, dict):
+                continue
+            if "tf.aliasing_output" in entry:
+                donated.append((i, int(entry["tf.aliasing_output"])))
+            elif entry.get("jax.buffer_donor"):
+                donated.append((i, None))
+        return tuple(donated)
 
     def _tiled_axes(self, text: str, rank: int) -> tuple[tuple[int, ...], ...]:
         """The mesh axes each dim of a value with HloSharding `text` is split over."""

@@ -568,6 +568,10 @@ class Program:
     # chips (mesh.sharding dim_axes), None where it is replicated.
     input_shardings: tuple = ()
     output_shardings: tuple = ()
+    # Inputs of main whose buffers the caller donates (jit's donate_argnums): (position in
+    # `inputs`, position in `outputs` it is aliased to (tf.aliasing_output), or None when
+    # the compiler may reuse it for any output (jax.buffer_donor)).
+    donated_inputs: tuple[tuple[int, int | None], ...] = ()
 
     def info(self, value: int) -> ValueInfo:
         return self.values[value]

@@ -38,7 +38,9 @@ class ChipSpec:
 
     Sources (trn2_facts.md): 8 NeuronCore-v3 per chip (AWS Neuron "Trainium2" page);
     128x128 Tensor Engine at 2.4 GHz, Vector/Scalar/GpSimd at 0.96/1.2/1.2 GHz, SBUF of
-    128 partitions, PSUM of 2 MiB = 128 partitions x 8 banks x 512 FP32 (NKI Trainium2
+    28 MiB per core in 128 partitions of 224 KiB (AWS Neuron "NeuronCore-v3 architecture"
+    page: 28 MB of on-chip SRAM; NKI Trainium3 guide: "32MiB (up from 28 MiB in
+    NeuronCore-v3)"), PSUM of 2 MiB = 128 partitions x 8 banks x 512 FP32 (NKI Trainium2
     guide); 96 GiB HBM at 2.9 TB/s and dense peaks BF16/FP16 667, FP8 1299, FP32 181
     TFLOP/s per chip (AWS "Trainium2" page).
 
@@ -54,7 +56,7 @@ class ChipSpec:
     vector_clock_hz: float = 0.96e9
     scalar_clock_hz: float = 1.2e9
     gpsimd_clock_hz: float = 1.2e9
-    sbuf_bytes_per_core: int = 24 * MIB  # facts give 24-28 MiB; the low end
+    sbuf_bytes_per_core: int = 28 * MIB  # 128 partitions x 224 KiB (NeuronCore-v3)
     sbuf_partitions: int = 128  # SBUF and PSUM share the partition count
     psum_bytes_per_core: int = 2 * MIB
     psum_banks: int = 8

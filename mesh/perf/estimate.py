@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 from functools import cached_property
+from typing import Sequence
 
 from mesh import isa
 from mesh.isa import printer
 from mesh.perf import schedule, trace
 from mesh.perf.cost import Cost, has_rule, instruction_cost
 from mesh.machine import Placement, Topology, chips_text
+from mesh.memory import MemoryAnalysis
 from mesh.units import bandwidth_text, bytes_text, seconds_text
 
 
@@ -30,10 +32,11 @@ class ProgramEstimate:
     lowering.plan.plan_program) on `topology` with the mesh placed by `placement`."""
 
     def __init__(self, program: isa.Program, topology: Topology,
-                 placement: Placement | None = None):
+                 placement: Placement | None = None, input_names: Sequence[str] | None = None):
         self.program = program
         self.topology = topology
         self.placement = placement
+        self.input_names = input_names  # for memory messages: `argument 'w'`
         # Exposed communication inside sub-programs, and loops of unknown trip count.
         self._inner_exposed_seconds = 0.0
         self.unknown_trip_counts = 0
@@ -52,6 +55,14 @@ class ProgramEstimate:
     def total(self) -> Cost:
         """The sum of the instructions' costs; `optimal_seconds` is the step time."""
         return sum(self.costs, Cost())
+
+    @cached_property
+    def memory(self) -> MemoryAnalysis:
+        """HBM use of every chip over this schedule (mesh.memory)."""
+        times = [(slot.start, slot.end) for slot in self.schedule.slots]
+        chips = self.placement.device_to_chip if self.placement is not None else None
+        return MemoryAnalysis(self.program, self.chip, chips, self.topology.num_chips, times,
+                              self.input_names)
 
     @property
     def step_seconds(self) -> float:
@@ -133,12 +144,13 @@ class ProgramEstimate:
         if self.unknown_trip_counts:
             lines.append(f"{self.unknown_trip_counts} loop(s) of unknown trip count are "
                          "counted as running once")
+        lines.append(self.memory.summary())
         return "\n".join(lines)
 
     def trace(self, chips=None) -> dict:
         """Chrome trace-event JSON (a dict) of the timeline, one process per chip."""
         return trace.chrome_trace(self.program, self.schedule, self.costs, self.topology,
-                                  self.placement, chips)
+                                  self.placement, chips, self.memory)
 
     def _critical_by_engine(self) -> dict[str, float]:
         shares: dict[str, float] = {}

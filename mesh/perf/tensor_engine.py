@@ -66,6 +66,8 @@ class MatmulTiling(isa.Plan):
     clock_hz: float
     hbm_bytes: int
     hbm_bandwidth: float  # bytes/s
+    reread_bytes: int  # of hbm_bytes: operand bytes read again because SBUF cannot hold them
+    sbuf_bytes: int  # per core
     pe_utilisation: float  # useful MACs / (cores x PE array x rate x cycles)
 
     @property
@@ -104,7 +106,10 @@ class MatmulTiling(isa.Plan):
                 f"{self.cycles:,.0f} cycles = {seconds_text(self.compute_seconds)} at "
                 f"{self.clock_hz / 1e9:g} GHz, PE {self.pe_utilisation:.1%}; HBM "
                 f"{bytes_text(self.hbm_bytes)} = {seconds_text(self.hbm_seconds)}; "
-                f"{self.bound}-bound")
+                f"{self.bound}-bound"
+                + (f"\noperand blocks exceed SBUF ({bytes_text(self.sbuf_bytes)} per core): "
+                   f"{bytes_text(self.reread_bytes)} re-read from HBM"
+                   if self.reread_bytes else ""))
 
 
 def tile_matmul(batch: int, m: int, n: int, k: int, lhs_dtype: str, rhs_dtype: str,
@@ -156,31 +161,34 @@ def _tiling(batch, m, n, k, dtype, rate, stationary, stat, mov, out_itemsize, gr
     cycles = busy + (chip.pe_rows + chip.pe_cols) * (busy > 0)
     macs = batch * m * n * k
     peak_macs = chip.neuron_cores * chip.pe_rows * chip.pe_cols * rate * cycles
-    hbm = _hbm_bytes(batch, k, stat_free, mov_free, stat_itemsize, mov_itemsize, out_itemsize,
-                     grid, stat_tiles, len(mov_widths), chip)
+    hbm, reread = _hbm_bytes(batch, k, stat_free, mov_free, stat_itemsize, mov_itemsize,
+                             out_itemsize, grid, stat_tiles, len(mov_widths), chip)
     return MatmulTiling(
         batch=batch, m=m, n=n, k=k, dtype=dtype, rate=rate, stationary=stationary,
         k_pass=k_pass, stationary_cols=stat_cols, moving_cols=mov_cols, k_passes=k_passes,
         stationary_tiles=stat_tiles, moving_tiles=len(mov_widths), core_grid=grid,
         cycles=cycles, clock_hz=chip.tensor_clock_hz, hbm_bytes=hbm,
-        hbm_bandwidth=chip.hbm_bandwidth, pe_utilisation=macs / peak_macs if peak_macs else 0.0)
+        hbm_bandwidth=chip.hbm_bandwidth, reread_bytes=reread,
+        sbuf_bytes=chip.sbuf_bytes_per_core, pe_utilisation=macs / peak_macs if peak_macs else 0.0)
 
 
 def _hbm_bytes(batch, k, stat_free, mov_free, stat_itemsize, mov_itemsize, out_itemsize,
-               grid, stat_tiles, mov_tiles, chip: ChipSpec) -> int:
-    """HBM bytes the cores read and write for one dot: each core reads the K x block
-    operands of its (stationary rows x moving columns) block, re-reading what its SBUF
-    cannot hold (`_streamed_bytes`), and the output is written once."""
+               grid, stat_tiles, mov_tiles, chip: ChipSpec) -> tuple[int, int]:
+    """HBM bytes the cores read and write for one dot, and how many of them are re-reads:
+    each core reads the K x block operands of its (stationary rows x moving columns) block,
+    re-reading what its SBUF cannot hold (`_streamed_bytes`), and the output is written
+    once."""
     cb, cm, cn = grid
     cm, cn = min(cm, stat_tiles), min(cn, mov_tiles)  # cores with nothing to do read nothing
     out = batch * stat_free * mov_free * out_itemsize
     if not (cm and cn):
-        return out
+        return out, 0
     stat_block = k * _ceil_div(stat_free, cm) * stat_itemsize  # per core, per batch
     mov_block = k * _ceil_div(mov_free, cn) * mov_itemsize
     per_core = _streamed_bytes(stat_block, _ceil_div(stat_tiles, cm), mov_block,
                                _ceil_div(mov_tiles, cn), chip.sbuf_bytes_per_core)
-    return batch * cm * cn * per_core + out
+    reread = batch * cm * cn * (per_core - stat_block - mov_block)
+    return batch * cm * cn * per_core + out, reread
 
 
 def _streamed_bytes(a_block: int, a_tiles: int, b_block: int, b_tiles: int,

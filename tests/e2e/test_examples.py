@@ -24,3 +24,15 @@ def test_auto_sharding_example_matches_cpu_jax(monkeypatch):
     example = importlib.import_module("auto_sharding")
     result = example.run(small=True, layouts=("dp x fsdp x tp",))
     assert 0 < result["cost"]["flops"]
+
+
+def test_plan_llama_plans_a_tiny_llama_from_shapes(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    example = importlib.import_module("plan_llama")
+    plans = example.run(layouts=("fsdp 16 x tp 4",), remats=(True,), tiny=True)
+    (plan,) = plans
+    assert plan.fits and 0 < plan.peak_bytes < 96 * 2**30
+    assert plan.step_seconds > 0 and 0 < plan.mfu < 1 and plan.exposed_seconds >= 0
+    out = capsys.readouterr().out
+    assert "[1/1] fsdp 16 x tp 4, remat on ..." in out  # progress
+    assert "tiny  fsdp 16 x tp 4        yes" in out and "host peak RSS" in out

@@ -131,6 +131,7 @@ def test_cli_inspects_a_stablehlo_file(stablehlo_file, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "tensor engine:" in out and "torus: all-reduce" in out
     assert "estimated step time" in out and f"trace written to {trace}" in out
+    assert "HBM per chip: peak" in out and "live at the peak" in out
     assert len({e["pid"] for e in json.loads(trace.read_text())["traceEvents"]}) == 64
 
 

@@ -99,7 +99,7 @@ def test_stationary_side_is_the_faster_one():
 
 def test_hbm_traffic_reads_each_core_block_once_when_sbuf_holds_it():
     """With room in SBUF, a core reads its stationary and moving blocks once: on a 2x4 core
-    grid the stationary operand is read 4 times and the moving one twice; with 24 MiB per
+    grid the stationary operand is read 4 times and the moving one twice; with 28 MiB per
     core the blocks do not fit and some are read again."""
     operand = 8192 * 8192 * 2  # bytes of each BF16 operand
     out = 8192 * 8192 * 4  # FP32 result
@@ -107,6 +107,19 @@ def test_hbm_traffic_reads_each_core_block_once_when_sbuf_holds_it():
     cm, cn = sorted(roomy.core_grid[1:])
     assert roomy.hbm_bytes == (cm + cn) * operand + out == 6 * operand + out
     assert bf16(1, 8192, 8192, 8192).hbm_bytes > roomy.hbm_bytes
+    assert roomy.reread_bytes == 0 and "re-read" not in roomy.describe()
+
+
+def test_operands_sbuf_cannot_hold_are_re_read_and_the_plan_says_so():
+    """K = 65536: on a 1x1x8 core grid each core's lhs block is 1 GiB and its rhs block
+    128 MiB; neither stays in SBUF beside a tile of the other, so the inner one is read
+    again for every group of outer tiles, and the plan's text says how much."""
+    t = bf16(1, 8192, 8192, 65536)
+    assert t.core_grid == (1, 1, 8)
+    once = 8 * 8192 * 65536 * 2 + 8192 * 65536 * 2 + 8192 * 8192 * 4  # lhs per core, rhs, out
+    assert t.hbm_bytes - t.reread_bytes == once and t.reread_bytes > 0
+    assert "operand blocks exceed SBUF (28.00 MiB per core)" in t.describe()
+    assert "re-read from HBM" in t.describe()
 
 
 def test_matmul_shape_from_dimension_numbers():

@@ -1,0 +1,7 @@
+"""HBM accounting: which buffers each chip holds over a step, the peak, and what fills it
+(liveness.py: the model; analysis.py: per-chip figures with jax's field names)."""
+
+from mesh.memory.analysis import MemoryAnalysis, MemoryStats, OutOfHBMError, describe
+from mesh.memory.liveness import Buffer, Liveness, liveness
+
+__all__ = ["Buffer", "Liveness", "MemoryAnalysis", "MemoryStats", "OutOfHBMError", "describe", "liveness"]

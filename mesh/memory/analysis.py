@@ -1,0 +1,200 @@
+"""Per-chip HBM use of a program: jax's memory-analysis figures, the peak and what fills it.
+
+    analysis = MemoryAnalysis(program, chip_spec, device_to_chip, num_chips, times)
+    analysis.stats()          # the chip with the highest peak (jax's field names)
+    analysis.stats(chip=5)    # any chip of the topology
+    analysis.over_capacity()  # chips whose peak exceeds their HBM
+    analysis.summary()        # text for listings and the CLI
+
+The liveness model is mesh.memory.liveness's. Every chip of the program's mesh runs the same
+program on the same per-chip types, so they hold the same bytes; chips of the topology the
+mesh does not use hold nothing of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Sequence
+
+from mesh import isa
+from mesh.machine.chip import GIB, ChipSpec
+from mesh.memory.liveness import (ARGUMENT, INSIDE, OUTPUT, TEMPORARY, Buffer, Liveness,
+                                  liveness)
+from mesh.units import bytes_text
+
+LISTED_AT_PEAK = 5  # buffers the summary and the out-of-HBM message name
+
+
+class OutOfHBMError(RuntimeError):
+    """A program needs more HBM on some chip than the chip has (jax's RESOURCE_EXHAUSTED).
+
+    `stats` is the fullest chip's MemoryStats, `chips` the chip ids over capacity."""
+
+    def __init__(self, message: str, stats: "MemoryStats", chips: tuple[int, ...]):
+        super().__init__(message)
+        self.stats = stats
+        self.chips = chips
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    """One chip's HBM use over one step, with the field names of jax's CompiledMemoryStats.
+
+    All sizes are bytes on that chip. `argument_size_in_bytes` and `output_size_in_bytes`
+    are the chip's pieces of the arguments and outputs; `alias_size_in_bytes` the outputs
+    written into donated arguments; `temp_size_in_bytes` the most bytes of intermediate
+    buffers live at once; `peak_memory_in_bytes` the most bytes live at once of everything.
+    `generated_code_size_in_bytes` is 0: instruction streams are not modelled.
+    """
+
+    chip: int
+    argument_size_in_bytes: int
+    output_size_in_bytes: int
+    alias_size_in_bytes: int
+    temp_size_in_bytes: int
+    generated_code_size_in_bytes: int
+    peak_memory_in_bytes: int
+    hbm_bytes: int  # the chip's capacity
+    live_at_peak: tuple[Buffer, ...] = ()  # largest first
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_memory_in_bytes <= self.hbm_bytes
+
+
+class MemoryAnalysis:
+    """HBM use on every chip of a topology running `program`.
+
+    `device_to_chip[d]` is the chip of logical device d (None: a program without a mesh
+    runs on chip 0); `times[i]` the (start, end) of instruction i in seconds (a schedule;
+    program order when None); `input_names` name the program's inputs in messages."""
+
+    def __init__(self, program: isa.Program, chip: ChipSpec,
+                 device_to_chip: Sequence[int] | None = None, num_chips: int = 1,
+                 times: Sequence[tuple[float, float]] | None = None,
+                 input_names: Sequence[str] | None = None):
+        self.program = program
+        self.chip = chip
+        self.running_chips = tuple(sorted(device_to_chip)) if device_to_chip is not None \
+            else (0,)
+        self.num_chips = max(num_chips, max(self.running_chips) + 1)
+        self.liveness: Liveness = liveness(program, times, input_names)
+
+    @cached_property
+    def _running(self) -> MemoryStats:
+        """The stats every chip running the program shares (chip field: the first)."""
+        live = self.liveness
+        outputs = live.output_types
+        aliased = 0
+        free_outputs = set(range(len(outputs)))
+        for position, target in self.program.donated_inputs:
+            if target is None:  # XLA may use it for any output of the same type
+                target = next((k for k in sorted(free_outputs)
+                               if outputs[k] == live.input_types[position]), None)
+            if target is not None and target in free_outputs:
+                free_outputs.discard(target)
+                aliased += outputs[target].nbytes
+        return MemoryStats(
+            chip=self.running_chips[0],
+            argument_size_in_bytes=sum(t.nbytes for t in live.input_types),
+            output_size_in_bytes=sum(t.nbytes for t in outputs),
+            alias_size_in_bytes=aliased,
+            temp_size_in_bytes=live.peak_of((TEMPORARY, INSIDE)),
+            generated_code_size_in_bytes=0,
+            peak_memory_in_bytes=live.peak_bytes,
+            hbm_bytes=self.chip.hbm_bytes,
+            live_at_peak=live.live_at_peak)
+
+    def stats(self, chip: int | None = None) -> MemoryStats:
+        """The stats of chip `chip` (a chip id of the topology), or of the chip with the
+        highest peak (the lowest id among equals) when None."""
+        if chip is None:
+            return self._running
+        if not 0 <= chip < self.num_chips:
+            raise ValueError(f"chip {chip} is not a chip of the topology (0..{self.num_chips - 1})")
+        if chip in self.running_chips:
+            return _with_chip(self._running, chip)
+        return MemoryStats(chip, 0, 0, 0, 0, 0, 0, self.chip.hbm_bytes)
+
+    def per_chip(self) -> dict[int, MemoryStats]:
+        """Every chip's stats, by chip id."""
+        return {c: self.stats(c) for c in range(self.num_chips)}
+
+    def over_capacity(self) -> tuple[int, ...]:
+        """The chips whose peak exceeds their HBM."""
+        return () if self._running.fits else self.running_chips
+
+    def summary(self) -> str:
+        """The peak per chip, its parts, and the largest buffers live at the peak."""
+        s = self._running
+        share = s.peak_memory_in_bytes / s.hbm_bytes
+        idle = self.num_chips - len(self.running_chips)
+        where = (f"on each of the {len(self.running_chips)} chips running the program"
+                 if len(self.running_chips) > 1 else "on the chip running the program") + \
+            (f" (the other {idle} hold none of it)" if idle else "")
+        verdict = "fits" if s.fits else "DOES NOT FIT"
+        lines = [
+            f"HBM per chip: peak {bytes_text(s.peak_memory_in_bytes)} of "
+            f"{bytes_text(s.hbm_bytes)} ({share:.1%}, {verdict}) {where}",
+            f"  arguments {bytes_text(s.argument_size_in_bytes)}, outputs "
+            f"{bytes_text(s.output_size_in_bytes)} (aliased to donated arguments "
+            f"{bytes_text(s.alias_size_in_bytes)}), temporaries at most "
+            f"{bytes_text(s.temp_size_in_bytes)}",
+        ]
+        if s.live_at_peak:
+            lines.append(f"  live at the peak ({len(s.live_at_peak)} buffers):")
+            lines += ["    " + describe(b) for b in s.live_at_peak[:LISTED_AT_PEAK]]
+            rest = s.live_at_peak[LISTED_AT_PEAK:]
+            if rest:
+                lines.append(f"    ... {len(rest)} more, {bytes_text(sum(b.nbytes for b in rest))}")
+        return "\n".join(lines)
+
+    def check(self) -> None:
+        """Raise OutOfHBMError when some chip's peak exceeds its HBM."""
+        if self.over_capacity():
+            raise OutOfHBMError(self.out_of_hbm_message(), self._running, self.over_capacity())
+
+    def out_of_hbm_message(self) -> str:
+        """Why the program does not fit: which chips, peak vs capacity, what is live."""
+        s = self._running
+        chips = self.over_capacity()
+        return ("out of HBM: "f"the program needs {s.peak_memory_in_bytes / GIB:.2f} GiB of HBM per chip at "
+                f"its peak, more than the {s.hbm_bytes / GIB:.2f} GiB of a {self.chip.name} "
+                f"(on {_chips_text(chips)}); largest buffers live at the peak: "
+                + "; ".join(describe(b) for b in s.live_at_peak[:LISTED_AT_PEAK]))
+
+
+def describe(buffer: Buffer) -> str:
+    """`float32[40000,160000] (23.84 GiB) temporary from model.py:88 (dot_general)`."""
+    if buffer.kind == INSIDE:
+        inner = ", ".join(f"{b.type}" for b in buffer.inner[:3])
+        return (f"{bytes_text(buffer.nbytes)} inside the {buffer.what}"
+                + (f" ({inner}{', ...' if len(buffer.inner) > 3 else ''})" if inner else "")
+                + _from(buffer.loc))
+    if buffer.kind == ARGUMENT:
+        role = f"{buffer.what}{' (donated)' if buffer.donated else ''}"
+    else:
+        role = f"{'output' if buffer.kind == OUTPUT else 'temporary'} ({buffer.what})"
+    return f"{buffer.type} ({bytes_text(buffer.nbytes)}) {role}{_from(buffer.loc)}"
+
+
+def _from(loc: str) -> str:
+    """` from model.py:88`: the file's name and line of a `path:line:col` location."""
+    parts = loc.rsplit(":", 2)
+    if len(parts) == 3 and parts[1].isdigit():
+        return f" from {os.path.basename(parts[0])}:{parts[1]}"
+    return f" from {loc}" if loc else ""
+
+
+def _chips_text(chips: Sequence[int]) -> str:
+    chips = sorted(chips)
+    if len(chips) > 1 and chips == list(range(chips[0], chips[-1] + 1)):
+        return f"chips {chips[0]}-{chips[-1]}"
+    return ("chip " if len(chips) == 1 else "chips ") + ", ".join(map(str, chips))
+
+
+def _with_chip(stats: MemoryStats, chip: int) -> MemoryStats:
+    return dataclasses.replace(stats, chip=chip)

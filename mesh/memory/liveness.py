@@ -1,0 +1,353 @@
+"""Which buffers one chip holds in HBM, and when: liveness of a Trn2 program's values.
+
+Model (one chip; every chip of the mesh runs the same program on the same per-chip types,
+so every chip of the mesh holds the same bytes):
+
+- A value occupies its per-chip type's bytes. Replicated values count on every chip.
+  Values the cost model keeps in SBUF (fused elementwise chains:
+  mesh.perf.cost.on_chip_values) take no HBM.
+- Global values of a shard_map or partitioned program (those outside the per-chip code)
+  are stored in pieces, as jax stores a sharded jax.Array, when every use splits them the
+  same way (a `Shard`, an output sharding) or they come from an `Unshard`; otherwise each
+  chip holds the whole value.
+- Some instructions write no new buffer: `Reshape` is a bitcast, `Shard` of a value stored
+  in those pieces and `Unshard` into them are views. `DynamicUpdateSlice`, a one-operand
+  `Scatter` and a loop's carried state write in place into an operand whose buffer dies
+  there (XLA's in-place buffer reuse), so a loop-carried value counts once; so does an
+  elementwise op into an operand of its size that dies there.
+- A buffer is allocated when its producer starts and freed when the last instruction
+  reading it ends. Arguments are live from the start of the step and outputs to its end;
+  an argument lives the whole step unless it is donated (jit's donate_argnums), in which
+  case it is freed after its last use and an output can take its place.
+- Where instructions of the schedule end and start at the same instant, the buffers freed
+  by the ones ending are released before the next ones allocate (a chain a -> b -> c never
+  holds a and c together), except that an instruction's own inputs and outputs always
+  overlap.
+- A loop or conditional adds, while it runs, what its body needs beyond what the enclosing
+  program counts: the peak of the body (run in program order) less its inputs live at that
+  peak (the loop's state and captured values) and, for a conditional, its results (the
+  conditional's results).
+
+Not modelled: fragmentation and alignment padding, the runtime's own reservations, the
+instruction streams, collective staging buffers (collectives are assumed to work in place
+on their operand and result), and SBUF/PSUM (on-chip, not HBM).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from mesh import isa, sharding
+from mesh.isa import control
+from mesh.perf.cost import on_chip_values
+
+ARGUMENT = "argument"
+OUTPUT = "output"
+TEMPORARY = "temporary"
+INSIDE = "inside"  # what a loop or conditional needs while it runs, beyond its operands
+
+# Event phases at one instant: frees by instructions that took time, then allocations, then
+# frees by instructions that take no time (after their own outputs exist).
+_FREE, _ALLOCATE, _FREE_AFTER = 0, 1, 2
+_BEFORE_STEP = (float("-inf"), _ALLOCATE)
+_AFTER_STEP = (float("inf"), _FREE)
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One allocation on a chip: the values stored in it (aliases share one buffer)."""
+
+    values: tuple[int, ...]  # the first allocated it; later ones are views or in-place results
+    type: isa.TensorType | None  # per-chip type stored (a piece of a global value); None INSIDE
+    nbytes: int  # per chip
+    kind: str  # ARGUMENT, OUTPUT, TEMPORARY, or INSIDE a loop or conditional
+    loc: str  # user's source line of the producer ("" for arguments)
+    what: str  # `argument 0`, the producing instruction's mnemonic, `while body`...
+    donated: bool = False  # an argument the caller donated
+    inner: tuple["Buffer", ...] = ()  # INSIDE: the body's buffers live at its peak
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    """A buffer and the instants it is allocated and freed: (seconds, phase) keys."""
+
+    buffer: Buffer
+    nbytes: int
+    allocated: tuple[float, int]
+    freed: tuple[float, int]
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """The buffers of one chip over one run of a program, and the peak."""
+
+    lifetimes: tuple[Lifetime, ...]
+    peak_bytes: int
+    peak_seconds: float  # when the peak is first reached
+    live_at_peak: tuple[Buffer, ...]  # largest first
+    samples: tuple[tuple[float, int], ...] = field(repr=False)  # (seconds, bytes live)
+    input_types: tuple[isa.TensorType, ...] = ()  # per-chip stored type of each input
+    output_types: tuple[isa.TensorType, ...] = ()  # and of each output
+
+    def bytes_of(self, kind: str) -> int:
+        return sum(l.nbytes for l in self.lifetimes if l.buffer.kind == kind)
+
+    def peak_of(self, kinds: Sequence[str]) -> int:
+        """The most bytes buffers of these kinds hold at once."""
+        return _sweep([l for l in self.lifetimes if l.buffer.kind in kinds])[0]
+
+
+def sequential_times(program: isa.Program) -> list[tuple[float, float]]:
+    """(start, end) of each instruction run one after another, one time unit each."""
+    return [(float(i), float(i + 1)) for i in range(len(program.instructions))]
+
+
+def liveness(program: isa.Program, times: Sequence[tuple[float, float]] | None = None,
+             input_names: Sequence[str] | None = None, *, inputs_owned: int = 0) -> Liveness:
+    """The buffers of one chip running `program`, instruction i from times[i][0] to
+    times[i][1] (seconds of a schedule; program order when None).
+
+    Donated inputs (`program.donated_inputs`) are freed after their last use. For a
+    sub-program, `inputs_owned` first inputs are treated the same way (a loop's carried
+    state, which the body may overwrite)."""
+    times = list(times) if times is not None else sequential_times(program)
+    if len(times) != len(program.instructions):
+        raise ValueError(f"{len(times)} times for {len(program.instructions)} instructions")
+    names = list(input_names) if input_names is not None else \
+        [f"argument {i}" for i in range(len(program.inputs))]
+    return _Builder(program, times, names, inputs_owned).run()
+
+
+class _Builder:
+    """One liveness computation: where each value is stored, then when each buffer lives."""
+
+    def __init__(self, program: isa.Program, times, names, inputs_owned: int):
+        self.program = program
+        self.times = times
+        self.names = names
+        donated = {i for i, _ in program.donated_inputs} | set(range(inputs_owned))
+        self.donated = {program.inputs[i] for i in donated}
+        self.users: dict[int, list[int]] = {}
+        for i, instr in enumerate(program.instructions):
+            for v in dict.fromkeys(instr.ins):
+                self.users.setdefault(v, []).append(i)
+        self.piece_types = self._piece_types()
+        self.on_chip = on_chip_values(program)
+        self.root: dict[int, int] = {}  # value -> the value whose buffer it is stored in
+        self.pinned: set[int] = set()  # buffers live the whole step (see _pin)
+
+    # --- where each value is stored ----------------------------------------------------
+
+    def _piece_types(self) -> dict[int, isa.TensorType]:
+        """Per-chip piece type of each global value stored in pieces (see module doc)."""
+        program, mesh = self.program, self.program.mesh
+        if not mesh.rank:
+            return {}
+        wanted: dict[int, set] = {}  # value -> the dim_axes each use or producer stores it by
+
+        def want(value: int, dim_axes) -> None:
+            if not program.values[value].varying:
+                wanted.setdefault(value, set()).add(tuple(dim_axes) if dim_axes else None)
+
+        for v, dims in zip(program.inputs, program.input_shardings):
+            if dims is not None:
+                want(v, dims)
+        for v, dims in zip(program.outputs, program.output_shardings):
+            if dims is not None:
+                want(v, dims)
+        for instr in program.instructions:
+            if isinstance(instr, isa.Shard):
+                want(instr.ins[0], instr.dim_axes)
+            elif isinstance(instr, isa.Unshard):
+                want(instr.outs[0], instr.dim_axes)
+            else:
+                for v in instr.ins:
+                    if v in program.values:
+                        want(v, None)  # read whole by ordinary instructions
+        pieces = {}
+        for value, choices in wanted.items():
+            if len(choices) == 1 and None not in choices:
+                (dims,) = choices
+                global_ = program.values[value].type
+                pieces[value] = isa.TensorType(
+                    sharding.local_shape(global_.shape, dims, mesh.axis_sizes), global_.dtype)
+        return pieces
+
+    def stored_type(self, value: int) -> isa.TensorType:
+        return self.piece_types.get(value, self.program.values[value].type)
+
+    def find(self, value: int) -> int:
+        while self.root.get(value, value) != value:
+            value = self.root[value]
+        return value
+
+    def _views(self) -> None:
+        """Values that are views of another value's buffer, whatever the timing."""
+        for instr in self.program.instructions:
+            if isinstance(instr, isa.Reshape) or (
+                    isinstance(instr, (isa.Shard, isa.Unshard)) and
+                    self.stored_type(instr.ins[0]).nbytes == self.stored_type(instr.outs[0]).nbytes):
+                self.root[instr.outs[0]] = self.find(instr.ins[0])
+
+    def _in_place(self, order: list[int]) -> None:
+        """Results written into an operand's buffer that dies at the instruction."""
+        position = {i: p for p, i in enumerate(order)}
+        members: dict[int, list[int]] = {}
+        for v in self.program.values:
+            members.setdefault(self.find(v), []).append(v)
+        for i in order:
+            instr = self.program.instructions[i]
+            for out, operand in _in_place_pairs(instr):
+                root = self.find(operand)
+                if self.find(out) != out or root in self.pinned or \
+                        root in self.on_chip or out in self.on_chip or \
+                        self.stored_type(operand).nbytes != self.stored_type(out).nbytes:
+                    continue
+                last = max((position[u] for m in members[root] for u in self.users.get(m, ())),
+                           default=-1)
+                if last == position[i] and out != root:
+                    self.root[out] = root
+                    members[root] += members.pop(out, [out])
+
+    # --- the run -------------------------------------------------------------------------
+
+    def run(self) -> Liveness:
+        program = self.program
+        self._views()
+        order = sorted(range(len(program.instructions)), key=lambda i: (self.times[i][0], i))
+        self._pin()
+        self._in_place(order)
+        self._pin()
+        members: dict[int, list[int]] = {}
+        for v in program.values:
+            members.setdefault(self.find(v), []).append(v)
+
+        allocated: dict[int, tuple[float, int]] = {}
+        freed: dict[int, tuple[float, int]] = {}
+        producer: dict[int, int] = {}
+        for v in program.inputs:
+            allocated[self.find(v)] = _BEFORE_STEP
+        for i, instr in enumerate(program.instructions):
+            start, end = self.times[i]
+            free_phase = _FREE if end > start else _FREE_AFTER
+            for v in instr.outs:
+                root = self.find(v)
+                producer.setdefault(root, i)
+                key = (start, _ALLOCATE)
+                allocated[root] = min(allocated.get(root, key), key)
+                freed[root] = max(freed.get(root, key), (end, free_phase))
+            for v in instr.ins:
+                root = self.find(v)
+                freed[root] = max(freed.get(root, (end, free_phase)), (end, free_phase))
+        for root in self.pinned:
+            freed[root] = _AFTER_STEP
+        for v in program.inputs:  # a donated argument nothing reads is released at once
+            freed.setdefault(self.find(v), _BEFORE_STEP)
+
+        lifetimes = []
+        for root, start in allocated.items():
+            if root in self.on_chip:
+                continue
+            buffer = self._buffer(root, members[root], producer.get(root))
+            lifetimes.append(Lifetime(buffer, buffer.nbytes, start, freed[root]))
+        for i, instr in enumerate(program.instructions):
+            inside = self._inside(instr)
+            if inside is not None:
+                start, end = self.times[i]
+                lifetimes.append(Lifetime(inside, inside.nbytes, (start, _ALLOCATE),
+                                          (end, _FREE if end > start else _FREE_AFTER)))
+        peak, when, samples = _sweep(lifetimes)
+        live = [l.buffer for l in lifetimes if l.nbytes and l.allocated <= when < l.freed]
+        live.sort(key=lambda b: -b.nbytes)
+        return Liveness(tuple(lifetimes), peak, when[0] if lifetimes else 0.0, tuple(live),
+                        samples, tuple(self.stored_type(v) for v in program.inputs),
+                        tuple(self.stored_type(v) for v in program.outputs))
+
+    def _pin(self) -> None:
+        """Buffers that live the whole step: outputs and arguments not donated."""
+        program = self.program
+        self.pinned = {self.find(v) for v in program.outputs} | \
+            {self.find(v) for v in program.inputs if v not in self.donated}
+
+    def _buffer(self, root: int, members: list[int], producer: int | None) -> Buffer:
+        program = self.program
+        values = tuple(sorted(members, key=lambda v: v != root))
+        if root in program.inputs:
+            position = program.inputs.index(root)
+            kind, loc, what = ARGUMENT, "", self.names[position]
+        else:
+            instr = program.instructions[producer]
+            kind = OUTPUT if any(self.find(v) == root for v in program.outputs) else TEMPORARY
+            loc, what = instr.loc, instr.mnemonic
+        stored = self.stored_type(root)
+        return Buffer(values, stored, stored.nbytes, kind, loc, what,
+                      donated=root in self.donated)
+
+    def _inside(self, instr: isa.Instruction) -> Buffer | None:
+        """What a loop or conditional needs while it runs beyond its operands and results:
+        a pseudo-buffer of that many bytes."""
+        if isinstance(instr, control.While):
+            state = len(instr.outs)
+            regions = [liveness(instr.cond, inputs_owned=0),
+                       liveness(instr.body, inputs_owned=state)]
+            labels = ["while cond", "while body"]
+            subprograms = [instr.cond, instr.body]
+            results_counted = False  # the next state is new unless written in place
+        elif isinstance(instr, control.Case):
+            regions = [liveness(b) for b in instr.branches]
+            labels = [f"case branch {k}" for k in range(len(instr.branches))]
+            subprograms = list(instr.branches)
+            results_counted = True  # a branch's results are the case's results
+        else:
+            return None
+        best, label, inner = 0, labels[0], ()
+        for sub, region, name in zip(subprograms, regions, labels):
+            own = set(sub.inputs) | (set(sub.outputs) if results_counted else set())
+            extra = region.peak_bytes - sum(
+                b.nbytes for b in region.live_at_peak if set(b.values) & own)
+            if extra > best:
+                best, label = extra, name
+                inner = tuple(b for b in region.live_at_peak if not set(b.values) & own)
+        loc = next((b.loc for b in inner if b.loc), instr.loc)
+        return Buffer((), None, best, INSIDE, loc, label, inner=inner)
+
+
+def _in_place_pairs(instr: isa.Instruction):
+    """(result, operand) pairs of an instruction that may write its result in place."""
+    if isinstance(instr, (isa.Elementwise, isa.ReducePrecision)):
+        yield from ((instr.outs[0], operand) for operand in dict.fromkeys(instr.ins))
+    elif isinstance(instr, isa.DynamicUpdateSlice):
+        yield instr.outs[0], instr.ins[0]
+    elif isinstance(instr, isa.Scatter) and len(instr.outs) == 1:
+        yield instr.outs[0], instr.ins[0]
+    elif isinstance(instr, control.While):
+        yield from zip(instr.outs, instr.ins)
+
+
+def _sweep(lifetimes: Sequence[Lifetime]):
+    """(peak bytes, the (time, phase) it is first reached, samples (seconds, bytes) with the
+    most bytes at each instant)."""
+    events = []
+    for l in lifetimes:
+        if l.nbytes and l.allocated < l.freed:
+            events.append((l.allocated, l.nbytes))
+            events.append((l.freed, -l.nbytes))
+    events.sort(key=lambda e: e[0])
+    total, peak, when = 0, 0, _BEFORE_STEP
+    samples: list[tuple[float, int]] = []
+    k = 0
+    while k < len(events):
+        key = events[k][0]
+        while k < len(events) and events[k][0] == key:
+            total += events[k][1]
+            k += 1
+        if total > peak:
+            peak, when = total, key
+        seconds = key[0] if key[0] not in (float("inf"), float("-inf")) else None
+        if seconds is not None:  # the most bytes at each instant
+            if samples and samples[-1][0] == seconds:
+                samples[-1] = (seconds, max(samples[-1][1], total))
+            else:
+                samples.append((seconds, total))
+    return peak, when, tuple(samples)

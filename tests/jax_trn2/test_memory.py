@@ -1,0 +1,112 @@
+"""memory_analysis, donation, the out-of-HBM error and the HBM counter track, through jit."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import jax_trn2
+
+GIB = 2**30
+F = 1024 * 1024 * 4  # one float32[1024,1024]
+SQUARE = jax.ShapeDtypeStruct((1024, 1024), jnp.float32)
+FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+          "temp_size_in_bytes", "generated_code_size_in_bytes", "peak_memory_in_bytes")
+
+
+def add(a, b):
+    return a + b
+
+
+def test_memory_analysis_has_jax_fields():
+    stats = jax_trn2.jit(add).lower(SQUARE, SQUARE).compile().memory_analysis()
+    assert all(isinstance(getattr(stats, name), int) for name in FIELDS)
+    # a, b and their sum, all held for the whole step.
+    assert (stats.argument_size_in_bytes, stats.output_size_in_bytes) == (2 * F, F)
+    assert stats.peak_memory_in_bytes == 3 * F and stats.alias_size_in_bytes == 0
+
+
+def test_donating_an_argument_lowers_the_peak():
+    # The sum is written into the donated a, as XLA reuses a donated buffer.
+    stats = jax_trn2.jit(add, donate_argnums=0).lower(SQUARE, SQUARE).compile().memory_analysis()
+    assert stats.peak_memory_in_bytes == 2 * F and stats.alias_size_in_bytes == F
+
+
+def test_shard_map_chips_hold_their_slices():
+    # x float32[4096,1024] split over x (4) and y (4) -> [1024,256] per chip; w [1024,1024]
+    # replicated; the per-chip product [1024,1024] is assembled into the output.
+    mesh = jax_trn2.make_mesh()
+    f = jax.shard_map(lambda x, w: w @ x, mesh=mesh, in_specs=(P(None, ("x", "y")), P()),
+                      out_specs=P(None, ("x", "y")))
+    x = jax.ShapeDtypeStruct((1024, 16 * 256), jnp.float32)
+    stats = jax_trn2.jit(f).lower(x, SQUARE).memory_analysis()
+    piece = 1024 * 256 * 4
+    assert stats.argument_size_in_bytes == piece + F
+    assert stats.output_size_in_bytes == piece
+    assert stats.peak_memory_in_bytes == piece + F + piece
+    chips = jax_trn2.jit(f).lower(x, SQUARE).compile().executable.estimate.memory.per_chip()
+    assert len(chips) == 64 and len({s.peak_memory_in_bytes for s in chips.values()}) == 1
+
+
+def too_big(x):
+    y = jnp.broadcast_to(x, (120_000, 120_000))  # float32: 53.6 GiB
+    return jnp.transpose(y) + 1.0  # another 53.6 GiB beside it
+
+
+def test_out_of_hbm_names_chips_sizes_and_source_lines():
+    lowered = jax_trn2.jit(too_big).lower(jax.ShapeDtypeStruct((), jnp.float32))
+    assert "Transpose" in lowered.as_text()  # lowering and inspection still work
+    assert lowered.cost_analysis()["flops"] > 0
+    stats = lowered.memory_analysis()
+    assert stats.peak_memory_in_bytes > 96 * GIB and not stats.fits
+    with pytest.raises(jax_trn2.OutOfHBMError) as error:
+        lowered.compile()
+    message = str(error.value)
+    assert re.search(r"needs 107\.\d\d GiB of HBM per chip .* than the 96\.00 GiB", message)
+    assert "float32[120000,120000] (53.64 GiB)" in message
+    assert f"test_memory.py:{too_big.__code__.co_firstlineno + 1}" in message
+    assert error.value.chips == (0,) and error.value.stats.peak_memory_in_bytes > 96 * GIB
+    compiled = lowered.compile(check_memory=False)  # told not to check: it compiles
+    assert compiled.memory_analysis().peak_memory_in_bytes == stats.peak_memory_in_bytes
+
+
+def test_calling_a_program_that_does_not_fit_raises():
+    with pytest.raises(jax_trn2.OutOfHBMError, match=r"on chip 0\)"):
+        jax_trn2.jit(too_big)(np.float32(1.0))
+
+
+def test_out_of_hbm_on_every_chip_of_a_mesh():
+    mesh = jax_trn2.make_mesh()
+    f = jax.shard_map(lambda a: a @ a.T, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    a = jax.ShapeDtypeStruct((4 * 150_000, 100_000), jnp.float32)  # 55.9 GiB per chip
+    with pytest.raises(jax_trn2.OutOfHBMError, match=r"on chips 0-63\)"):
+        jax_trn2.jit(f).lower(a).compile()
+
+
+def transposes(a):
+    return jnp.transpose(jnp.transpose(a) * 2.0)
+
+
+def test_trace_has_an_hbm_counter_per_chip():
+    # a (whole step), a.T*2 (until the second transpose ends), the result (to the end):
+    # 3 F while the second transpose runs, 2 F at the end of the step.
+    mesh = jax_trn2.make_mesh()
+    f = jax.shard_map(transposes, mesh=mesh, in_specs=P(), out_specs=P())
+    estimate = jax_trn2.jit(f).lower(SQUARE).compile().executable.estimate
+    events = estimate.trace(chips=[0, 5])["traceEvents"]
+    counter = [e for e in events if e["ph"] == "C"]
+    assert {e["name"] for e in counter} == {"HBM"} and {e["pid"] for e in counter} == {0, 5}
+    chip0 = [e for e in counter if e["pid"] == 0]
+    assert [e["ts"] for e in chip0] == sorted(e["ts"] for e in chip0)
+    assert max(e["args"]["GiB"] for e in chip0) == pytest.approx(3 * F / GIB, rel=1e-12)
+    assert chip0[-1]["args"]["GiB"] == pytest.approx(2 * F / GIB, rel=1e-12)
+    assert chip0[-1]["ts"] == pytest.approx(estimate.step_seconds * 1e6, rel=1e-12)
+
+
+def test_listing_summary_shows_the_peak():
+    text = jax_trn2.jit(add).lower(SQUARE, SQUARE).compile().as_text()
+    assert "HBM per chip: peak 12.00 MiB of 96.00 GiB" in text
+    assert "float32[1024,1024] (4.00 MiB) argument 'a'" in text
