@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from mesh import dtypes, isa, numerics
+from mesh import dtypes, emulated_floats, isa, numerics
 from mesh.isa.kernels import kernel
+from mesh.isa.kernels.bits import bitcast_convert
 from mesh.isa.kernels.context import KernelContext
 
 UNARY = {
@@ -95,11 +96,15 @@ def elementwise(instr: isa.Elementwise, args, ctx: KernelContext):
     op = instr.op
     if op == "convert":
         (x,) = args
-        return [numerics.round_to(numerics.widen(x), out_type.dtype, ctx.rounding)
-                if dtypes.is_float(out_type.dtype) and dtypes.is_float(dtypes.dtype_name(x.dtype))
+        # To a float from a float (or into an emulated format from anything): rounded once.
+        rounds = dtypes.is_float(out_type.dtype) and (
+            dtypes.is_float(dtypes.dtype_name(x.dtype))
+            or emulated_floats.is_emulated(out_type.dtype))
+        return [numerics.round_to(numerics.widen(x), out_type.dtype, ctx.rounding) if rounds
                 else lax.convert_element_type(x, dtypes.numpy_dtype(out_type.dtype))]
     if op == "bitcast_convert":  # a wider or narrower type drops or adds the last dim
-        return [lax.bitcast_convert_type(args[0], dtypes.numpy_dtype(out_type.dtype))]
+        in_type = ctx.program.values[instr.ins[0]].type.dtype
+        return [bitcast_convert(args[0], in_type, out_type.dtype)]
     rank = out_type.rank
     if op == "select":
         pred, on_true, on_false = (_align_rank(a, ctx.nm, rank) for a in args)
@@ -125,14 +130,19 @@ def elementwise(instr: isa.Elementwise, args, ctx: KernelContext):
 
 @kernel(isa.Constant)
 def constant(instr: isa.Constant, args, ctx: KernelContext):
-    value = np.asarray(instr.value)
+    value = emulated_floats.host_to_storage(np.asarray(instr.value))
     return [jnp.asarray(value.reshape(ctx.out_shape(instr)))]
 
 
 @kernel(isa.Iota)
 def iota(instr: isa.Iota, args, ctx: KernelContext):
     out_type = ctx.out_info(instr).type
-    x = lax.broadcasted_iota(dtypes.numpy_dtype(out_type.dtype), out_type.shape, instr.dimension)
+    if emulated_floats.is_emulated(out_type.dtype):  # counted exactly, then rounded
+        x = numerics.round_to(lax.broadcasted_iota(np.float32, out_type.shape, instr.dimension),
+                              out_type.dtype)
+    else:
+        x = lax.broadcasted_iota(dtypes.numpy_dtype(out_type.dtype), out_type.shape,
+                                 instr.dimension)
     return [x.reshape(ctx.out_shape(instr))]
 
 
