@@ -63,6 +63,30 @@ def tensor_type(t: ir.Type) -> TensorType:
     return TensorType((), element_type(t))
 
 
+@dataclass(frozen=True)
+class TupleType:
+    """A StableHLO tuple type: its element types, tensors or tuples."""
+
+    elements: tuple["TensorType | TupleType", ...]
+
+    def leaves(self) -> tuple[TensorType, ...]:
+        """The tensor types of the tuple, flattened depth first."""
+        return tuple(leaf for e in self.elements
+                     for leaf in (e.leaves() if isinstance(e, TupleType) else (e,)))
+
+    def __str__(self) -> str:
+        return f"tuple<{', '.join(map(str, self.elements))}>"
+
+
+def value_type(t: ir.Type) -> TensorType | TupleType:
+    """The type of an SSA value: a TensorType (tensors and scalars) or a TupleType."""
+    if str(t).startswith("tuple<"):
+        tuple_type = ir.TupleType(t)
+        return TupleType(tuple(value_type(tuple_type.get_type(i))
+                               for i in range(tuple_type.num_types)))
+    return tensor_type(t)
+
+
 def element_type(t: ir.Type) -> str:
     spelling = str(t)
     try:

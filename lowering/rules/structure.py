@@ -41,6 +41,17 @@ def manual_computation(ctx: LoweringContext, op: Op):
                                                      op.result_types))
 
 
+@rule("stablehlo.tuple")
+def tuple_(ctx: LoweringContext, op: Op):
+    """A tuple is its elements, kept together while lowering: nothing to run."""
+    return (tuple(op.operands),)
+
+
+@rule("stablehlo.get_tuple_element")
+def get_tuple_element(ctx: LoweringContext, op: Op):
+    return (op.operands[0][op.attrs["index"]],)
+
+
 @rule("func.call")
 def call(ctx: LoweringContext, op: Op):
     return ctx.call(op.attrs["callee"], op.operands, op.loc)

@@ -256,3 +256,55 @@ def test_bitcast_convert_of_booleans_to_booleans_and_bytes():
     same, byte = run(text, mask)
     np.testing.assert_array_equal(same, mask)
     np.testing.assert_array_equal(byte, [0b10001101] * 2)
+
+
+# --- tuples --------------------------------------------------------------------------------
+
+def test_tuples_through_calls_loops_and_main():
+    """tuple and get_tuple_element (nested), a tuple passed to and returned from a function,
+    a loop condition that reads an element of a tuple of the enclosing scope, and
+    tuple-typed arguments and results of main, which are passed as their leaves in order
+    (PJRT's untupled arguments and results)."""
+    text = """module @m {
+      func.func private @swap(%t: tuple<tensor<3xf32>, tuple<tensor<i32>>>)
+          -> tuple<tuple<tensor<i32>>, tensor<3xf32>> {
+        %a = stablehlo.get_tuple_element %t[0]
+          : (tuple<tensor<3xf32>, tuple<tensor<i32>>>) -> tensor<3xf32>
+        %b = stablehlo.get_tuple_element %t[1]
+          : (tuple<tensor<3xf32>, tuple<tensor<i32>>>) -> tuple<tensor<i32>>
+        %r = stablehlo.tuple %b, %a : tuple<tuple<tensor<i32>>, tensor<3xf32>>
+        return %r : tuple<tuple<tensor<i32>>, tensor<3xf32>>
+      }
+      func.func public @main(%x: tensor<3xf32>, %t: tuple<tensor<i32>, tensor<2xi32>>)
+          -> (tuple<tensor<3xf32>, tensor<i32>>, tensor<2xi32>) {
+        %n = stablehlo.get_tuple_element %t[0] : (tuple<tensor<i32>, tensor<2xi32>>) -> tensor<i32>
+        %v = stablehlo.get_tuple_element %t[1]
+          : (tuple<tensor<i32>, tensor<2xi32>>) -> tensor<2xi32>
+        %i = stablehlo.tuple %n : tuple<tensor<i32>>
+        %u = stablehlo.tuple %x, %i : tuple<tensor<3xf32>, tuple<tensor<i32>>>
+        %s = func.call @swap(%u)
+          : (tuple<tensor<3xf32>, tuple<tensor<i32>>>) -> tuple<tuple<tensor<i32>>, tensor<3xf32>>
+        %y = stablehlo.get_tuple_element %s[1]
+          : (tuple<tuple<tensor<i32>>, tensor<3xf32>>) -> tensor<3xf32>
+        %c = stablehlo.constant dense<2> : tensor<i32>
+        %w:2 = stablehlo.while(%k = %c, %acc = %x) : tensor<i32>, tensor<3xf32>
+          cond {
+            %limit = stablehlo.get_tuple_element %t[0]
+              : (tuple<tensor<i32>, tensor<2xi32>>) -> tensor<i32>
+            %p = stablehlo.compare LT, %k, %limit : (tensor<i32>, tensor<i32>) -> tensor<i1>
+            stablehlo.return %p : tensor<i1>
+          } do {
+            %one = stablehlo.constant dense<1> : tensor<i32>
+            %k1 = stablehlo.add %k, %one : tensor<i32>
+            %a1 = stablehlo.add %acc, %y : tensor<3xf32>
+            stablehlo.return %k1, %a1 : tensor<i32>, tensor<3xf32>
+          }
+        %r = stablehlo.tuple %w#1, %w#0 : tuple<tensor<3xf32>, tensor<i32>>
+        return %r, %v : tuple<tensor<3xf32>, tensor<i32>>, tensor<2xi32>
+      }
+    }"""
+    x = np.array([1, 2, 3], np.float32)
+    total, count, v = run(text, x, np.int32(5), np.array([7, 8], np.int32))
+    np.testing.assert_array_equal(total, 4 * x)  # x plus 3 iterations (k = 2, 3, 4) of x
+    assert count == 5
+    np.testing.assert_array_equal(v, [7, 8])
