@@ -17,6 +17,7 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from lowering import hlo_sharding, inserted, mlir, partition
+from lowering.dynamic_shapes import SHAPE_OPERANDS
 from lowering.errors import LoweringError, UnsupportedOpError, located
 from lowering.registry import RULES
 from lowering.replica_groups import ProcessGrid
@@ -348,7 +349,13 @@ class Walker:
                       regions=tuple(Region(r) for r in operation.regions),
                       loc=loc, scope=mlir.scope_name(operation.location))
         except mlir.UnsupportedTypeError as e:
-            raise UnsupportedOpError(located(str(e), operation.name, loc,
+            message = str(e)
+            if operation.name in SHAPE_OPERANDS:
+                message = (f"{e}: the result's shape is operand "
+                           + " and ".join(f"{i} ({name})" for i, name in
+                                          SHAPE_OPERANDS[operation.name].items())
+                           + ", which is not a constant; jax-trn2 runs static shapes only")
+            raise UnsupportedOpError(located(message, operation.name, loc,
                                              mlir.source_line(loc))) from None
 
     def _apply_rule(self, ctx: LoweringContext, op: Op, operation) -> Sequence[int]:
