@@ -13,7 +13,8 @@ from mesh.isa.kernels.elementwise import BINARY, UNARY
 # Kernel ops jax emits in the CHLO dialect (the others are StableHLO ops; tan is both).
 CHLO = frozenset({"acos", "acosh", "asin", "asinh", "atan", "atanh", "cosh", "sinh", "tan",
                   "erf", "erfc", "erf_inv", "lgamma", "digamma", "bessel_i1e", "square",
-                  "is_inf", "is_pos_inf", "is_neg_inf", "next_after", "polygamma", "zeta"})
+                  "is_inf", "is_pos_inf", "is_neg_inf", "next_after", "polygamma", "zeta",
+                  "mulhi"})
 
 
 def _elementwise(ctx: LoweringContext, op: Op):

@@ -125,3 +125,56 @@ def test_dynamic_shape_from_an_argument_is_an_error_naming_the_operand():
     with pytest.raises(UnsupportedOpError, match=r"operand 0 \(output_shape\), which is not a "
                        r"constant.*stablehlo.dynamic_iota"):
         jax_trn2.client().compile(text)
+
+
+# --- chlo.mulhi ----------------------------------------------------------------------------
+
+MULHI_TYPES = {"i8": np.int8, "ui8": np.uint8, "i16": np.int16, "ui16": np.uint16,
+               "i32": np.int32, "ui32": np.uint32, "i64": np.int64, "ui64": np.uint64}
+
+
+@pytest.mark.parametrize("spelling", MULHI_TYPES)
+def test_mulhi_is_the_high_half_of_the_full_product(spelling):
+    """The type's extremes and random operands, against the high half of Python's exact
+    integer product."""
+    dtype = np.dtype(MULHI_TYPES[spelling])
+    info = np.iinfo(dtype)
+    bits = 8 * dtype.itemsize
+    rng = np.random.default_rng(bits)
+    extremes = np.array([info.min, info.min + 1, -1 if info.min else 1, 0, 1, info.max - 1,
+                         info.max], dtype)
+    x = np.concatenate([np.repeat(extremes, extremes.size),
+                        rng.integers(info.min, info.max, 200, dtype=dtype, endpoint=True)])
+    y = np.concatenate([np.tile(extremes, extremes.size),
+                        rng.integers(info.min, info.max, 200, dtype=dtype, endpoint=True)])
+    t = f"tensor<{x.size}x{spelling}>"
+    text = module(f"%x: {t}, %y: {t}", t, f"""
+    %0 = "chlo.mulhi"(%x, %y) : ({t}, {t}) -> {t}
+    return %0 : {t}""")
+    (got,) = run(text, x, y)
+    want = np.array([(int(a) * int(b)) >> bits for a, b in zip(x, y)], dtype=object)
+    np.testing.assert_array_equal(got.astype(object), want)
+    assert got.dtype == dtype
+
+
+def test_mulhi_spec_examples():
+    """The interpreter's chlo/mulhi tests for 8- and 64-bit operands."""
+    text = module("", "tensor<3xi8>, tensor<2xui8>, tensor<2xi64>, tensor<2xui64>", """
+    %a = stablehlo.constant dense<[64, -64, -64]> : tensor<3xi8>
+    %b = stablehlo.constant dense<[4, 4, -4]> : tensor<3xi8>
+    %0 = "chlo.mulhi"(%a, %b) : (tensor<3xi8>, tensor<3xi8>) -> tensor<3xi8>
+    %c = stablehlo.constant dense<[240, 128]> : tensor<2xui8>
+    %d = stablehlo.constant dense<[16, 2]> : tensor<2xui8>
+    %1 = "chlo.mulhi"(%c, %d) : (tensor<2xui8>, tensor<2xui8>) -> tensor<2xui8>
+    %e = stablehlo.constant dense<[1152921504606846976, -1152921504606846976]> : tensor<2xi64>
+    %f = stablehlo.constant dense<[16, 16]> : tensor<2xi64>
+    %2 = "chlo.mulhi"(%e, %f) : (tensor<2xi64>, tensor<2xi64>) -> tensor<2xi64>
+    %g = stablehlo.constant dense<[17293822569102704640, 9223372036854775808]> : tensor<2xui64>
+    %h = stablehlo.constant dense<[16, 2]> : tensor<2xui64>
+    %3 = "chlo.mulhi"(%g, %h) : (tensor<2xui64>, tensor<2xui64>) -> tensor<2xui64>
+    return %0, %1, %2, %3 : tensor<3xi8>, tensor<2xui8>, tensor<2xi64>, tensor<2xui64>""")
+    i8, u8, i64, u64 = run(text)
+    np.testing.assert_array_equal(i8, [1, -1, 1])
+    np.testing.assert_array_equal(u8, [15, 1])
+    np.testing.assert_array_equal(i64, [1, -1])
+    np.testing.assert_array_equal(u64, [15, 1])

@@ -36,6 +36,7 @@ BINARY = {
     "shift_left": lax.shift_left, "shift_right_arithmetic": lax.shift_right_arithmetic,
     "shift_right_logical": lax.shift_right_logical,
     "next_after": lax.nextafter, "polygamma": lax.polygamma, "zeta": lax.zeta,
+    "mulhi": lambda x, y: _multiply_high(x, y),
 }
 
 COMPARISONS = {"EQ": lax.eq, "NE": lax.ne, "LT": lax.lt, "LE": lax.le, "GT": lax.gt, "GE": lax.ge}
@@ -65,6 +66,30 @@ def _integer_power(x, y):
         reciprocal = jnp.where(x == 1, 1, jnp.where((x == -1) & odd, -1, jnp.where(x == -1, 1, 0)))
         result = jnp.where(y < 0, reciprocal.astype(x.dtype), result)
     return result
+
+
+_HALF_BITS = 32
+_LOW_HALF = np.uint64(2 ** _HALF_BITS - 1)
+
+
+def _multiply_high(x, y):
+    """chlo.mulhi: the high half of the full 2w-bit product of w-bit integers, signed or
+    unsigned as their type. Up to 32 bits the product is exact in 64 bits; 64-bit operands
+    multiply as 32-bit halves (schoolbook), the signed result corrected from the unsigned."""
+    bits = dtypes.bit_width(dtypes.dtype_name(x.dtype))
+    signed = jnp.issubdtype(x.dtype, jnp.signedinteger)
+    if bits <= _HALF_BITS:
+        wide = jnp.int64 if signed else jnp.uint64
+        return (x.astype(wide) * y.astype(wide) >> bits).astype(x.dtype)
+    ux, uy = (lax.bitcast_convert_type(v, jnp.uint64) for v in (x, y))
+    x0, x1, y0, y1 = ux & _LOW_HALF, ux >> _HALF_BITS, uy & _LOW_HALF, uy >> _HALF_BITS
+    low_low, low_high, high_low = x0 * y0, x0 * y1, x1 * y0
+    carry = ((low_low >> _HALF_BITS) + (low_high & _LOW_HALF) + (high_low & _LOW_HALF)) \
+        >> _HALF_BITS
+    high = x1 * y1 + (low_high >> _HALF_BITS) + (high_low >> _HALF_BITS) + carry
+    if signed:  # x = ux - 2**64 [x < 0], so x*y's high half loses uy where x < 0, and ux
+        high = high - jnp.where(x < 0, uy, 0) - jnp.where(y < 0, ux, 0)
+    return lax.bitcast_convert_type(high, x.dtype)
 
 
 def _align_rank(x: jnp.ndarray, nm: int, rank: int) -> jnp.ndarray:
