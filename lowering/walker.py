@@ -141,6 +141,21 @@ class LoweringContext:
         finally:
             self.walker.call_locations.pop()
 
+    def function_program(self, function: str, args: Sequence[int], name: str,
+                         loc: str = "") -> isa.Program:
+        """A function as a sub-program over this program's mesh whose inputs have the
+        types and layouts of `args` (a composite's decomposition); its ops without a user
+        source line are reported at `loc`."""
+        builder = self.builder.child()
+        inputs = [builder.new_value(self.type(a), self.varying(a)) for a in args]
+        self.walker.call_locations.append(loc)
+        try:
+            outputs = self.walker.lower_block(self.walker.function_block(function), inputs,
+                                              builder)
+        finally:
+            self.walker.call_locations.pop()
+        return builder.program(inputs, outputs, name)
+
     def scalar_program(self, region: Region, name: str) -> isa.Program:
         """A region as a separate program with no mesh dims (a reducer or comparator body)."""
         builder = ProgramBuilder(isa.MeshSpec((), ()))

@@ -34,6 +34,15 @@ for _name in list(UNARY) + list(BINARY) + ["select", "clamp", "convert", "bitcas
     rule(*(f"{d}.{_name}" for d in _dialects))(_elementwise)
 
 
+@rule("stablehlo.map")
+def map_(ctx: LoweringContext, op: Op):
+    rank = op.result_types[0].rank
+    if tuple(op.attrs["dimensions"]) != tuple(range(rank)):
+        raise ValueError(f"map over dimensions {list(op.attrs['dimensions'])}: the spec "
+                         f"requires all of them in order, {list(range(rank))}")
+    return ctx.emit(isa.Map, op, body=ctx.scalar_program(op.regions[0], "computation"))
+
+
 @rule("stablehlo.compare")
 def compare(ctx: LoweringContext, op: Op):
     return _emit_elementwise(ctx, op, op="compare",

@@ -454,6 +454,15 @@ class Scatter(Instruction):
 
 
 @dataclass(frozen=True, eq=False)
+class Map(Instruction):
+    """stablehlo.map: `body`, a program over scalars, applied to each element of the
+    operands (which have the result's shape) in turn."""
+
+    body: Program
+    engine: ClassVar[str] = VECTOR
+
+
+@dataclass(frozen=True, eq=False)
 class Sort(Instruction):
     """Sort all operands along `dimension` by a comparator over (lhs, rhs) element pairs.
 

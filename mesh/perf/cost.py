@@ -250,6 +250,15 @@ def _reduce(instr: isa.Reduce, ctx: CostContext) -> Cost:
                      flops=elements * per_element, passes=per_element)
 
 
+@cost_rule(isa.Map)
+def _map(instr: isa.Map, ctx: CostContext) -> Cost:
+    """The body's instructions on each element, one Vector Engine pass each."""
+    elements = ctx.size(instr.outs)
+    per_element = max(1, len(instr.body.instructions))
+    return engine_op(isa.VECTOR, elements, ctx.hbm_bytes(instr.ins + instr.outs), ctx,
+                     flops=elements * per_element, passes=per_element)
+
+
 @cost_rule(isa.Sort)
 def _sort(instr: isa.Sort, ctx: CostContext) -> Cost:
     """A merge sort: log2(n) passes over the elements of every operand."""

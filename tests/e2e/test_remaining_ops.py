@@ -178,3 +178,149 @@ def test_mulhi_spec_examples():
     np.testing.assert_array_equal(u8, [15, 1])
     np.testing.assert_array_equal(i64, [1, -1])
     np.testing.assert_array_equal(u64, [15, 1])
+
+
+# --- stablehlo.composite -------------------------------------------------------------------
+
+def test_composite_spec_example_runs_its_decomposition_listed_under_its_name():
+    text = module("", "tensor<i64>", """
+    %0 = stablehlo.constant dense<1> : tensor<i64>
+    %1 = stablehlo.composite "stablehlo.add_n" %0 {
+      composite_attributes = {n = 2 : i64}, decomposition = @add_n.impl
+    } : (tensor<i64>) -> tensor<i64>
+    return %1 : tensor<i64>""", functions="""
+  func.func private @add_n.impl(%arg0: tensor<i64>) -> tensor<i64> {
+    %0 = stablehlo.constant dense<2> : tensor<i64>
+    %1 = stablehlo.add %arg0, %0 : tensor<i64>
+    func.return %1 : tensor<i64>
+  }""")
+    executable = jax_trn2.client().compile(text)
+    (result,) = executable.execute([])
+    assert int(result) == 3
+    listing = executable.as_text()
+    assert "Composite(" in listing and "name=stablehlo.add_n" in listing
+    assert "stablehlo.add_n = @add_n.impl(" in listing  # the decomposition, indented under it
+    assert "Vector.add(" in listing
+
+
+def test_jax_composite_in_a_shard_map_body_matches_cpu_jax(rng):
+    """lax.composite (jax emits stablehlo.composite) around a softplus, inside a shard_map
+    body whose operands differ from chip to chip, with a collective after it."""
+    from functools import partial
+
+    from e2e_reference import assert_matches, run_both
+    from jax.sharding import PartitionSpec as P
+
+    @partial(jax.lax.composite, name="my.softplus")
+    def softplus(x, *, beta):
+        return jnp.log1p(jnp.exp(beta * x)) / beta
+
+    def body(x):
+        return jax.lax.psum(softplus(x, beta=2.0), "x")
+
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    got, want = run_both(body, (4, 4, 4), ("x", "y", "z"), (P("x", "y"),), P(None, "y"), x)
+    assert_matches(got, want)
+
+
+# --- stablehlo.map -------------------------------------------------------------------------
+
+def test_map_applies_its_computation_to_each_element():
+    """Two operands of different types, a computation of several ops (with a conversion
+    and a select), as the spec's map example generalised; and a map of rank 0."""
+    x = np.array([[0.5, -1.0, 2.0], [3.0, -4.5, 0.0]], np.float32)
+    k = np.array([[1, 2, 3], [-4, 5, 6]], np.int32)
+    text = module("%x: tensor<2x3xf32>, %k: tensor<2x3xi32>, %s: tensor<f32>",
+                  "tensor<2x3xf32>, tensor<f32>", """
+    %0 = "stablehlo.map"(%x, %k) ({
+      ^bb0(%a: tensor<f32>, %b: tensor<i32>):
+        %f = stablehlo.convert %b : (tensor<i32>) -> tensor<f32>
+        %p = stablehlo.multiply %a, %f : tensor<f32>
+        %z = stablehlo.constant dense<0.0> : tensor<f32>
+        %n = stablehlo.compare LT, %p, %z : (tensor<f32>, tensor<f32>) -> tensor<i1>
+        %q = stablehlo.negate %p : tensor<f32>
+        %r = stablehlo.select %n, %q, %p : tensor<i1>, tensor<f32>
+        stablehlo.return %r : tensor<f32>
+    }) {dimensions = array<i64: 0, 1>} : (tensor<2x3xf32>, tensor<2x3xi32>) -> tensor<2x3xf32>
+    %1 = "stablehlo.map"(%s, %s) ({
+      ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+        %p = stablehlo.add %a, %b : tensor<f32>
+        stablehlo.return %p : tensor<f32>
+    }) {dimensions = array<i64>} : (tensor<f32>, tensor<f32>) -> tensor<f32>
+    return %0, %1 : tensor<2x3xf32>, tensor<f32>""")
+    mapped, doubled = run(text, x, k, np.float32(1.25))
+    np.testing.assert_array_equal(mapped, np.abs(x * k))
+    assert doubled == 2.5
+
+
+# --- chlo.scan -----------------------------------------------------------------------------
+
+SCAN_SUM = """^bb0(%e: tensor<{t}>, %c: tensor<{t}>):
+      %s = stablehlo.add %e, %c : tensor<{t}>
+      stablehlo.return %s, %s : tensor<{t}>, tensor<{t}>"""
+
+
+def test_scan_spec_examples():
+    """The interpreter's chlo/scan tests: cumulative sums along dims 0 and 1, forward and
+    reverse, and cummax with argmax (two inputs, two carries, ties keep the higher index)."""
+    text = module("", "tensor<4xi32>, tensor<i32>, tensor<2x3xi32>, tensor<2xi32>, "
+                  "tensor<4xi32>, tensor<i32>, tensor<5xi32>, tensor<5xi32>, tensor<i32>, "
+                  "tensor<i32>", f"""
+    %input = stablehlo.constant dense<[1, 2, 3, 4]> : tensor<4xi32>
+    %init = stablehlo.constant dense<0> : tensor<i32>
+    %0:2 = chlo.scan(%input) inits(%init) dimension=0 {{
+    {SCAN_SUM.format(t="i32")}
+    }} : (tensor<4xi32>, tensor<i32>) -> (tensor<4xi32>, tensor<i32>)
+    %matrix = stablehlo.constant dense<[[1, 2, 3], [4, 5, 6]]> : tensor<2x3xi32>
+    %inits = stablehlo.constant dense<0> : tensor<2xi32>
+    %1:2 = chlo.scan(%matrix) inits(%inits) dimension=1 {{
+    {SCAN_SUM.format(t="2xi32")}
+    }} : (tensor<2x3xi32>, tensor<2xi32>) -> (tensor<2x3xi32>, tensor<2xi32>)
+    %2:2 = chlo.scan(%input) inits(%init) dimension=0 attributes {{is_reverse = true}} {{
+    {SCAN_SUM.format(t="i32")}
+    }} : (tensor<4xi32>, tensor<i32>) -> (tensor<4xi32>, tensor<i32>)
+    %values = stablehlo.constant dense<[3, 1, 4, 1, 5]> : tensor<5xi32>
+    %iota = stablehlo.constant dense<[0, 1, 2, 3, 4]> : tensor<5xi32>
+    %lowest = stablehlo.constant dense<-2147483648> : tensor<i32>
+    %3:4 = chlo.scan(%values, %iota) inits(%lowest, %init) dimension=0 {{
+    ^bb0(%v: tensor<i32>, %i: tensor<i32>, %best: tensor<i32>, %at: tensor<i32>):
+      %m = stablehlo.maximum %best, %v : tensor<i32>
+      %gt = stablehlo.compare GT, %best, %v : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %eq = stablehlo.compare EQ, %best, %v : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %later = stablehlo.maximum %at, %i : tensor<i32>
+      %tie = stablehlo.select %eq, %later, %i : tensor<i1>, tensor<i32>
+      %where = stablehlo.select %gt, %at, %tie : tensor<i1>, tensor<i32>
+      stablehlo.return %m, %where, %m, %where : tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>
+    }} : (tensor<5xi32>, tensor<5xi32>, tensor<i32>, tensor<i32>)
+      -> (tensor<5xi32>, tensor<5xi32>, tensor<i32>, tensor<i32>)
+    return %0#0, %0#1, %1#0, %1#1, %2#0, %2#1, %3#0, %3#1, %3#2, %3#3
+      : tensor<4xi32>, tensor<i32>, tensor<2x3xi32>, tensor<2xi32>, tensor<4xi32>, tensor<i32>,
+        tensor<5xi32>, tensor<5xi32>, tensor<i32>, tensor<i32>""")
+    results = [r.tolist() for r in run(text)]
+    assert results == [[1, 3, 6, 10], 10, [[1, 3, 6], [4, 9, 15]], [6, 15], [10, 9, 7, 4], 10,
+                       [3, 3, 4, 4, 5], [0, 0, 2, 2, 4], 5, 4]
+
+
+def test_scan_with_outputs_unlike_its_inputs_is_costed_per_step():
+    """A body whose output has another type than its input (a weighted running sum as f32
+    from i32, the weights a constant of the body: chlo.scan is isolated from above); the
+    estimate counts the body once per position along the scanned dimension."""
+    text = module("%x: tensor<3x5xi32>", "tensor<3x5xf32>, tensor<3xi32>", """
+    %zero = stablehlo.constant dense<0> : tensor<3xi32>
+    %0:2 = chlo.scan(%x) inits(%zero) dimension=1 {
+    ^bb0(%e: tensor<3xi32>, %c: tensor<3xi32>):
+      %w = stablehlo.constant dense<[0.5, 1.0, -2.0]> : tensor<3xf32>
+      %s = stablehlo.add %e, %c : tensor<3xi32>
+      %f = stablehlo.convert %s : (tensor<3xi32>) -> tensor<3xf32>
+      %o = stablehlo.multiply %f, %w : tensor<3xf32>
+      stablehlo.return %o, %s : tensor<3xf32>, tensor<3xi32>
+    } : (tensor<3x5xi32>, tensor<3xi32>) -> (tensor<3x5xf32>, tensor<3xi32>)
+    return %0#0, %0#1 : tensor<3x5xf32>, tensor<3xi32>""")
+    x = np.arange(15, dtype=np.int32).reshape(3, 5)
+    w = np.array([0.5, 1.0, -2.0], np.float32)
+    executable = jax_trn2.client().compile(text)
+    scaled, total = (np.asarray(r) for r in executable.execute([x]))
+    np.testing.assert_array_equal(scaled, np.cumsum(x, axis=1) * w[:, None])
+    np.testing.assert_array_equal(total, x.sum(axis=1))
+    # add, convert and multiply on 3 elements, at each of 5 positions.
+    assert executable.cost_analysis()["flops"] == 5 * 3 * 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -151,6 +152,15 @@ def elementwise(instr: isa.Elementwise, args, ctx: KernelContext):
     else:
         result = BINARY[boolean_equivalent(op, wide[0].dtype)](*jnp.broadcast_arrays(*wide))
     return [numerics.round_to(result, out_type.dtype, ctx.rounding)]
+
+
+@kernel(isa.Map)
+def map_(instr: isa.Map, args, ctx: KernelContext):
+    """The scalar body on every element (of every chip's copy) at once, vectorised."""
+    shape = ctx.out_shape(instr)
+    flat = [jnp.broadcast_to(a, shape).reshape(-1) for a in args]
+    result = jax.vmap(lambda *xs: ctx.run(instr.body, list(xs))[0])(*flat)
+    return [result.reshape(shape)]
 
 
 @kernel(isa.Constant)
