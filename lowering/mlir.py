@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import numpy as np
 from jax._src.interpreters import mlir as jax_mlir
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import sdy
+from jaxlib.mlir.dialects import chlo, sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 
 from mesh import dtypes
@@ -104,6 +104,18 @@ class DotDims:
     rhs_batch: tuple[int, ...]
     lhs_contract: tuple[int, ...]
     rhs_contract: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RaggedDotDims:
+    """chlo.ragged_dot's dimension numbers."""
+
+    lhs_batch: tuple[int, ...]
+    rhs_batch: tuple[int, ...]
+    lhs_contract: tuple[int, ...]
+    rhs_contract: tuple[int, ...]
+    lhs_ragged: tuple[int, ...]
+    rhs_group: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -216,6 +228,13 @@ def _dot_dims(attr) -> DotDims:
                    tuple(attr.lhs_contracting_dimensions), tuple(attr.rhs_contracting_dimensions))
 
 
+def _ragged_dot_dims(attr) -> RaggedDotDims:
+    return RaggedDotDims(tuple(attr.lhs_batching_dimensions), tuple(attr.rhs_batching_dimensions),
+                         tuple(attr.lhs_contracting_dimensions),
+                         tuple(attr.rhs_contracting_dimensions),
+                         tuple(attr.lhs_ragged_dimensions), tuple(attr.rhs_group_dimensions))
+
+
 def _gather_dims(attr) -> GatherDims:
     return GatherDims(tuple(attr.offset_dims), tuple(attr.collapsed_slice_dims),
                       tuple(attr.operand_batching_dims), tuple(attr.start_indices_batching_dims),
@@ -276,6 +295,7 @@ _DECODERS: list[tuple[type, Any]] = [
     (ir.FlatSymbolRefAttr, lambda a: a.value),
     (ir.TypeAttr, lambda a: str(a.value)),
     (hlo.DotDimensionNumbers, _dot_dims),
+    (chlo.RaggedDotDimensionNumbers, _ragged_dot_dims),
     (hlo.GatherDimensionNumbers, _gather_dims),
     (hlo.ScatterDimensionNumbers, _scatter_dims),
     (hlo.ConvDimensionNumbers, _conv_dims),

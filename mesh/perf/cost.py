@@ -208,8 +208,8 @@ def _free(instr, ctx: CostContext) -> Cost:
     return Cost()
 
 
-@cost_rule(isa.Matmul)
-def _matmul(instr: isa.Matmul, ctx: CostContext) -> Cost:
+@cost_rule(isa.Matmul, isa.RaggedMatmul)
+def _matmul(instr: isa.Matmul | isa.RaggedMatmul, ctx: CostContext) -> Cost:
     if instr.tiling is None:
         raise ValueError(f"Matmul at {instr.loc or 'unknown location'} has no tiling: plan the "
                          "program first (lowering.plan.plan_program)")

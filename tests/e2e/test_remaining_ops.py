@@ -324,3 +324,66 @@ def test_scan_with_outputs_unlike_its_inputs_is_costed_per_step():
     np.testing.assert_array_equal(total, x.sum(axis=1))
     # add, convert and multiply on 3 elements, at each of 5 positions.
     assert executable.cost_analysis()["flops"] == 5 * 3 * 3
+
+
+# --- chlo.ragged_dot -----------------------------------------------------------------------
+
+def ragged_dot_module(f, *args) -> str:
+    """The StableHLO jax emits for `f` when lowering for TPU: chlo.ragged_dot (on CPU jax
+    decomposes ragged_dot into a dense dot_general over every group instead)."""
+    return jax.jit(f).trace(*args).lower(lowering_platforms=("tpu",)).as_text()
+
+
+RAGGED_FORMS = {  # name: (lhs shape, rhs shape, group sizes, RaggedDotDimensionNumbers args)
+    "experts": ((10, 4), (3, 4, 5), [2, 5, 1], ((([1], [1]), ([], [])), [0], [0])),
+    "experts_batched_sizes": ((2, 7, 3, 4), (2, 3, 4, 5), [[2, 1, 3], [0, 7, 0]],
+                              ((([3], [2]), ([0], [0])), [1], [1])),
+    "experts_group_dim_inside": ((3, 2, 7, 4), (3, 4, 3, 5), [2, 1, 3],
+                                 ((([3], [1]), ([0], [0])), [2], [2])),
+    "contraction": ((6, 10), (10, 5), [2, 5, 1], ((([1], [0]), ([], [])), [1], [])),
+    "contraction_batched": ((2, 6, 10), (2, 10, 5), [[2, 5, 1], [10, 0, 0]],
+                            ((([2], [1]), ([0], [0])), [2], [])),
+    "batch": ((6, 3, 4), (6, 4, 5), [2, 1], ((([2], [1]), ([0], [0])), [0], [])),
+}
+
+
+@pytest.mark.parametrize("form", RAGGED_FORMS)
+def test_ragged_dot_matches_cpu_jax(form, rng):
+    """Every form of ragged_dot_general: a ragged free dim with the rhs group dim anywhere
+    (rows after the last group are zeros), group sizes per batch element, a ragged
+    contraction dim (a result per group), a ragged batch dim."""
+    lhs_shape, rhs_shape, sizes, dims = RAGGED_FORMS[form]
+    numbers = jax.lax.RaggedDotDimensionNumbers(*dims)
+
+    def f(lhs, rhs, group_sizes):
+        return jax.lax.ragged_dot_general(lhs, rhs, group_sizes, numbers)
+
+    lhs = rng.standard_normal(lhs_shape).astype(np.float32)
+    rhs = rng.standard_normal(rhs_shape).astype(np.float32)
+    sizes = np.array(sizes, np.int32)
+    (got,) = run(ragged_dot_module(f, lhs, rhs, sizes), lhs, rhs, sizes)
+    want = np.asarray(jax.jit(f)(lhs, rhs, sizes))
+    assert got.shape == want.shape
+    # FP32 products are rounded to FP32 on the Tensor Engine (mesh.numerics) and summed in
+    # another order than CPU JAX's: |error| <= (K + 1) * 2**-24 * sum|a_k b_k|, K <= 10.
+    bound = 11 * 2.0 ** -24 * np.abs(lhs).max() * np.abs(rhs).max() * 10
+    np.testing.assert_allclose(got, want, rtol=0, atol=bound)
+
+
+def test_bf16_experts_are_exact_per_group_and_costed_per_group(rng):
+    """BF16 mixture of experts (m = 240 tokens over 3 experts of k = 300, n = 64): BF16
+    products are exact and each group's sum is FP32 over passes of 128; the estimate is 3
+    matmuls of 80 rows (group sizes are runtime values: equal groups are assumed), not a
+    dense dot over every expert."""
+    lhs = rng.standard_normal((240, 300)).astype(jnp.bfloat16)
+    rhs = rng.standard_normal((3, 300, 64)).astype(jnp.bfloat16)
+    sizes = np.array([50, 150, 40], np.int32)
+    executable = jax_trn2.client().compile(ragged_dot_module(jax.lax.ragged_dot, lhs, rhs, sizes))
+    (got,) = executable.execute([lhs, rhs, sizes])
+    want = jax.jit(jax.lax.ragged_dot)(lhs, rhs, sizes)
+    # Each output rounds an FP32 sum of exact products to BF16: sums in another order
+    # differ in their last FP32 bits, so results may be one BF16 ulp apart.
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               rtol=2.0 ** -7, atol=0)
+    assert executable.cost_analysis()["flops"] == 2 * 3 * 80 * 64 * 300
+    assert "Tensor.RaggedMatmul(" in executable.as_text()
