@@ -55,6 +55,28 @@ def test_sub_byte_integers_wrap_around_as_cpu_jax(dtype):
         same_bits(np.asarray(got), np.asarray(want))
 
 
+@pytest.mark.parametrize("dtype", [jnp.int2, jnp.uint4])
+def test_sub_byte_integers_in_variadic_reductions_sorts_and_top_k(dtype):
+    """argmax (a two-operand reduce), a key-value sort, argsort and top_k, which XLA on CPU
+    rejects for sub-byte operands (so CPU JAX cannot run them): compared with the same
+    program on the values as 8-bit integers, which order the same way."""
+    info = ml_dtypes.iinfo(dtype)
+    rng = np.random.default_rng(1)
+    x = rng.integers(info.min, info.max, (3, 9), endpoint=True).astype(dtype)
+    payload = np.arange(27, dtype=np.int32).reshape(3, 9)
+
+    def f(x, payload):
+        return (jnp.argmax(x, axis=1), lax.sort((x, payload), num_keys=1),
+                jnp.argsort(x, axis=1, stable=True), lax.top_k(x, 4))
+
+    wide = np.int8 if info.min < 0 else np.uint8
+    want = jax.tree.map(lambda w: np.asarray(w).astype(dtype) if w.dtype == wide else w,
+                        jax.jit(f)(x.astype(wide), payload))
+    got = jax_trn2.jit(f)(x, payload)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        same_bits(np.asarray(g), np.asarray(w))
+
+
 # --- narrow float formats ----------------------------------------------------------------
 
 NARROW_FLOATS = {  # MLIR spelling -> ml_dtypes type
