@@ -15,6 +15,8 @@ from jax._src.interpreters import mlir as jax_mlir
 from jax._src.lib import _jax
 from jaxlib.mlir import ir
 
+from lowering.errors import LoweringError
+
 # Ops whose result shape comes from an operand's value: operand index -> what it is.
 SHAPE_OPERANDS = {
     "stablehlo.dynamic_iota": {0: "output_shape"},
@@ -46,9 +48,13 @@ def needs_refinement(module: ir.Module) -> bool:
 
 def refine(module: ir.Module) -> ir.Module:
     """The module with every shape that constants determine made static."""
-    refined = _jax.mlir.refine_polymorphic_shapes(
-        mlir_module=jax_mlir.module_to_bytecode(module), enable_shape_assertions=True,
-        validate_static_shapes=False, enable_shardy=True)
+    try:
+        refined = _jax.mlir.refine_polymorphic_shapes(
+            mlir_module=jax_mlir.module_to_bytecode(module), enable_shape_assertions=True,
+            validate_static_shapes=False, enable_shardy=True)
+    except Exception as e:  # jaxlib reports a failed refinement as a plain error
+        raise LoweringError(f"the module's dynamic shapes could not be made static: "
+                            f"{e}") from None
     return ir.Module.parse(refined, jax_mlir.make_ir_context())
 
 

@@ -86,14 +86,14 @@ def itemsize(name: str) -> int:
     return numpy_dtype(name).itemsize
 
 
+# Types narrower than the byte each element is stored in: their width in bits.
+SUB_BYTE_BITS = {"bool": 1, "int2": 2, "uint2": 2, "int4": 4, "uint4": 4, "float4_e2m1fn": 4,
+                 "float6_e2m3fn": 6, "float6_e3m2fn": 6}
+
+
 def bit_width(name: str) -> int:
     """Bits of one element of the type (1 for bool, 4 for int4), as bitcast_convert sees it."""
-    if name == "bool":
-        return 1
-    dtype = numpy_dtype(name)
-    if is_float(name):
-        return int(ml_dtypes.finfo(dtype).bits)
-    return int(ml_dtypes.iinfo(dtype).bits)
+    return SUB_BYTE_BITS.get(name) or 8 * itemsize(name)
 
 
 def storage_name(name: str) -> str:

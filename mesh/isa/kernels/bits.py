@@ -65,8 +65,7 @@ def bitcast_convert(x, from_type: str, to_type: str):
 
 # Types whose bits are not reachable by XLA's bitcast (booleans, the emulated floats) or
 # that XLA's bitcast does not split into or combine from bytes (sub-byte types).
-_BIT_LEVEL_TYPES = frozenset({"bool", "int2", "int4", "uint2", "uint4", "float4_e2m1fn"}) | \
-    frozenset(dtypes.STORAGE_TYPES)
+_BIT_LEVEL_TYPES = frozenset(dtypes.SUB_BYTE_BITS) | frozenset(dtypes.STORAGE_TYPES)
 
 
 def _to_unsigned(x, name: str):
