@@ -206,6 +206,31 @@ def test_mx_formats_through_a_program():
               .astype(ml_dtypes.float6_e3m2fn))
 
 
+def test_fp6_sort_reduce_and_sqrt():
+    """A total-order sort (-0 before +0), a sum rounded once to FP6 E3M2 (-23.6875 is -24
+    on its grid) and sqrt of a negative value (NaN, which FP6 has not: -0, as XLA
+    converts)."""
+    t = "tensor<6xf6E3M2FN>"
+    text = module(f"%x: {t}", f"{t}, tensor<f6E3M2FN>, {t}", f"""
+    %0 = "stablehlo.sort"(%x) ({{
+      ^bb0(%a: tensor<f6E3M2FN>, %b: tensor<f6E3M2FN>):
+        %c = stablehlo.compare LT, %a, %b, TOTALORDER
+          : (tensor<f6E3M2FN>, tensor<f6E3M2FN>) -> tensor<i1>
+        stablehlo.return %c : tensor<i1>
+    }}) {{dimension = 0 : i64, is_stable = true}} : ({t}) -> {t}
+    %z = stablehlo.constant dense<0.0> : tensor<f6E3M2FN>
+    %1 = stablehlo.reduce(%x init: %z) applies stablehlo.add across dimensions = [0]
+      : ({t}, tensor<f6E3M2FN>) -> tensor<f6E3M2FN>
+    %2 = stablehlo.sqrt %x : {t}
+    return %0, %1, %2 : {t}, tensor<f6E3M2FN>, {t}""")
+    f6 = ml_dtypes.float6_e3m2fn
+    x = np.array([3, -0.0, 0.0, -28, 1.25, 0.0625], f6)
+    ordered, total, root = run(text, x)
+    same_bits(ordered, np.array([-28, -0.0, 0.0, 0.0625, 1.25, 3], f6))
+    same_bits(total, np.array(-24, f6))
+    same_bits(root, np.array([1.75, -0.0, 0, -0.0, 1, 0.25], f6))
+
+
 # --- bitcast_convert -----------------------------------------------------------------------
 
 # The StableHLO interpreter's bitcast_convert tests: 0x0123456789ABCDEF as i1[64], least
