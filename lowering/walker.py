@@ -282,6 +282,9 @@ class Walker:
         inputs, pieces, input_shardings = [], [], []
         for i, argument in enumerate(block.arguments):
             local = _argument_type(i, argument)
+            if isinstance(local, mlir.TupleType):
+                raise UnsupportedOpError(f"argument {i} of @main has tuple type {local}: "
+                                         "jax-trn2 partitions tensor arguments only")
             dim_axes = self._tiled_axes(in_shardings[i], local.rank)
             global_ = isa.TensorType(tuple(n * self._tiles(axes) for n, axes in
                                            zip(local.shape, dim_axes)), local.dtype)
