@@ -355,3 +355,35 @@ def test_tuples_through_calls_loops_and_main():
     np.testing.assert_array_equal(total, 4 * x)  # x plus 3 iterations (k = 2, 3, 4) of x
     assert count == 5
     np.testing.assert_array_equal(v, [7, 8])
+
+
+def test_collectives_on_fp6_and_int4_values_per_device():
+    """An SPMD module (16 processes on trn2) reducing FP6 and int4 values in groups of 4:
+    partial sums are in the operand's type (FP6 saturates at 7.5; int4 wraps), and FP6
+    buffers stay numpy arrays (jax cannot hold them)."""
+    groups = "dense<[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]>"
+    reductions = []
+    for name, t in (("x", "f6E2M3FN"), ("y", "i4")):
+        reductions.append(f"""
+    %{name}r = "stablehlo.all_reduce"(%{name}) ({{
+      ^bb0(%a: tensor<{t}>, %b: tensor<{t}>):
+        %s = stablehlo.add %a, %b : tensor<{t}>
+        stablehlo.return %s : tensor<{t}>
+    }}) {{replica_groups = {groups} : tensor<4x4xi64>, use_global_device_ids,
+      channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>}}
+      : (tensor<2x{t}>) -> tensor<2x{t}>""")
+    text = ("module @m attributes {mhlo.num_partitions = 16 : i32, mhlo.num_replicas = 1 : i32}"
+            " {\n  func.func public @main(%x: tensor<2xf6E2M3FN>, %y: tensor<2xi4>) -> "
+            "(tensor<2xf6E2M3FN>, tensor<2xi4>) {" + "".join(reductions) +
+            "\n    return %xr, %yr : tensor<2xf6E2M3FN>, tensor<2xi4>\n  }\n}")
+    f6, i4 = ml_dtypes.float6_e2m3fn, ml_dtypes.int4
+    per_device = [[np.array([0.5 * d, 1.0], f6), np.array([d % 8, 3], i4)] for d in range(16)]
+    results = jax_trn2.client("trn2").compile(text).execute_sharded(per_device)
+    for d, (x, y) in enumerate(results):
+        group = range(d // 4 * 4, d // 4 * 4 + 4)
+        partial = np.float32(0)
+        for member in group:  # in any order: these partial sums are exact or saturate
+            partial = np.float32(partial + np.float32(0.5 * member)).astype(f6).astype(np.float32)
+        same_bits(np.asarray(x), np.array([partial, 4.0], f6))
+        wrapped = (sum(m % 8 for m in group) + 8) % 16 - 8
+        same_bits(np.asarray(y), np.array([wrapped, (12 + 8) % 16 - 8], i4))
