@@ -8,6 +8,8 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from mesh.emulated_floats import is_emulated
+
 PLATFORM_NAME = "trn2"
 DEVICE_KIND = "Trainium2"
 
@@ -29,7 +31,10 @@ class Buffer:
     """An array resident on one simulated chip."""
 
     def __init__(self, array: Any, device: Device):
-        self._array = jnp.asarray(array)
+        # Types jax cannot hold on the host (FP6) stay numpy arrays.
+        held = np.asarray(array) if is_emulated(np.dtype(getattr(array, "dtype", None)).name) \
+            else None
+        self._array = held if held is not None else jnp.asarray(array)
         self.device = device
 
     @property
@@ -41,6 +46,7 @@ class Buffer:
         return self._array.dtype
 
     def to_jax(self) -> jnp.ndarray:
+        """The array (a numpy array for the types jax cannot hold, FP6)."""
         return self._array
 
     def __array__(self, dtype=None, copy=None):

@@ -19,6 +19,7 @@ from mesh import dtypes, isa, numerics, sharding
 from mesh.isa import printer
 from mesh.perf import trace
 from mesh.perf.estimate import ProgramEstimate, target_text
+from mesh.emulated_floats import host_to_storage, storage_to_host
 from mesh.executor import compile_program
 from mesh.machine import Placement, Topology, place_on
 from mesh.memory import MemoryStats
@@ -88,7 +89,7 @@ class LoadedExecutable:
         """The program as one XLA computation, compiled on first use (listing and cost
         estimates do not need it)."""
         layouts = [jax.ShapeDtypeStruct(self.program.array_shape(v),
-                                        dtypes.numpy_dtype(self.program.values[v].type.dtype))
+                                        dtypes.storage_dtype(self.program.values[v].type.dtype))
                    for v in self.program.inputs]
         with jax.enable_x64(True):  # a module's 64-bit inputs keep their type
             return compile_program(self.program, self.rounding,
@@ -170,10 +171,11 @@ class LoadedExecutable:
         arrays = self._check_args(args)
         nm = self.program.mesh.rank
         with jax.enable_x64(True):  # 64-bit inputs of a module keep their type
-            outs = self._run(*[jnp.broadcast_to(jnp.asarray(a).reshape((1,) * nm + a.shape),
-                                                self.program.array_shape(v))
-                               for a, v in zip(arrays, self.program.inputs)])
-        return [o[(0,) * nm] for o in outs]
+            outs = self._run(*[jnp.broadcast_to(jnp.asarray(host_to_storage(a)).reshape(
+                (1,) * nm + a.shape), self.program.array_shape(v))
+                for a, v in zip(arrays, self.program.inputs)])
+        return [storage_to_host(o[(0,) * nm], self.program.values[v].type.dtype)
+                for o, v in zip(outs, self.program.outputs)]
 
     def execute_sharded(self, per_device_args: Sequence[Sequence[Any]]) -> list[list[Buffer]]:
         """Run on one argument list per device (logical device order); returns one result
@@ -201,7 +203,8 @@ class LoadedExecutable:
         if self.program.values[value].varying:  # an SPMD module's per-device argument
             arrays = [self._check_arg(f"{self.arg_names[i]} of device {d}", p, expected)
                       for d, p in enumerate(pieces)]
-            return jnp.stack(arrays).reshape(self.program.array_shape(value))
+            return jnp.stack([host_to_storage(a) for a in arrays]).reshape(
+                self.program.array_shape(value))
         dim_axes = self._sharding(self.program.input_shardings, i, expected.rank)
         piece_type = isa.TensorType(sharding.local_shape(expected.shape, dim_axes,
                                                          self.program.mesh.axis_sizes),
@@ -210,13 +213,14 @@ class LoadedExecutable:
                                              piece_type)) for d, p in enumerate(pieces)]
         global_ = self._assemble(i, pieces)
         array = self._check_arg(self.arg_names[i], global_, expected)
-        return array.reshape(self.program.array_shape(value))
+        return host_to_storage(array).reshape(self.program.array_shape(value))
 
     def _device_results(self, i: int, result: jnp.ndarray) -> list[np.ndarray]:
         """Each device's piece of output i: split by its sharding, else the device's own."""
         mesh = self.program.mesh
         dim_axes = self.program.output_shardings[i] \
             if i < len(self.program.output_shardings) else None
+        result = storage_to_host(result, self.program.values[self.program.outputs[i]].type.dtype)
         if dim_axes is not None:
             return sharding.split(np.asarray(result[(0,) * mesh.rank]), dim_axes,
                                   mesh.axis_sizes)

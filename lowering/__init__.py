@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lowering import partition
+from lowering import dynamic_shapes, partition
 from lowering import rules  # noqa: F401  (fills the rule registry)
 from lowering.errors import LoweringError, UnsupportedOpError
 from lowering.mlir import parse_module
@@ -24,6 +24,8 @@ def lower(program: Any, mesh: isa.MeshSpec | None = None) -> isa.Program:
     partitioner (lowering.partition): what is lowered is each chip's program. `mesh` names
     the axes of a per-chip program given as such, whose own mesh has lost them."""
     module = parse_module(program)
+    if dynamic_shapes.needs_refinement(module):
+        module = dynamic_shapes.refine(module)
     if partition.needs_partitioning(module):
         mesh = partition.global_mesh(module)
         module = partition.partition(module, mesh.num_devices)

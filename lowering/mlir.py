@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import numpy as np
 from jax._src.interpreters import mlir as jax_mlir
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import sdy
+from jaxlib.mlir.dialects import chlo, sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 
 from mesh import dtypes
@@ -27,8 +27,12 @@ from mesh.isa import MeshSpec, TensorType
 ELEMENT_TYPES = {
     "f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16",
     "f8E4M3FN": "float8_e4m3fn", "f8E5M2": "float8_e5m2", "f8E4M3": "float8_e4m3",
-    "f8E3M4": "float8_e3m4", "i1": "bool", "i8": "int8", "i16": "int16", "i32": "int32",
-    "i64": "int64", "ui8": "uint8", "ui16": "uint16", "ui32": "uint32", "ui64": "uint64",
+    "f8E3M4": "float8_e3m4", "f8E4M3FNUZ": "float8_e4m3fnuz", "f8E5M2FNUZ": "float8_e5m2fnuz",
+    "f8E4M3B11FNUZ": "float8_e4m3b11fnuz", "f8E8M0FNU": "float8_e8m0fnu",
+    "f6E2M3FN": "float6_e2m3fn", "f6E3M2FN": "float6_e3m2fn", "f4E2M1FN": "float4_e2m1fn",
+    "i1": "bool", "i2": "int2", "i4": "int4", "i8": "int8", "i16": "int16", "i32": "int32",
+    "i64": "int64", "ui2": "uint2", "ui4": "uint4", "ui8": "uint8", "ui16": "uint16",
+    "ui32": "uint32", "ui64": "uint64",
 }
 
 
@@ -61,6 +65,30 @@ def tensor_type(t: ir.Type) -> TensorType:
     return TensorType((), element_type(t))
 
 
+@dataclass(frozen=True)
+class TupleType:
+    """A StableHLO tuple type: its element types, tensors or tuples."""
+
+    elements: tuple["TensorType | TupleType", ...]
+
+    def leaves(self) -> tuple[TensorType, ...]:
+        """The tensor types of the tuple, flattened depth first."""
+        return tuple(leaf for e in self.elements
+                     for leaf in (e.leaves() if isinstance(e, TupleType) else (e,)))
+
+    def __str__(self) -> str:
+        return f"tuple<{', '.join(map(str, self.elements))}>"
+
+
+def value_type(t: ir.Type) -> TensorType | TupleType:
+    """The type of an SSA value: a TensorType (tensors and scalars) or a TupleType."""
+    if str(t).startswith("tuple<"):
+        tuple_type = ir.TupleType(t)
+        return TupleType(tuple(value_type(tuple_type.get_type(i))
+                               for i in range(tuple_type.num_types)))
+    return tensor_type(t)
+
+
 def element_type(t: ir.Type) -> str:
     spelling = str(t)
     try:
@@ -78,6 +106,18 @@ class DotDims:
     rhs_batch: tuple[int, ...]
     lhs_contract: tuple[int, ...]
     rhs_contract: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RaggedDotDims:
+    """chlo.ragged_dot's dimension numbers."""
+
+    lhs_batch: tuple[int, ...]
+    rhs_batch: tuple[int, ...]
+    lhs_contract: tuple[int, ...]
+    rhs_contract: tuple[int, ...]
+    lhs_ragged: tuple[int, ...]
+    rhs_group: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -190,6 +230,13 @@ def _dot_dims(attr) -> DotDims:
                    tuple(attr.lhs_contracting_dimensions), tuple(attr.rhs_contracting_dimensions))
 
 
+def _ragged_dot_dims(attr) -> RaggedDotDims:
+    return RaggedDotDims(tuple(attr.lhs_batching_dimensions), tuple(attr.rhs_batching_dimensions),
+                         tuple(attr.lhs_contracting_dimensions),
+                         tuple(attr.rhs_contracting_dimensions),
+                         tuple(attr.lhs_ragged_dimensions), tuple(attr.rhs_group_dimensions))
+
+
 def _gather_dims(attr) -> GatherDims:
     return GatherDims(tuple(attr.offset_dims), tuple(attr.collapsed_slice_dims),
                       tuple(attr.operand_batching_dims), tuple(attr.start_indices_batching_dims),
@@ -250,6 +297,7 @@ _DECODERS: list[tuple[type, Any]] = [
     (ir.FlatSymbolRefAttr, lambda a: a.value),
     (ir.TypeAttr, lambda a: str(a.value)),
     (hlo.DotDimensionNumbers, _dot_dims),
+    (chlo.RaggedDotDimensionNumbers, _ragged_dot_dims),
     (hlo.GatherDimensionNumbers, _gather_dims),
     (hlo.ScatterDimensionNumbers, _scatter_dims),
     (hlo.ConvDimensionNumbers, _conv_dims),

@@ -17,6 +17,7 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from lowering import hlo_sharding, inserted, mlir, partition
+from lowering.dynamic_shapes import SHAPE_OPERANDS
 from lowering.errors import LoweringError, UnsupportedOpError, located
 from lowering.registry import RULES
 from lowering.replica_groups import ProcessGrid
@@ -140,6 +141,21 @@ class LoweringContext:
         finally:
             self.walker.call_locations.pop()
 
+    def function_program(self, function: str, args: Sequence[int], name: str,
+                         loc: str = "") -> isa.Program:
+        """A function as a sub-program over this program's mesh whose inputs have the
+        types and layouts of `args` (a composite's decomposition); its ops without a user
+        source line are reported at `loc`."""
+        builder = self.builder.child()
+        inputs = [builder.new_value(self.type(a), self.varying(a)) for a in args]
+        self.walker.call_locations.append(loc)
+        try:
+            outputs = self.walker.lower_block(self.walker.function_block(function), inputs,
+                                              builder)
+        finally:
+            self.walker.call_locations.pop()
+        return builder.program(inputs, outputs, name)
+
     def scalar_program(self, region: Region, name: str) -> isa.Program:
         """A region as a separate program with no mesh dims (a reducer or comparator body)."""
         builder = ProgramBuilder(isa.MeshSpec((), ()))
@@ -158,7 +174,7 @@ class LoweringContext:
         Value ids stay unique across the enclosing program and its sub-programs.
         """
         free = _free_values([r._region for r in regions])
-        captured = tuple(self.env[v] for v in free)
+        captured = tuple(leaf for v in free for leaf in leaves(self.env[v]))  # tuples: leaves
         programs = []
         for region, name in zip(regions, names, strict=True):
             if len(region.arg_types) != len(arg_layouts):
@@ -166,10 +182,11 @@ class LoweringContext:
                                     f"arguments, given {len(arg_layouts)} layouts")
             builder = self.builder.child()
             args = [builder.new_value(t, v) for t, v in zip(region.arg_types, arg_layouts)]
-            outer = {v: builder.new_value(self.type(c), self.varying(c))
-                     for v, c in zip(free, captured)}
+            outer = {v: map_leaves(self.env[v], lambda c: builder.new_value(
+                self.type(c), self.varying(c))) for v in free}
             outputs = self.walker.lower_block(region.block, args, builder, outer)
-            programs.append(builder.program(args + list(outer.values()), outputs, name))
+            inner = [leaf for value in outer.values() for leaf in leaves(value)]
+            programs.append(builder.program(args + inner, outputs, name))
         return programs, captured
 
     def constant_value(self, value: int) -> np.ndarray | None:
@@ -241,9 +258,13 @@ class Walker:
             return self._lower_partitioned()
         builder = ProgramBuilder(self.mesh)
         block = self.function_block("main")
-        inputs = [builder.new_value(_argument_type(i, a), self.argument_layout)
-                  for i, a in enumerate(block.arguments)]
-        outputs = self.lower_block(block, inputs, builder)
+        # A tuple-typed argument or result is passed as its leaves, in order (PJRT's
+        # untupled arguments and results).
+        arguments = [values_of(_argument_type(i, a), lambda t: builder.new_value(
+            t, self.argument_layout)) for i, a in enumerate(block.arguments)]
+        inputs = [leaf for argument in arguments for leaf in leaves(argument)]
+        outputs = [leaf for result in self.lower_block(block, arguments, builder)
+                   for leaf in leaves(result)]
         main = mlir.Attributes(self.functions["main"])
         return builder.program(
             inputs, outputs, "main",
@@ -262,6 +283,9 @@ class Walker:
         inputs, pieces, input_shardings = [], [], []
         for i, argument in enumerate(block.arguments):
             local = _argument_type(i, argument)
+            if isinstance(local, mlir.TupleType):
+                raise UnsupportedOpError(f"argument {i} of @main has tuple type {local}: "
+                                         "jax-trn2 partitions tensor arguments only")
             dim_axes = self._tiled_axes(in_shardings[i], local.rank)
             global_ = isa.TensorType(tuple(n * self._tiles(axes) for n, axes in
                                            zip(local.shape, dim_axes)), local.dtype)
@@ -352,13 +376,19 @@ class Walker:
         try:
             return Op(name=operation.name,
                       operands=tuple(env[v] for v in operation.operands),
-                      operand_types=tuple(mlir.tensor_type(v.type) for v in operation.operands),
-                      result_types=tuple(mlir.tensor_type(r.type) for r in operation.results),
+                      operand_types=tuple(mlir.value_type(v.type) for v in operation.operands),
+                      result_types=tuple(mlir.value_type(r.type) for r in operation.results),
                       attrs=mlir.Attributes(operation),
                       regions=tuple(Region(r) for r in operation.regions),
                       loc=loc, scope=mlir.scope_name(operation.location))
         except mlir.UnsupportedTypeError as e:
-            raise UnsupportedOpError(located(str(e), operation.name, loc,
+            message = str(e)
+            if operation.name in SHAPE_OPERANDS:
+                message = (f"{e}: the result's shape is operand "
+                           + " and ".join(f"{i} ({name})" for i, name in
+                                          SHAPE_OPERANDS[operation.name].items())
+                           + ", which is not a constant; jax-trn2 runs static shapes only")
+            raise UnsupportedOpError(located(message, operation.name, loc,
                                              mlir.source_line(loc))) from None
 
     def _apply_rule(self, ctx: LoweringContext, op: Op, operation) -> Sequence[int]:
@@ -377,6 +407,29 @@ class Walker:
                        f"{_first_line(operation)}")
             cls = UnsupportedOpError if isinstance(e, NotImplementedError) else LoweringError
             raise cls(located(message, op.name, op.loc, mlir.source_line(op.loc))) from e
+
+
+# A value in the walker's environment: a value id, or (for a tuple) a tuple of values.
+Value = Any
+
+
+def leaves(value: Value) -> tuple[int, ...]:
+    """The value ids of a value, a tuple's flattened depth first."""
+    return tuple(leaf for v in value for leaf in leaves(v)) if isinstance(value, tuple) \
+        else (value,)
+
+
+def map_leaves(value: Value, fn) -> Value:
+    """`value` with each value id replaced by fn(id), keeping its tuple structure."""
+    return tuple(map_leaves(v, fn) for v in value) if isinstance(value, tuple) else fn(value)
+
+
+def values_of(type_: isa.TensorType | mlir.TupleType, new_value) -> Value:
+    """A new value of `type_`: new_value(tensor type) for a tensor, a tuple of such for a
+    tuple type."""
+    if isinstance(type_, mlir.TupleType):
+        return tuple(values_of(t, new_value) for t in type_.elements)
+    return new_value(type_)
 
 
 def _free_values(regions) -> list:
@@ -399,9 +452,9 @@ def _free_values(regions) -> list:
     return list(dict.fromkeys(v for v in used if v not in defined))
 
 
-def _argument_type(index: int, argument) -> isa.TensorType:
+def _argument_type(index: int, argument) -> isa.TensorType | mlir.TupleType:
     try:
-        return mlir.tensor_type(argument.type)
+        return mlir.value_type(argument.type)
     except mlir.UnsupportedTypeError as e:
         raise UnsupportedOpError(f"argument {index} of @main: {e}") from None
 

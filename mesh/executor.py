@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from mesh import isa, numerics
+from mesh import dtypes, isa, numerics
 from mesh.isa.kernels import kernel_for
 from mesh.isa.kernels.context import KernelContext
 
@@ -53,7 +53,7 @@ def _to_layout(x: jnp.ndarray, program: isa.Program, value: int, instr) -> jnp.n
         except ValueError:
             raise ExecutionError(f"{instr.mnemonic} at {instr.loc}: result shape {x.shape} "
                                  f"does not fit its layout {expected}") from None
-    want = info.type.dtype
+    want = dtypes.storage_name(info.type.dtype)
     if x.dtype.name != want:
         raise ExecutionError(f"{instr.mnemonic} at {instr.loc}: result type {x.dtype.name}, "
                              f"expected {want}")

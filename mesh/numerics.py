@@ -59,7 +59,7 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
-from mesh import dtypes
+from mesh import dtypes, emulated_floats
 
 ROUNDING_MODES = ("nearest", "stochastic")
 
@@ -87,11 +87,13 @@ def widen(x: jnp.ndarray) -> jnp.ndarray:
 
 def round_to(x: jnp.ndarray, name: str, rounding=None) -> jnp.ndarray:
     """x rounded once to element type `name` (round-to-nearest-even unless `rounding` says)."""
+    if rounding is not None:
+        return rounding(x, name)
+    if emulated_floats.is_emulated(name):
+        return emulated_floats.round_to_format(x, name)
     target = dtypes.numpy_dtype(name)
     if x.dtype == target:
         return x
-    if rounding is not None:
-        return rounding(x, name)
     return lax.convert_element_type(x, target)
 
 
@@ -140,9 +142,8 @@ class StochasticRounder:
         self._sites = 0
 
     def __call__(self, x: jnp.ndarray, name: str) -> jnp.ndarray:
-        target = dtypes.numpy_dtype(name)
         if name not in dtypes.LOW_PRECISION_FLOATS or x.dtype != jnp.float32:
-            return lax.convert_element_type(x, target)
+            return round_to(x, name)
         key = jax.random.fold_in(self._key, self._sites)
         self._sites += 1
         return stochastic_round(x, name, jax.random.bits(key, x.shape, jnp.uint32))
@@ -194,4 +195,4 @@ def stochastic_round(x: jnp.ndarray, name: str, random_bits: jnp.ndarray) -> jnp
     chosen = jnp.where(random_bits < threshold, up, down)
     rounded = lax.bitcast_convert_type(sign | chosen, jnp.float32)
     rounded = jnp.where(jnp.isfinite(x), rounded, x)
-    return lax.convert_element_type(rounded, target)
+    return round_to(rounded, name)

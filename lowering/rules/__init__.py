@@ -6,6 +6,7 @@ from lowering.rules import (  # noqa: F401
     control_flow,
     convolution,
     dot,
+    dynamic,
     elementwise,
     gspmd,
     indexing,

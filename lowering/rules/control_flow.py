@@ -15,7 +15,7 @@ import numpy as np
 from lowering.registry import rule
 from lowering.walker import LoweringContext, Op
 from mesh import dtypes, isa
-from mesh.isa.control import Case, While
+from mesh.isa.control import Case, Scan, While
 
 
 @rule("stablehlo.while")
@@ -35,6 +35,31 @@ def while_(ctx: LoweringContext, op: Op):
                                    [ctx.constant_value(v) for v in captured])
     return ctx.emit(While, op, ins=op.operands + captured, out_layouts=layouts, cond=cond,
                     body=body, trip_count=trip_count)
+
+
+@rule("chlo.scan")
+def scan(ctx: LoweringContext, op: Op):
+    """chlo.scan as a loop over the positions along `dimension`. Carries' layouts are a
+    fixed point, as a while loop's."""
+    num_inputs, num_carries = op.attrs["operandSegmentSizes"]
+    num_outputs = op.attrs["resultSegmentSizes"][0]
+    dimension = op.attrs["dimension"]
+    inputs, inits = op.operands[:num_inputs], op.operands[num_inputs:]
+    carries = [ctx.varying(v) for v in inits]
+    while True:  # layouts only grow, so this ends
+        (body,), captured = ctx.sub_programs(
+            op.regions, [ctx.varying(v) for v in inputs] + carries, ("body",))
+        widened = [layout | body.info(out).varying
+                   for layout, out in zip(carries, body.outputs[num_outputs:])]
+        if widened == carries:
+            break
+        carries = widened
+    shaped = op.operand_types[0] if inputs else op.result_types[0]
+    layouts = [body.info(out).varying for out in body.outputs[:num_outputs]] + carries
+    return ctx.emit(Scan, op, ins=op.operands + captured, out_layouts=layouts,
+                    dimension=dimension, is_reverse=op.attr("is_reverse", False),
+                    num_inputs=num_inputs, num_carries=num_carries, body=body,
+                    trip_count=shaped.shape[dimension])
 
 
 @rule("stablehlo.if", "stablehlo.case")

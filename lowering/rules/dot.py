@@ -1,4 +1,4 @@
-"""dot_general (and the older dot) onto the Tensor Engine."""
+"""dot_general (and the older dot) and ragged_dot onto the Tensor Engine."""
 
 from __future__ import annotations
 
@@ -21,3 +21,29 @@ def dot(ctx: LoweringContext, op: Op):
     lhs_rank = op.operand_types[0].rank
     return ctx.emit(isa.Matmul, op, lhs_batch=(), rhs_batch=(), lhs_contract=(lhs_rank - 1,),
                     rhs_contract=(0,), out_dtype=op.result_types[0].dtype)
+
+
+@rule("chlo.ragged_dot")
+def ragged_dot(ctx: LoweringContext, op: Op):
+    """ragged_dot (jax.lax.ragged_dot: grouped matmuls of a mixture of experts) as one
+    matmul per group. A ragged batch dim groups whole batch elements, each already a matmul
+    of its own: that is dot_general (as XLA computes it on CPU)."""
+    dims = op.attrs["ragged_dot_dimension_numbers"]
+    if len(dims.lhs_ragged) != 1:
+        raise NotImplementedError(f"ragged_dot with lhs ragged dims {list(dims.lhs_ragged)} "
+                                  "(exactly one is supported)")
+    (ragged,) = dims.lhs_ragged
+    out_dtype = op.result_types[0].dtype
+    if ragged in dims.lhs_batch:
+        return ctx.emit(isa.Matmul, op, ins=op.operands[:2], lhs_batch=dims.lhs_batch,
+                        rhs_batch=dims.rhs_batch, lhs_contract=dims.lhs_contract,
+                        rhs_contract=dims.rhs_contract, out_dtype=out_dtype)
+    contracted = ragged in dims.lhs_contract
+    if contracted == bool(dims.rhs_group):
+        raise ValueError(f"ragged_dot with lhs ragged dim {ragged} and rhs group dims "
+                         f"{list(dims.rhs_group)}: a ragged free dim needs one rhs group dim, "
+                         "a ragged contraction dim none")
+    return ctx.emit(isa.RaggedMatmul, op, lhs_batch=dims.lhs_batch, rhs_batch=dims.rhs_batch,
+                    lhs_contract=dims.lhs_contract, rhs_contract=dims.rhs_contract,
+                    lhs_ragged=ragged, rhs_group=None if contracted else dims.rhs_group[0],
+                    out_dtype=out_dtype)

@@ -13,7 +13,8 @@ from mesh.isa.kernels.elementwise import BINARY, UNARY
 # Kernel ops jax emits in the CHLO dialect (the others are StableHLO ops; tan is both).
 CHLO = frozenset({"acos", "acosh", "asin", "asinh", "atan", "atanh", "cosh", "sinh", "tan",
                   "erf", "erfc", "erf_inv", "lgamma", "digamma", "bessel_i1e", "square",
-                  "is_inf", "is_pos_inf", "is_neg_inf", "next_after", "polygamma", "zeta"})
+                  "is_inf", "is_pos_inf", "is_neg_inf", "next_after", "polygamma", "zeta",
+                  "mulhi"})
 
 
 def _elementwise(ctx: LoweringContext, op: Op):
@@ -31,6 +32,15 @@ for _name in list(UNARY) + list(BINARY) + ["select", "clamp", "convert", "bitcas
     _dialects = ("chlo", "stablehlo") if _name == "tan" else \
         ("chlo",) if _name in CHLO else ("stablehlo",)
     rule(*(f"{d}.{_name}" for d in _dialects))(_elementwise)
+
+
+@rule("stablehlo.map")
+def map_(ctx: LoweringContext, op: Op):
+    rank = op.result_types[0].rank
+    if tuple(op.attrs["dimensions"]) != tuple(range(rank)):
+        raise ValueError(f"map over dimensions {list(op.attrs['dimensions'])}: the spec "
+                         f"requires all of them in order, {list(range(rank))}")
+    return ctx.emit(isa.Map, op, body=ctx.scalar_program(op.regions[0], "computation"))
 
 
 @rule("stablehlo.compare")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from lowering.registry import CUSTOM_CALL_RULES, rule
 from lowering.walker import LoweringContext, Op
 from mesh import isa
+from mesh.isa.control import Composite
 
 
 def _dim_axes(ctx: LoweringContext, sharding,
@@ -41,9 +42,32 @@ def manual_computation(ctx: LoweringContext, op: Op):
                                                      op.result_types))
 
 
+@rule("stablehlo.tuple")
+def tuple_(ctx: LoweringContext, op: Op):
+    """A tuple is its elements, kept together while lowering: nothing to run."""
+    return (tuple(op.operands),)
+
+
+@rule("stablehlo.get_tuple_element")
+def get_tuple_element(ctx: LoweringContext, op: Op):
+    return (op.operands[0][op.attrs["index"]],)
+
+
 @rule("func.call")
 def call(ctx: LoweringContext, op: Op):
     return ctx.call(op.attrs["callee"], op.operands, op.loc)
+
+
+@rule("stablehlo.composite")
+def composite(ctx: LoweringContext, op: Op):
+    """The composite's decomposition, as a sub-program listed under the composite's name."""
+    function = op.attrs["decomposition"]
+    program = ctx.function_program(function, op.operands, f"@{function}", op.loc)
+    attributes = ", ".join(f"{k}={v}" for k, v in op.attr("composite_attributes", {}).items())
+    return ctx.emit(Composite, op, out_layouts=[program.info(v).varying
+                                                for v in program.outputs],
+                    name=op.attrs["name"], version=op.attr("version", 0),
+                    attributes=f"{{{attributes}}}", decomposition=program)
 
 
 @rule("sdy.sharding_constraint", "sdy.reshard", "sdy.propagation_barrier",

@@ -267,6 +267,32 @@ class Matmul(Instruction):
     engine: ClassVar[str] = TENSOR
 
 
+@dataclass(frozen=True, eq=False)
+class RaggedMatmul(Instruction):
+    """chlo.ragged_dot on the Tensor Engine: a dot_general whose lhs dim `lhs_ragged` is cut
+    into consecutive groups of the sizes ins[2] gives (its last dim: one size per group,
+    leading dims, if any, the batch dims), each group a matmul of its own.
+
+    - `lhs_ragged` a free dim (a mixture of experts): the rhs has a group dim `rhs_group`,
+      rows of group i multiply rhs group i, rows after the last group are zeros; the result
+      is dot_general's.
+    - `lhs_ragged` the contraction dim (rhs_group None): group i contracts its own range;
+      the result is [groups, dot_general's dims...].
+    Numerics are Matmul's, each group's passes starting at its first element.
+    """
+
+    lhs_batch: tuple[int, ...]
+    rhs_batch: tuple[int, ...]
+    lhs_contract: tuple[int, ...]
+    rhs_contract: tuple[int, ...]
+    lhs_ragged: int
+    rhs_group: int | None
+    out_dtype: str
+    pass_size: int = 128
+    tiling: Plan | None = None
+    engine: ClassVar[str] = TENSOR
+
+
 # --- data movement -----------------------------------------------------------------------
 
 @dataclass(frozen=True, eq=False)
@@ -451,6 +477,15 @@ class Scatter(Instruction):
     indices_are_sorted: bool = False
     unique_indices: bool = False
     engine: ClassVar[str] = GPSIMD  # read-modify-write of the operand
+
+
+@dataclass(frozen=True, eq=False)
+class Map(Instruction):
+    """stablehlo.map: `body`, a program over scalars, applied to each element of the
+    operands (which have the result's shape) in turn."""
+
+    body: Program
+    engine: ClassVar[str] = VECTOR
 
 
 @dataclass(frozen=True, eq=False)

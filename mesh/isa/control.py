@@ -61,3 +61,39 @@ class Case(ControlFlow):
 
     def regions(self) -> tuple[tuple[str, Program], ...]:
         return tuple((p.name, p) for p in self.branches)
+
+
+@dataclass(frozen=True, eq=False)
+class Composite(ControlFlow):
+    """stablehlo.composite: the op `name` (a name the program's authors gave a group of ops,
+    with its `attributes` and `version`), run as its decomposition; ins = its operands."""
+
+    name: str
+    version: int
+    attributes: str
+    decomposition: Program
+
+    def regions(self) -> tuple[tuple[str, Program], ...]:
+        return ((f"{self.name} = {self.decomposition.name}", self.decomposition),)
+
+
+@dataclass(frozen=True, eq=False)
+class Scan(ControlFlow):
+    """chlo.scan: `body` run on each position along `dimension` of the `num_inputs` inputs
+    in turn (from the last when `is_reverse`), carrying values from one to the next.
+
+    ins = (*inputs, *initial carries, *captured), `num_inputs` and `num_carries` of the
+    first two; `body` takes (the inputs' slices at the position, *carries, *captured) and
+    gives (the outputs' slices at the position, *new carries); outs = (*outputs, *final
+    carries). `trip_count` is the length along `dimension`.
+    """
+
+    dimension: int
+    is_reverse: bool
+    num_inputs: int
+    num_carries: int
+    body: Program
+    trip_count: int
+
+    def regions(self) -> tuple[tuple[str, Program], ...]:
+        return ((f"body x{self.trip_count}", self.body),)

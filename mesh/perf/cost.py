@@ -208,8 +208,8 @@ def _free(instr, ctx: CostContext) -> Cost:
     return Cost()
 
 
-@cost_rule(isa.Matmul)
-def _matmul(instr: isa.Matmul, ctx: CostContext) -> Cost:
+@cost_rule(isa.Matmul, isa.RaggedMatmul)
+def _matmul(instr: isa.Matmul | isa.RaggedMatmul, ctx: CostContext) -> Cost:
     if instr.tiling is None:
         raise ValueError(f"Matmul at {instr.loc or 'unknown location'} has no tiling: plan the "
                          "program first (lowering.plan.plan_program)")
@@ -246,6 +246,15 @@ def _reduce(instr: isa.Reduce, ctx: CostContext) -> Cost:
     operands = instr.ins[:len(instr.ins) // 2]
     elements = ctx.size(operands)
     per_element = 1 if instr.body is None else len(instr.body.instructions)
+    return engine_op(isa.VECTOR, elements, ctx.hbm_bytes(instr.ins + instr.outs), ctx,
+                     flops=elements * per_element, passes=per_element)
+
+
+@cost_rule(isa.Map)
+def _map(instr: isa.Map, ctx: CostContext) -> Cost:
+    """The body's instructions on each element, one Vector Engine pass each."""
+    elements = ctx.size(instr.outs)
+    per_element = max(1, len(instr.body.instructions))
     return engine_op(isa.VECTOR, elements, ctx.hbm_bytes(instr.ins + instr.outs), ctx,
                      flops=elements * per_element, passes=per_element)
 

@@ -142,6 +142,24 @@ def matmul_shape(instr: isa.Matmul, lhs: isa.TensorType,
             free(rhs, instr.rhs_batch, instr.rhs_contract), product(lhs, instr.lhs_contract))
 
 
+def ragged_matmul_shape(instr: isa.RaggedMatmul, lhs: isa.TensorType, rhs: isa.TensorType,
+                        group_sizes: isa.TensorType) -> tuple[int, int, int, int]:
+    """(batch, m, n, k) of the per-group matmuls of a RaggedMatmul, as one batch of them.
+    Group sizes are known only when the program runs: the estimate assumes equal groups
+    (a ragged free dim of m rows is `groups` matmuls of ceil(m / groups) rows each; a
+    ragged contraction of k, `groups` contractions of ceil(k / groups))."""
+    groups = group_sizes.shape[-1] if group_sizes.rank else 1
+    batch = math.prod(lhs.shape[d] for d in instr.lhs_batch)
+    k = math.prod(lhs.shape[d] for d in instr.lhs_contract)
+    m = math.prod(s for d, s in enumerate(lhs.shape)
+                  if d not in instr.lhs_batch and d not in instr.lhs_contract)
+    n = math.prod(s for d, s in enumerate(rhs.shape) if d not in instr.rhs_batch
+                  and d not in instr.rhs_contract and d != instr.rhs_group)
+    if instr.lhs_ragged in instr.lhs_contract:
+        return batch * groups, m, n, math.ceil(k / max(groups, 1))
+    return batch * groups, math.ceil(m / max(groups, 1)), n, k
+
+
 def _tiling(batch, m, n, k, dtype, rate, stationary, stat, mov, out_itemsize, grid,
             chip: ChipSpec) -> MatmulTiling:
     (stat_free, stat_itemsize), (mov_free, mov_itemsize) = stat, mov

@@ -36,4 +36,4 @@ def kernel_for(instr: isa.Instruction) -> Callable:
 # Importing the kernel modules fills KERNELS.
 from mesh.isa.kernels import (  # noqa: E402,F401
     bits, collectives, control_flow, convolution, elementwise, indexing, matmul, movement,
-    reduction, sort, windows)
+    ragged_matmul, reduction, sort, windows)

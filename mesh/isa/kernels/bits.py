@@ -1,11 +1,12 @@
-"""Random bits and bit-level rounding."""
+"""Random bits, bit-level rounding and bitcasts."""
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from mesh import dtypes, isa
+from mesh import dtypes, emulated_floats, isa
 from mesh.isa.kernels import kernel
 from mesh.isa.kernels.context import KernelContext
 
@@ -41,3 +42,50 @@ def rng_bit_generator(instr: isa.RngBitGenerator, args, ctx: KernelContext):
 def reduce_precision(instr: isa.ReducePrecision, args, ctx: KernelContext):
     (x,) = args
     return [lax.reduce_precision(x, instr.exponent_bits, instr.mantissa_bits)]
+
+
+def bitcast_convert(x, from_type: str, to_type: str):
+    """StableHLO's bitcast_convert: the bits of each element of `x` (type `from_type`) read
+    as elements of `to_type`. A wider operand element becomes the last dim of the result
+    and a narrower one comes from the operand's last dim, least significant bits first (the
+    StableHLO interpreter's order: i1[64] -> i64 puts element 0 in bit 0)."""
+    from_bits, to_bits = dtypes.bit_width(from_type), dtypes.bit_width(to_type)
+    native = {from_type, to_type}.isdisjoint(_BIT_LEVEL_TYPES)
+    if native and min(from_bits, to_bits) >= 8:  # whole bytes: XLA's bitcast, same order
+        return lax.bitcast_convert_type(x, dtypes.numpy_dtype(to_type))
+    bits = _to_unsigned(x, from_type)
+    if from_bits > to_bits:  # each element splits into the last dim, low bits first
+        shifts = np.arange(from_bits // to_bits, dtype=np.uint64) * to_bits
+        bits = (bits[..., None] >> shifts) & np.uint64(2 ** to_bits - 1)
+    elif from_bits < to_bits:  # the last dim's elements combine, the first in the low bits
+        shifts = np.arange(to_bits // from_bits, dtype=np.uint64) * from_bits
+        bits = jnp.bitwise_or.reduce(bits << shifts, axis=-1)
+    return _from_unsigned(bits, to_type)
+
+
+# Types whose bits are not reachable by XLA's bitcast (booleans, the emulated floats) or
+# that XLA's bitcast does not split into or combine from bytes (sub-byte types).
+_BIT_LEVEL_TYPES = frozenset(dtypes.SUB_BYTE_BITS) | frozenset(dtypes.STORAGE_TYPES)
+
+
+def _to_unsigned(x, name: str):
+    """Each element's bit pattern as a uint64."""
+    if name == "bool":
+        return x.astype(jnp.uint64)
+    if emulated_floats.is_emulated(name):
+        return emulated_floats.to_bits(x, name).astype(jnp.uint64)
+    unsigned = _unsigned_type(name)
+    return lax.bitcast_convert_type(x, unsigned).astype(jnp.uint64)
+
+
+def _from_unsigned(bits, name: str):
+    """Elements of type `name` with the bit patterns `bits` (uint64, within the width)."""
+    if name == "bool":
+        return bits != 0
+    if emulated_floats.is_emulated(name):
+        return emulated_floats.from_bits(bits, name)
+    return lax.bitcast_convert_type(bits.astype(_unsigned_type(name)), dtypes.numpy_dtype(name))
+
+
+def _unsigned_type(name: str) -> np.dtype:
+    return dtypes.numpy_dtype(f"uint{dtypes.bit_width(name)}")

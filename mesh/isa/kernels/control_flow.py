@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from mesh.isa.control import Case, While
+from mesh.isa.control import Case, Composite, Scan, While
 from mesh.isa.kernels import kernel
 from mesh.isa.kernels.context import KernelContext
 
@@ -90,3 +90,35 @@ def case(instr: Case, args, ctx: KernelContext):
         chosen = [jnp.where(_per_chip(index == b, r, ctx.nm), r, c)
                   for r, c in zip(results[b], chosen)]
     return chosen
+
+
+@kernel(Composite)
+def composite(instr: Composite, args, ctx: KernelContext):
+    return [jnp.broadcast_to(o, ctx.out_shape(instr, i))
+            for i, o in enumerate(ctx.run(instr.decomposition, list(args)))]
+
+
+@kernel(Scan)
+def scan(instr: Scan, args, ctx: KernelContext):
+    nm, n_in, n_carry = ctx.nm, instr.num_inputs, instr.num_carries
+    n_out = len(instr.outs) - n_carry
+    axis = nm + instr.dimension
+    inputs = [jnp.moveaxis(x, axis, 0) for x in args[:n_in]]
+    carry_shapes = [ctx.out_shape(instr, n_out + i) for i in range(n_carry)]
+    carries = tuple(jnp.broadcast_to(c, s) for c, s in zip(args[n_in:n_in + n_carry],
+                                                            carry_shapes))
+    captured = list(args[n_in + n_carry:])
+    out_shapes = [_without(ctx.out_shape(instr, i), axis) for i in range(n_out)]
+
+    def step(carry, slices):
+        results = ctx.run(instr.body, list(slices) + list(carry) + captured)
+        return (tuple(jnp.broadcast_to(c, s) for c, s in zip(results[n_out:], carry_shapes)),
+                tuple(jnp.broadcast_to(o, s) for o, s in zip(results[:n_out], out_shapes)))
+
+    final, outputs = lax.scan(step, carries, tuple(inputs), length=instr.trip_count,
+                              reverse=instr.is_reverse)
+    return [jnp.moveaxis(o, 0, axis) for o in outputs] + list(final)
+
+
+def _without(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
+    return shape[:axis] + shape[axis + 1:]

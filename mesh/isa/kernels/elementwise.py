@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from mesh import dtypes, isa, numerics
+from mesh import dtypes, emulated_floats, isa, numerics
 from mesh.isa.kernels import kernel
+from mesh.isa.kernels.bits import bitcast_convert
 from mesh.isa.kernels.context import KernelContext
 
 UNARY = {
@@ -35,6 +37,7 @@ BINARY = {
     "shift_left": lax.shift_left, "shift_right_arithmetic": lax.shift_right_arithmetic,
     "shift_right_logical": lax.shift_right_logical,
     "next_after": lax.nextafter, "polygamma": lax.polygamma, "zeta": lax.zeta,
+    "mulhi": lambda x, y: _multiply_high(x, y),
 }
 
 COMPARISONS = {"EQ": lax.eq, "NE": lax.ne, "LT": lax.lt, "LE": lax.le, "GT": lax.gt, "GE": lax.ge}
@@ -66,6 +69,30 @@ def _integer_power(x, y):
     return result
 
 
+_HALF_BITS = 32
+_LOW_HALF = np.uint64(2 ** _HALF_BITS - 1)
+
+
+def _multiply_high(x, y):
+    """chlo.mulhi: the high half of the full 2w-bit product of w-bit integers, signed or
+    unsigned as their type. Up to 32 bits the product is exact in 64 bits; 64-bit operands
+    multiply as 32-bit halves (schoolbook), the signed result corrected from the unsigned."""
+    bits = dtypes.bit_width(dtypes.dtype_name(x.dtype))
+    signed = jnp.issubdtype(x.dtype, jnp.signedinteger)
+    if bits <= _HALF_BITS:
+        wide = jnp.int64 if signed else jnp.uint64
+        return (x.astype(wide) * y.astype(wide) >> bits).astype(x.dtype)
+    ux, uy = (lax.bitcast_convert_type(v, jnp.uint64) for v in (x, y))
+    x0, x1, y0, y1 = ux & _LOW_HALF, ux >> _HALF_BITS, uy & _LOW_HALF, uy >> _HALF_BITS
+    low_low, low_high, high_low = x0 * y0, x0 * y1, x1 * y0
+    carry = ((low_low >> _HALF_BITS) + (low_high & _LOW_HALF) + (high_low & _LOW_HALF)) \
+        >> _HALF_BITS
+    high = x1 * y1 + (low_high >> _HALF_BITS) + (high_low >> _HALF_BITS) + carry
+    if signed:  # x = ux - 2**64 [x < 0], so x*y's high half loses uy where x < 0, and ux
+        high = high - jnp.where(x < 0, uy, 0) - jnp.where(y < 0, ux, 0)
+    return lax.bitcast_convert_type(high, x.dtype)
+
+
 def _align_rank(x: jnp.ndarray, nm: int, rank: int) -> jnp.ndarray:
     """A local scalar broadcast against rank-`rank` operands (clamp/select allow scalars)."""
     local = x.ndim - nm
@@ -95,11 +122,15 @@ def elementwise(instr: isa.Elementwise, args, ctx: KernelContext):
     op = instr.op
     if op == "convert":
         (x,) = args
-        return [numerics.round_to(numerics.widen(x), out_type.dtype, ctx.rounding)
-                if dtypes.is_float(out_type.dtype) and dtypes.is_float(dtypes.dtype_name(x.dtype))
+        # To a float from a float (or into an emulated format from anything): rounded once.
+        rounds = dtypes.is_float(out_type.dtype) and (
+            dtypes.is_float(dtypes.dtype_name(x.dtype))
+            or emulated_floats.is_emulated(out_type.dtype))
+        return [numerics.round_to(numerics.widen(x), out_type.dtype, ctx.rounding) if rounds
                 else lax.convert_element_type(x, dtypes.numpy_dtype(out_type.dtype))]
     if op == "bitcast_convert":  # a wider or narrower type drops or adds the last dim
-        return [lax.bitcast_convert_type(args[0], dtypes.numpy_dtype(out_type.dtype))]
+        in_type = ctx.program.values[instr.ins[0]].type.dtype
+        return [bitcast_convert(args[0], in_type, out_type.dtype)]
     rank = out_type.rank
     if op == "select":
         pred, on_true, on_false = (_align_rank(a, ctx.nm, rank) for a in args)
@@ -123,16 +154,30 @@ def elementwise(instr: isa.Elementwise, args, ctx: KernelContext):
     return [numerics.round_to(result, out_type.dtype, ctx.rounding)]
 
 
+@kernel(isa.Map)
+def map_(instr: isa.Map, args, ctx: KernelContext):
+    """The scalar body on every element (of every chip's copy) at once, vectorised."""
+    shape = ctx.out_shape(instr)
+    flat = [jnp.broadcast_to(a, shape).reshape(-1) for a in args]
+    result = jax.vmap(lambda *xs: ctx.run(instr.body, list(xs))[0])(*flat)
+    return [result.reshape(shape)]
+
+
 @kernel(isa.Constant)
 def constant(instr: isa.Constant, args, ctx: KernelContext):
-    value = np.asarray(instr.value)
+    value = emulated_floats.host_to_storage(np.asarray(instr.value))
     return [jnp.asarray(value.reshape(ctx.out_shape(instr)))]
 
 
 @kernel(isa.Iota)
 def iota(instr: isa.Iota, args, ctx: KernelContext):
     out_type = ctx.out_info(instr).type
-    x = lax.broadcasted_iota(dtypes.numpy_dtype(out_type.dtype), out_type.shape, instr.dimension)
+    if emulated_floats.is_emulated(out_type.dtype):  # counted exactly, then rounded
+        x = numerics.round_to(lax.broadcasted_iota(np.float32, out_type.shape, instr.dimension),
+                              out_type.dtype)
+    else:
+        x = lax.broadcasted_iota(dtypes.numpy_dtype(out_type.dtype), out_type.shape,
+                                 instr.dimension)
     return [x.reshape(ctx.out_shape(instr))]
 
 

@@ -13,6 +13,7 @@ from mesh.isa.kernels import kernel
 from mesh.isa.kernels.context import KernelContext
 from mesh.isa.kernels.devices import broadcast_mesh
 from mesh.isa.kernels.elementwise import boolean_equivalent
+from mesh.isa.kernels.sub_byte import from_bytes, to_bytes
 
 # combiner -> (reduction over axes, binary op); each handles bools and empty axes (giving
 # the identity of the combiner).
@@ -51,8 +52,13 @@ def _general_reduce(instr, operands, inits, axes, ctx):
     nm = ctx.nm
     if any(i.shape[:nm] != (1,) * nm for i in inits):
         raise NotImplementedError("a reduce whose init value differs from chip to chip")
-    operands = broadcast_mesh(operands, nm)
-    scalar_inits = tuple(i.reshape(()) for i in inits)
-    results = lax.reduce(tuple(operands), scalar_inits,
-                         lambda acc, x: tuple(ctx.run(instr.body, list(acc) + list(x))), axes)
-    return list(results)
+    types = [i.dtype for i in inits]
+    operands = [to_bytes(x) for x in broadcast_mesh(operands, nm)]
+    scalar_inits = tuple(to_bytes(i.reshape(())) for i in inits)
+
+    def body(acc, x):
+        narrow = [from_bytes(v, t) for v, t in zip(list(acc) + list(x), types + types)]
+        return tuple(to_bytes(r) for r in ctx.run(instr.body, narrow))
+
+    results = lax.reduce(tuple(operands), scalar_inits, body, axes)
+    return [from_bytes(r, t) for r, t in zip(results, types)]

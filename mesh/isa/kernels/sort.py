@@ -15,6 +15,7 @@ from mesh import dtypes, isa
 from mesh.isa.kernels import kernel
 from mesh.isa.kernels.context import KernelContext
 from mesh.isa.kernels.devices import broadcast_mesh
+from mesh.isa.kernels.sub_byte import from_bytes, to_bytes
 
 
 @kernel(isa.Sort)
@@ -22,8 +23,9 @@ def sort(instr: isa.Sort, args, ctx: KernelContext):
     operands = broadcast_mesh(args, ctx.nm)
     axis = ctx.nm + instr.dimension
     if instr.num_keys is not None:
-        return list(lax.sort(tuple(operands), dimension=axis, is_stable=instr.is_stable,
-                             num_keys=instr.num_keys))
+        results = lax.sort(tuple(to_bytes(x) for x in operands), dimension=axis,
+                           is_stable=instr.is_stable, num_keys=instr.num_keys)
+        return [from_bytes(r, x.dtype) for r, x in zip(results, operands)]
     return sort_by_comparator(operands, axis, instr.comparator, ctx)
 
 
@@ -51,6 +53,6 @@ def sort_by_comparator(operands: list, axis: int, comparator: isa.Program,
 @kernel(isa.TopK)
 def top_k(instr: isa.TopK, args, ctx: KernelContext):
     (x,) = args
-    values, indices = lax.top_k(x, instr.k)
+    values, indices = lax.top_k(to_bytes(x), instr.k)
     index_type = dtypes.numpy_dtype(ctx.out_info(instr, 1).type.dtype)
-    return [values, indices.astype(index_type)]
+    return [from_bytes(values, x.dtype), indices.astype(index_type)]

@@ -1,0 +1,97 @@
+"""Ops with shape operands that stay after shape refinement (lowering.dynamic_shapes): their
+result type is static, but an operand that gives sizes is not a constant of the module.
+
+dynamic_iota, dynamic_reshape and dynamic_broadcast_in_dim are then their static forms (the
+result type says all); dynamic_gather's slice sizes follow from its result type too. The
+padding of dynamic_pad and dynamic_conv must be known while lowering (lowering.folding: a
+value computed from constants and device ids); otherwise the error names the operand.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lowering.dynamic_shapes import SHAPE_OPERANDS
+from lowering.registry import rule
+from lowering.rules.convolution import emit_convolution
+from lowering.walker import LoweringContext, Op
+from mesh import isa
+
+
+def known_operand(ctx: LoweringContext, op: Op, index: int) -> np.ndarray:
+    """The value of operand `index`, known while lowering and the same on every chip."""
+    known = ctx.builder.known.get(op.operands[index])
+    name = SHAPE_OPERANDS[op.name][index]
+    if known is None or any(n != 1 for n in known.shape[:ctx.mesh.rank]):
+        why = "differs from chip to chip" if known is not None else \
+            "is not known while lowering (a constant, or elementwise arithmetic on constants and " \
+            "device ids)"
+        raise NotImplementedError(f"operand {index} ({name}) of {op.name} {why}; jax-trn2 "
+                                  "runs static shapes only")
+    return known.reshape(known.shape[ctx.mesh.rank:])
+
+
+def check_output_shape(ctx: LoweringContext, op: Op, index: int) -> None:
+    """The spec's constraint that shape operand `index` is the result's shape, checked
+    where the operand is known while lowering (it is the program's input otherwise)."""
+    known = ctx.builder.known.get(op.operands[index])
+    if known is None:
+        return
+    shape = op.result_types[0].shape
+    wrong = np.unique(known.reshape(known.shape[:ctx.mesh.rank] + (-1,))
+                      .reshape(-1, len(shape)), axis=0)
+    if len(wrong) != 1 or tuple(wrong[0]) != shape:
+        raise ValueError(f"operand {index} ({SHAPE_OPERANDS[op.name][index]}) is "
+                         f"{wrong.tolist()}, but the result's shape is {list(shape)}")
+
+
+@rule("stablehlo.dynamic_iota")
+def dynamic_iota(ctx: LoweringContext, op: Op):
+    check_output_shape(ctx, op, 0)
+    return ctx.emit(isa.Iota, op, ins=(), dimension=op.attrs["iota_dimension"])
+
+
+@rule("stablehlo.dynamic_reshape")
+def dynamic_reshape(ctx: LoweringContext, op: Op):
+    check_output_shape(ctx, op, 1)
+    return ctx.emit(isa.Reshape, op, ins=op.operands[:1], shape=op.result_types[0].shape)
+
+
+@rule("stablehlo.dynamic_broadcast_in_dim")
+def dynamic_broadcast_in_dim(ctx: LoweringContext, op: Op):
+    check_output_shape(ctx, op, 1)
+    return ctx.emit(isa.BroadcastInDim, op, ins=op.operands[:1],
+                    dimensions=tuple(op.attrs["broadcast_dimensions"]),
+                    shape=op.result_types[0].shape)
+
+
+@rule("stablehlo.dynamic_pad")
+def dynamic_pad(ctx: LoweringContext, op: Op):
+    low, high, interior = (tuple(int(v) for v in known_operand(ctx, op, i).ravel())
+                           for i in (2, 3, 4))
+    return ctx.emit(isa.Pad, op, ins=op.operands[:2], low=low, high=high, interior=interior)
+
+
+@rule("stablehlo.dynamic_gather")
+def dynamic_gather(ctx: LoweringContext, op: Op):
+    """A gather whose slice sizes are its result's offset dims, in operand order, and 1 in
+    the collapsed and batching dims."""
+    dims = op.attrs["dimension_numbers"]
+    result = op.result_types[0].shape
+    offsets = iter(result[d] for d in dims.offset_dims)
+    ones = set(dims.collapsed_slice_dims) | set(dims.operand_batching_dims)
+    slice_sizes = tuple(1 if d in ones else next(offsets)
+                        for d in range(op.operand_types[0].rank))
+    return ctx.emit(isa.Gather, op, ins=op.operands[:2], offset_dims=dims.offset_dims,
+                    collapsed_slice_dims=dims.collapsed_slice_dims,
+                    operand_batching_dims=dims.operand_batching_dims,
+                    start_indices_batching_dims=dims.start_indices_batching_dims,
+                    start_index_map=dims.start_index_map,
+                    index_vector_dim=dims.index_vector_dim, slice_sizes=slice_sizes,
+                    indices_are_sorted=op.attr("indices_are_sorted", False))
+
+
+@rule("stablehlo.dynamic_conv")
+def dynamic_conv(ctx: LoweringContext, op: Op):
+    padding = known_operand(ctx, op, 2).reshape(-1, 2)
+    return emit_convolution(ctx, op, tuple((int(lo), int(hi)) for lo, hi in padding))
