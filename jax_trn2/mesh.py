@@ -70,13 +70,16 @@ def default_axis_names(rank: int) -> tuple[str, ...]:
 def topology_for(axis_sizes: tuple[int, ...], axis_names: tuple[str, ...],
                  topology: str | Topology | None) -> Topology:
     """The topology a program's mesh runs on: the one asked for, else the one make_mesh
-    made that mesh for, else the smallest preset that holds it (trn2: 16 chips,
+    made that mesh for, else (trn2-ultra for a program without a mesh) the smallest preset
+    that holds it (trn2: 16 chips,
     trn2-ultra: 64, trn2-ultra-max: 256, then UltraClusters of as many 64-chip UltraServers
     as it takes)."""
     if topology is None:
         topology = _MESH_MACHINES.get((axis_sizes, axis_names), (None, None))[0]
     if isinstance(topology, Topology):
         return topology
+    if topology is None and not axis_sizes:  # a program without a mesh: chip 0
+        topology = DEFAULT_TOPOLOGY
     if topology is None:
         count = math.prod(axis_sizes)
         holding = [t for t in TOPOLOGY_NAMES if get_topology(t).num_chips >= count]

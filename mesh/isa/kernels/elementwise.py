@@ -126,7 +126,10 @@ def elementwise(instr: isa.Elementwise, args, ctx: KernelContext):
 @kernel(isa.Constant)
 def constant(instr: isa.Constant, args, ctx: KernelContext):
     value = np.asarray(instr.value)
-    return [jnp.asarray(value.reshape(ctx.out_shape(instr)))]
+    shape = ctx.out_shape(instr)
+    if value.size > 1 and not any(value.strides):  # a splat: one value, broadcast
+        return [jnp.broadcast_to(jnp.asarray(value.reshape(-1)[0]), shape)]
+    return [jnp.asarray(value.reshape(shape))]
 
 
 @kernel(isa.Iota)
