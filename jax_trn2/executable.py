@@ -190,6 +190,12 @@ class LoadedExecutable:
             if len(dev_args) != len(self.program.inputs):
                 raise TypeError(f"execute_sharded: device {d} has {len(dev_args)} arguments, "
                                 f"expected {len(self.program.inputs)}")
+            for i, arg in enumerate(dev_args):
+                if isinstance(arg, Buffer) and arg.device != devices[d]:
+                    raise ValueError(
+                        f"execute_sharded: {self.arg_names[i]} at position {d} is a buffer "
+                        f"on {arg.device}, but position {d} runs on {devices[d]}: put it there "
+                        f"with buffer_from_pyval(array, executable.devices()[{d}])")
         outs = self._run(*[self._device_input(i, [dev_args[i] for dev_args in per_device_args])
                            for i in range(len(self.program.inputs))])
         per_output = [self._device_results(i, o) for i, o in enumerate(outs)]

@@ -34,6 +34,19 @@ def _committed_sharding(leaf: Any) -> Any:
     return leaf.sharding if isinstance(leaf, jax.Array) and leaf.committed else None
 
 
+def _check_hashable(static: tuple) -> None:
+    """jax.jit's error for a static argument that cannot key the compilation cache."""
+    for where, value in static:
+        try:
+            hash(value)
+        except TypeError as e:
+            name = f"argument {where}" if isinstance(where, int) else f"argument '{where}'"
+            raise ValueError(
+                f"Non-hashable static arguments are not supported. An error occurred while "
+                f"trying to hash an object of type {type(value)}, {value!r} (static {name}). "
+                f"The error was:\nTypeError: {e}") from None
+
+
 class Compiled:
     """A compiled function: call it with the dynamic arguments it was lowered for."""
 
@@ -182,6 +195,7 @@ class Jitted:
 
     def __call__(self, *args, **kwargs) -> Any:
         static, dyn_args, dyn_kwargs = self._split(args, kwargs)
+        _check_hashable(static)
         leaves, tree = tree_util.tree_flatten((dyn_args, dyn_kwargs))
         if compose.has_tracers(leaves):  # under a JAX transformation (jax_trn2.compose)
             return compose.call_traced(self._fun, dict(static), leaves, tree,

@@ -16,6 +16,7 @@ DEFAULT_TOPOLOGY = "trn2-ultra"
 # The mesh of an SPMD module's processes (lowering.replica_groups.ProcessGrid).
 PROCESS_GRID_AXES = ("replica", "partition")
 ULTRASERVER_CHIPS = 64
+SHORT_AXIS_NAMES = "xyzwuv"
 
 # Topology of each mesh shape make_mesh handed out, so that jit can find the machine a
 # shard_map's mesh was made for, and the block origin it was placed at (the lowered module
@@ -49,7 +50,7 @@ def make_mesh(axis_shapes: Sequence[int] | None = None,
     shapes = tuple(topo.shape if axis_shapes is None else axis_shapes)
     names = tuple(axis_names if axis_names is not None
                   else topo.axis_names if axis_shapes is None
-                  else tuple("xyzwuv"[: len(shapes)]))
+                  else default_axis_names(len(shapes)))
     if len(names) != len(shapes):
         raise ValueError(f"axis_names {names} and axis_shapes {shapes} differ in length")
     place_mesh(topo, shapes, names, origin)  # the mesh fits the topology, or an error says so
@@ -60,16 +61,25 @@ def make_mesh(axis_shapes: Sequence[int] | None = None,
     return Mesh(devices, names, axis_types=types)
 
 
+def default_axis_names(rank: int) -> tuple[str, ...]:
+    """'x', 'y', 'z', 'w', 'u', 'v' for up to six axes; 'axis0', 'axis1', ... beyond."""
+    return tuple(SHORT_AXIS_NAMES[:rank]) if rank <= len(SHORT_AXIS_NAMES) else \
+        tuple(f"axis{i}" for i in range(rank))
+
+
 def topology_for(axis_sizes: tuple[int, ...], axis_names: tuple[str, ...],
                  topology: str | Topology | None) -> Topology:
     """The topology a program's mesh runs on: the one asked for, else the one make_mesh
-    made that mesh for, else the smallest preset that holds it (trn2: 16 chips,
+    made that mesh for, else (trn2-ultra for a program without a mesh) the smallest preset
+    that holds it (trn2: 16 chips,
     trn2-ultra: 64, trn2-ultra-max: 256, then UltraClusters of as many 64-chip UltraServers
     as it takes)."""
     if topology is None:
         topology = _MESH_MACHINES.get((axis_sizes, axis_names), (None, None))[0]
     if isinstance(topology, Topology):
         return topology
+    if topology is None and not axis_sizes:  # a program without a mesh: chip 0
+        topology = DEFAULT_TOPOLOGY
     if topology is None:
         count = math.prod(axis_sizes)
         holding = [t for t in TOPOLOGY_NAMES if get_topology(t).num_chips >= count]

@@ -72,4 +72,4 @@ def split(array: np.ndarray, dim_axes: DimAxes, axis_sizes: Sequence[int]) -> li
     source = unused + order
     y = np.transpose(y, [source.index(i) for i in range(nm + len(local))])
     y = np.broadcast_to(y, tuple(axis_sizes) + local)
-    return [np.array(p) for p in y.reshape((-1,) + local)]
+    return [np.array(p) for p in y.reshape((int(np.prod(axis_sizes, dtype=np.int64)),) + local)]

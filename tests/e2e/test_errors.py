@@ -90,3 +90,20 @@ def test_unsupported_custom_call_is_named():
     with pytest.raises(lowering.UnsupportedOpError, match=r"stablehlo.custom_call @\w+"):
         jax_trn2.jit(jnp.linalg.cholesky)(np.eye(4, dtype=np.float32))
 
+
+
+@pytest.mark.parametrize("shape, message", [
+    ((-8, -8), r"sizes >= 1, got \(-8, -8\)"),
+    ((4.0, 16), r"must be integers, got 4.0"),
+    ((0, 4), r"sizes >= 1, got \(0, 4\)"),
+])
+def test_make_mesh_rejects_bad_shapes_where_they_are_given(shape, message):
+    with pytest.raises(ValueError, match=message):
+        jax_trn2.make_mesh(shape)
+
+
+def test_make_mesh_names_more_than_six_axes():
+    mesh = jax_trn2.make_mesh((2, 2, 2, 2, 2, 2, 1))
+    assert mesh.axis_names == tuple(f"axis{i}" for i in range(7))
+    with pytest.raises(ValueError, match=r"axis_names \('a',\) and axis_shapes \(2, 4\)"):
+        jax_trn2.make_mesh((2, 4), ("a",))

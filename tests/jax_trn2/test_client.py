@@ -92,6 +92,18 @@ def test_execute_sharded_takes_and_returns_per_device_buffers(client):
                                    rtol=1e-5, atol=1e-5)
 
 
+def test_execute_sharded_refuses_buffers_on_the_wrong_device(client):
+    """PJRT checks that the buffers at position d live on device d; so do we."""
+    executable = client.compile(lowered_matmul_psum().as_text())
+    devices = executable.devices()
+    per_device = [[client.buffer_from_pyval(A, devices[63 - d]),
+                   client.buffer_from_pyval(B, devices[63 - d])] for d in range(64)]
+    expected = (r"argument 0 at position 0 is a buffer on Trn2Device\(id=63.*but position 0 "
+                r"runs on Trn2Device\(id=0")
+    with pytest.raises(ValueError, match=expected):
+        executable.execute_sharded(per_device)
+
+
 def test_execute_sharded_refuses_copies_that_differ(client):
     """Without shardings on main, every device holds the whole (replicated) arguments."""
     executable = client.compile(lowered_matmul_psum().as_text())

@@ -135,3 +135,10 @@ def test_lower_and_listing_do_not_compile_for_the_host(monkeypatch):
     assert "multiply" in lowered.as_text()
     with pytest.raises(AssertionError, match="compiled"):
         lowered.compile()
+
+
+def test_unhashable_static_argument_has_jaxs_message():
+    f = jax_trn2.jit(lambda x, n: x * len(n), static_argnums=1)
+    with pytest.raises(ValueError, match=r"Non-hashable static arguments are not supported.*"
+                                         r"<class 'list'>, \[1, 2\] \(static argument 1\)"):
+        f(1.0, [1, 2])

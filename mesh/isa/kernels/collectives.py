@@ -45,7 +45,9 @@ class AxisView:
         x = jnp.broadcast_to(x, full + x.shape[self.nm:])
         y = lax.transpose(x, tuple(self.rest + self.axes) + tuple(range(self.nm, x.ndim)))
         n_rest = len(self.rest)
-        return y.reshape(y.shape[:n_rest] + (-1,) + y.shape[n_rest + len(self.axes):])
+        members = int(np.prod([self.sizes[a] for a in self.axes], dtype=np.int64))
+        # sizes spelled out, never -1: a zero-size operand has no size to infer it from
+        return y.reshape(y.shape[:n_rest] + (members,) + y.shape[n_rest + len(self.axes):])
 
     def replicated(self, y):
         """[rest..., local...] (the same on every member) -> mesh layout."""
@@ -87,7 +89,7 @@ class DeviceView:
 
     def gather(self, x):
         flat = jnp.broadcast_to(x, tuple(self.sizes) + x.shape[self.nm:])
-        flat = flat.reshape((-1,) + x.shape[self.nm:])
+        flat = flat.reshape((int(np.prod(self.sizes, dtype=np.int64)),) + x.shape[self.nm:])
         return flat[self.groups]
 
     def replicated(self, y):
@@ -116,7 +118,8 @@ def _reduce_members(x, groups: isa.Groups, reduction: str, ctx: KernelContext,
     first_local = lead + len(ring_sizes)
     if scatter_dimension is not None:
         members = jnp.moveaxis(members, first_local + scatter_dimension, first_local)
-    flat = members.reshape(members.shape[:first_local] + (-1,))
+    flat = members.reshape(members.shape[:first_local]
+                           + (int(np.prod(members.shape[first_local:], dtype=np.int64)),))
     combine = MONOIDS[boolean_equivalent(reduction, x.dtype)][1]
     reduced = ring_reduce(flat, lead, ring_sizes, combine, ctx.rounding)
     local = members.shape[first_local:]

@@ -165,8 +165,12 @@ def map_(instr: isa.Map, args, ctx: KernelContext):
 
 @kernel(isa.Constant)
 def constant(instr: isa.Constant, args, ctx: KernelContext):
-    value = emulated_floats.host_to_storage(np.asarray(instr.value))
-    return [jnp.asarray(value.reshape(ctx.out_shape(instr)))]
+    value = np.asarray(instr.value)
+    shape = ctx.out_shape(instr)
+    if value.size > 1 and not any(value.strides):  # a splat: one value, broadcast
+        scalar = emulated_floats.host_to_storage(value.reshape(-1)[:1])[0]
+        return [jnp.broadcast_to(jnp.asarray(scalar), shape)]
+    return [jnp.asarray(emulated_floats.host_to_storage(value).reshape(shape))]
 
 
 @kernel(isa.Iota)
