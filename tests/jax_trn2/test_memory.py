@@ -110,3 +110,15 @@ def test_listing_summary_shows_the_peak():
     text = jax_trn2.jit(add).lower(SQUARE, SQUARE).compile().as_text()
     assert "HBM per chip: peak 12.00 MiB of 96.00 GiB" in text
     assert "float32[1024,1024] (4.00 MiB) argument 'a'" in text
+
+
+@pytest.mark.parametrize("trips", [2, 50])
+def test_a_fori_loop_holds_its_state_once_whatever_the_trip_count(trips):
+    # Arguments x and w; the loop's state copies of both (jax carries w through the loop;
+    # non-donated arguments cannot be overwritten); one x @ w result inside the body:
+    # 5 F (plus the loop counter's bytes) for any trip count.
+    def f(x, w):
+        return jax.lax.fori_loop(0, trips, lambda i, x: jnp.tanh(x @ w), x)
+    stats = jax_trn2.jit(f).lower(SQUARE, SQUARE).memory_analysis()
+    assert 5 * F <= stats.peak_memory_in_bytes < 5 * F + 64
+    assert any(b.kind == "inside" and b.nbytes == F for b in stats.live_at_peak)
