@@ -58,7 +58,7 @@ class MemoryStats:
     generated_code_size_in_bytes: int
     peak_memory_in_bytes: int
     hbm_bytes: int  # the chip's capacity
-    live_at_peak: tuple[Buffer, ...] = ()  # largest first
+    live_at_peak: tuple[Buffer, ...] = dataclasses.field(default=(), repr=False)  # largest first
 
     @property
     def fits(self) -> bool:
