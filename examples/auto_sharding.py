@@ -17,6 +17,7 @@ estimated time, source line) and the estimated step time, so the choices can be 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections import Counter
 
@@ -90,10 +91,12 @@ def run(small: bool = True, layouts=tuple(LAYOUTS)) -> dict:
     tokens = (rng.integers(0, config["vocab"], (config["batch"], config["seq"] + 1),
                            dtype=np.int32) if small else
               jax.ShapeDtypeStruct((config["batch"], config["seq"] + 1), jnp.int32))
-    step_fn = decoder.make_step(model)
     results = {}
     for name in layouts:
         layout = LAYOUTS[name]
+        # Activations keep the batch split between layers, as MaxText constrains them.
+        batch_split = NamedSharding(mesh, P(layout["batch"], None, None))
+        step_fn = decoder.make_step(dataclasses.replace(model, activation_sharding=batch_split))
         shardings = dict(in_shardings=(decoder.param_shardings(params, mesh, layout),
                                        NamedSharding(mesh, P(layout["batch"]))),
                          out_shardings=(decoder.param_shardings(params, mesh, layout),

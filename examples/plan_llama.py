@@ -148,11 +148,12 @@ def run(models=tuple(MODELS), layouts=tuple(LAYOUTS), remats=(False, True),
               f"batch {batch} x {seq} tokens", flush=True)
         for layout in layouts:
             for remat in remats:
-                print(f"  [{len(plans) + 1}/{total}] {layout}, remat {'on' if remat else 'off'}"
-                      " ...", end="", flush=True)
+                what = f"[{len(plans) + 1}/{total}] {layout}, remat {'on' if remat else 'off'}"
+                # A line of its own: XLA's partitioner may log warnings while it works.
+                print(f"  {what}: partitioning, lowering, estimating", flush=True)
                 plans.append(plan(name, config, layout, remat, batch, seq))
                 p = plans[-1]
-                print(f" {bytes_text(p.peak_bytes)} per chip, step "
+                print(f"  {what}: {bytes_text(p.peak_bytes)} per chip, step "
                       f"{p.step_seconds * 1e3:,.1f} ms (planned in {p.wall_seconds:.1f} s)",
                       flush=True)
     print()

@@ -58,7 +58,7 @@ class MemoryStats:
     generated_code_size_in_bytes: int
     peak_memory_in_bytes: int
     hbm_bytes: int  # the chip's capacity
-    live_at_peak: tuple[Buffer, ...] = ()  # largest first
+    live_at_peak: tuple[Buffer, ...] = dataclasses.field(default=(), repr=False)  # largest first
 
     @property
     def fits(self) -> bool:
@@ -170,7 +170,8 @@ class MemoryAnalysis:
 def describe(buffer: Buffer) -> str:
     """`float32[40000,160000] (23.84 GiB) temporary from model.py:88 (dot_general)`."""
     if buffer.kind == INSIDE:
-        inner = ", ".join(f"{b.type}" for b in buffer.inner[:3])
+        inner = ", ".join(str(b.type) if b.type is not None else f"{b.what} {bytes_text(b.nbytes)}"
+                          for b in buffer.inner[:3])  # a nested loop's own needs
         return (f"{bytes_text(buffer.nbytes)} inside the {buffer.what}"
                 + (f" ({inner}{', ...' if len(buffer.inner) > 3 else ''})" if inner else "")
                 + _from(buffer.loc))

@@ -4,6 +4,7 @@
     estimate.cost_analysis()   # jax's keys plus a 'trn2' breakdown
     estimate.listing()         # the program with an estimated time on every line
     estimate.trace()           # Chrome trace-event JSON (mesh.perf.trace)
+    estimate.memory            # HBM per chip over this schedule (mesh.memory)
 
 Instructions with sub-programs (loops, conditionals; any instruction whose class has no cost
 rule and has Program-valued fields) are costed by estimating their sub-programs: a field

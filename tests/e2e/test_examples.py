@@ -34,5 +34,5 @@ def test_plan_llama_plans_a_tiny_llama_from_shapes(monkeypatch, capsys):
     assert plan.fits and 0 < plan.peak_bytes < 96 * 2**30
     assert plan.step_seconds > 0 and 0 < plan.mfu < 1 and plan.exposed_seconds >= 0
     out = capsys.readouterr().out
-    assert "[1/1] fsdp 16 x tp 4, remat on ..." in out  # progress
+    assert "[1/1] fsdp 16 x tp 4, remat on: partitioning" in out  # progress
     assert "tiny  fsdp 16 x tp 4        yes" in out and "host peak RSS" in out

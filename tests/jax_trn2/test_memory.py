@@ -110,3 +110,27 @@ def test_listing_summary_shows_the_peak():
     text = jax_trn2.jit(add).lower(SQUARE, SQUARE).compile().as_text()
     assert "HBM per chip: peak 12.00 MiB of 96.00 GiB" in text
     assert "float32[1024,1024] (4.00 MiB) argument 'a'" in text
+
+
+@pytest.mark.parametrize("trips", [2, 50])
+def test_a_fori_loop_holds_its_state_once_whatever_the_trip_count(trips):
+    # Arguments x and w; the loop's state copies of both (jax carries w through the loop;
+    # non-donated arguments cannot be overwritten); one x @ w result inside the body:
+    # 5 F (plus the loop counter's bytes) for any trip count.
+    def f(x, w):
+        return jax.lax.fori_loop(0, trips, lambda i, x: jnp.tanh(x @ w), x)
+    stats = jax_trn2.jit(f).lower(SQUARE, SQUARE).memory_analysis()
+    assert 5 * F <= stats.peak_memory_in_bytes < 5 * F + 64
+    assert any(b.kind == "inside" and b.nbytes == F for b in stats.live_at_peak)
+
+
+def test_partitioned_programs_keep_donation_and_hold_pieces():
+    # a and b split 64 ways by rows: each chip holds 16 rows of each, and the donated a's
+    # piece takes the sum: 2 pieces per chip at the peak.
+    mesh = jax_trn2.make_mesh()
+    rows = jax.sharding.NamedSharding(mesh, P(("x", "y", "z")))
+    step = jax_trn2.jit(add, in_shardings=(rows, rows), out_shardings=rows, donate_argnums=0)
+    stats = step.lower(SQUARE, SQUARE).memory_analysis()
+    piece = F // 64
+    assert stats.argument_size_in_bytes == 2 * piece and stats.output_size_in_bytes == piece
+    assert stats.alias_size_in_bytes == piece and stats.peak_memory_in_bytes == 2 * piece

@@ -134,3 +134,19 @@ def test_a_global_value_read_whole_is_held_whole():
     live = liveness(program)
     assert live.input_types == (whole,)
     assert live.peak_bytes == 4 * F + F + 4 * F  # argument, its piece, the transpose
+
+
+def test_a_conditional_adds_its_costliest_branch_beyond_its_results():
+    # Branch 0 returns T(x) (its result is the case's result: nothing extra); branch 1
+    # computes T(T(x)) and holds the intermediate beside the result: F extra. The peak is
+    # x, the case's result and branch 1's intermediate, whichever branch runs: 3 F.
+    index = isa.TensorType((), "int32")
+    plain = program_of([transpose(31, 30)], {30: F32, 31: F32}, (30,), (31,), name="b0")
+    deep = program_of([transpose(41, 40), transpose(42, 41, loc="model.py:50:1")],
+                      {40: F32, 41: F32, 42: F32}, (40,), (42,), name="b1")
+    case = control.Case((2,), (1, 0), branches=(plain, deep))
+    program = program_of([case], {0: F32, 1: index, 2: F32}, (0, 1), (2,))
+    stats = MemoryAnalysis(program, ChipSpec()).stats()
+    assert stats.peak_memory_in_bytes == 3 * F + index.nbytes
+    (inside,) = [b for b in stats.live_at_peak if b.kind == "inside"]
+    assert inside.nbytes == F and inside.what == "case branch 1"
