@@ -251,7 +251,7 @@ class Walker:
         try:
             return self.functions[name].regions[0].blocks[0]
         except KeyError:
-            raise LoweringError(f"func.call of unknown function @{name}") from None
+            raise LoweringError(f"the module has no function @{name}") from None
 
     def lower(self) -> isa.Program:
         if self.partitioned:

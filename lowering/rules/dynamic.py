@@ -38,11 +38,10 @@ def check_output_shape(ctx: LoweringContext, op: Op, index: int) -> None:
     if known is None:
         return
     shape = op.result_types[0].shape
-    wrong = np.unique(known.reshape(known.shape[:ctx.mesh.rank] + (-1,))
-                      .reshape(-1, len(shape)), axis=0)
-    if len(wrong) != 1 or tuple(wrong[0]) != shape:
+    given = np.unique(known.reshape(-1, len(shape)), axis=0)  # one row per distinct value
+    if len(given) != 1 or tuple(given[0]) != shape:
         raise ValueError(f"operand {index} ({SHAPE_OPERANDS[op.name][index]}) is "
-                         f"{wrong.tolist()}, but the result's shape is {list(shape)}")
+                         f"{given.tolist()}, but the result's shape is {list(shape)}")
 
 
 @rule("stablehlo.dynamic_iota")

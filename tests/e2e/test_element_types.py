@@ -231,6 +231,30 @@ def test_fp6_sort_reduce_and_sqrt():
     same_bits(root, np.array([1.75, -0.0, 0, -0.0, 1, 0.25], f6))
 
 
+@pytest.mark.parametrize("spelling", ["f6E2M3FN", "f4E2M1FN", "f8E5M2FNUZ"])
+def test_stochastic_rounding_to_narrow_formats_is_unbiased(spelling):
+    """Stochastic rounding of 1.1 goes to the two neighbours on the format's grid with a
+    mean of 1.1; 1000, beyond the FP6 and FP4 ranges, saturates to their largest value."""
+    n = 100_000
+    t = f"tensor<{n}x{spelling}>"
+    text = module(f"%x: tensor<{n}xf32>", t, f"""
+    %0 = stablehlo.convert %x : (tensor<{n}xf32>) -> {t}
+    return %0 : {t}""")
+    executable = jax_trn2.client().compile(text, rounding="stochastic", seed=3)
+    (rounded,) = executable.execute([np.full(n, 1.1, np.float32)])
+    values = np.asarray(rounded).astype(np.float32)
+    grid = every_value(NARROW_FLOATS[spelling]).astype(np.float32)
+    below, above = grid[grid <= 1.1].max(), grid[grid > 1.1].min()
+    assert set(np.unique(values)) == {below, above}
+    # Each draw is `below` or `above`: the mean of n has standard deviation at most
+    # (above - below) / 2 / sqrt(n); 6 of them is a bound that fails by chance < 1e-8.
+    assert abs(values.mean() - 1.1) < 6 * (above - below) / 2 / np.sqrt(n)
+    (top,) = executable.execute([np.full(n, 1000.0, np.float32)])
+    largest = grid[np.isfinite(grid)].max()
+    if not np.isnan(grid).any():  # no NaN, no infinity: saturates
+        assert (np.asarray(top).astype(np.float32) == largest).all()
+
+
 # --- bitcast_convert -----------------------------------------------------------------------
 
 # The StableHLO interpreter's bitcast_convert tests: 0x0123456789ABCDEF as i1[64], least

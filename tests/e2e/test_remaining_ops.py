@@ -387,3 +387,25 @@ def test_bf16_experts_are_exact_per_group_and_costed_per_group(rng):
                                rtol=2.0 ** -7, atol=0)
     assert executable.cost_analysis()["flops"] == 2 * 3 * 80 * 64 * 300
     assert "Tensor.RaggedMatmul(" in executable.as_text()
+
+
+def test_gradient_of_a_mixture_of_experts_layer(rng):
+    """jax.grad of a ragged_dot layer: the backward pass is two more ragged_dots (the rhs
+    gradient a ragged contraction, the lhs gradient against the transposed experts)."""
+    lhs = rng.standard_normal((12, 8)).astype(np.float32)
+    rhs = rng.standard_normal((3, 8, 5)).astype(np.float32)
+    sizes = np.array([3, 6, 2], np.int32)  # the last row is in no group
+
+    def loss(lhs, rhs, group_sizes):
+        return jnp.sum(jnp.tanh(jax.lax.ragged_dot(lhs, rhs, group_sizes)))
+
+    grad = jax.grad(loss, argnums=(0, 1))
+    text = ragged_dot_module(grad, lhs, rhs, sizes)
+    assert text.count('"chlo.ragged_dot"') == 3
+    got = run(text, lhs, rhs, sizes)
+    want = jax.jit(grad)(lhs, rhs, sizes)
+    # FP32 rounding of products and sums in another order, over contractions of <= 12
+    # terms of magnitude <= max|lhs| * max|rhs|, through tanh' <= 1.
+    bound = 13 * 2.0 ** -24 * 12 * np.abs(lhs).max() * np.abs(rhs).max()
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, np.asarray(w), rtol=0, atol=bound)
