@@ -185,7 +185,7 @@ def decode_attribute(attr: ir.Attribute) -> Any:
 def _dense_elements(attr: ir.DenseElementsAttr) -> np.ndarray:
     t = tensor_type(attr.type)
     dtype = dtypes.numpy_dtype(t.dtype)
-    if attr.is_splat:
+    if attr.is_splat and np.prod(t.shape, dtype=np.int64) > 1:
         # One value broadcast (a read-only view with zero strides): lowering, listing and
         # estimating never allocate the tensor (a full-size model's zeros and ones).
         return np.broadcast_to(_parse_dense_literal(str(attr), dtype, ()), t.shape)
