@@ -34,6 +34,13 @@ def _committed_sharding(leaf: Any) -> Any:
     return leaf.sharding if isinstance(leaf, jax.Array) and leaf.committed else None
 
 
+def _host_callbacks(jax_lowered) -> list:
+    """The Python functions of the lowered module's host callbacks (jax.debug.print,
+    pure_callback, ...), by the index their custom calls carry. jax keeps them in its
+    lowering's compile arguments; there is no public accessor."""
+    return list(getattr(jax_lowered, "_lowering").compile_args.get("host_callbacks", ()))
+
+
 def _check_hashable(static: tuple) -> None:
     """jax.jit's error for a static argument that cannot key the compilation cache."""
     for where, value in static:
@@ -215,7 +222,8 @@ class Jitted:
         executable = LoadedExecutable.from_stablehlo(
             self._topology, jax_lowered.compiler_ir("stablehlo"),
             arg_names=self._arg_names(dyn_args, dyn_kwargs, len(args)), rounding=self.rounding,
-            executor_devices=self._executor_devices)
+            executor_devices=self._executor_devices,
+            host_callbacks=_host_callbacks(jax_lowered))
         return Lowered(jax_lowered, executable, jax_lowered.in_tree, jax_lowered.out_tree)
 
     def _arg_names(self, dyn_args: tuple, dyn_kwargs: dict, n_args: int) -> list[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from lowering import dynamic_shapes, partition
 from lowering import rules  # noqa: F401  (fills the rule registry)
@@ -16,13 +16,16 @@ from mesh import isa
 __all__ = ["LoweringError", "UnsupportedOpError", "RULES", "lower", "supported_ops"]
 
 
-def lower(program: Any, mesh: isa.MeshSpec | None = None) -> isa.Program:
+def lower(program: Any, mesh: isa.MeshSpec | None = None,
+          host_callbacks: Sequence[Any] | None = None) -> isa.Program:
     """Lower StableHLO (MLIR text, bytecode or a jaxlib ir.Module) to a Trn2 Program.
 
     A global program with shardings outside shard_map bodies (jit's in_shardings,
     with_sharding_constraint, sharding in types) is first partitioned by XLA's SPMD
     partitioner (lowering.partition): what is lowered is each chip's program. `mesh` names
-    the axes of a per-chip program given as such, whose own mesh has lost them."""
+    the axes of a per-chip program given as such, whose own mesh has lost them.
+    `host_callbacks`: the Python functions of the module's host callbacks (jax.debug.print,
+    pure_callback, ...), as jax's lowering keeps them, by index."""
     module = parse_module(program)
     if dynamic_shapes.needs_refinement(module):
         module = dynamic_shapes.refine(module)
@@ -30,7 +33,7 @@ def lower(program: Any, mesh: isa.MeshSpec | None = None) -> isa.Program:
         mesh = partition.global_mesh(module)
         module = partition.partition(module, mesh.num_devices)
     try:
-        return simplify(Walker(module, mesh).lower())
+        return simplify(Walker(module, mesh, host_callbacks).lower())
     except LoweringError:
         raise
     except NotImplementedError as e:  # module-level forms (meshes, shardings of main)

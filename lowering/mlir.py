@@ -80,8 +80,20 @@ class TupleType:
         return f"tuple<{', '.join(map(str, self.elements))}>"
 
 
+# A !stablehlo.token orders side effects; it carries no data. It is lowered as a bool
+# scalar that the ops which order effects pass along (a host callback takes and returns it).
+TOKEN_TYPE = TensorType((), "bool")
+
+
+def is_token(t: ir.Type) -> bool:
+    return str(t) == "!stablehlo.token"
+
+
 def value_type(t: ir.Type) -> TensorType | TupleType:
-    """The type of an SSA value: a TensorType (tensors and scalars) or a TupleType."""
+    """The type of an SSA value: a TensorType (tensors, scalars and tokens) or a
+    TupleType."""
+    if is_token(t):
+        return TOKEN_TYPE
     if str(t).startswith("tuple<"):
         tuple_type = ir.TupleType(t)
         return TupleType(tuple(value_type(tuple_type.get_type(i))

@@ -3,8 +3,9 @@
 - transpose(dot(a, b)) that only swaps the two operands' free dims is dot(b, a): the Tensor
   Engine writes its result in either orientation (the stationary operand picks it), so the
   transpose costs nothing on the chip, and the executor skips a copy of the whole result.
-- Instructions whose results nobody reads are removed (every instruction is free of side
-  effects), for example the device-id arithmetic that lowering already folded to constants.
+- Instructions whose results nobody reads are removed (for example the device-id
+  arithmetic that lowering already folded to constants), unless they have side effects
+  (host callbacks such as jax.debug.print, in loops and conditionals too).
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ def simplify(program: isa.Program) -> isa.Program:
 
 
 def _live(instructions: list[isa.Instruction], outputs) -> tuple[isa.Instruction, ...]:
-    """The instructions some output depends on, in their order."""
+    """The instructions some output depends on, and those with side effects (and what
+    they read), in their order."""
     needed = set(outputs)
     live = []
     for instr in reversed(instructions):
-        if needed.intersection(instr.outs):
+        if needed.intersection(instr.outs) or isa.has_side_effects(instr):
             live.append(instr)
             needed.update(instr.ins)
     return tuple(reversed(live))

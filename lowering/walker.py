@@ -203,10 +203,14 @@ class LoweringContext:
 class Walker:
     """Lowers one StableHLO module to a Trn2 `Program`."""
 
-    def __init__(self, module: ir.Module, mesh: isa.MeshSpec | None = None):
+    def __init__(self, module: ir.Module, mesh: isa.MeshSpec | None = None,
+                 host_callbacks: Sequence[Any] | None = None):
         """`mesh`: the user's mesh of a per-chip program XLA's partitioner made
-        (lowering.partition), whose own sdy.mesh has lost the axis names."""
+        (lowering.partition), whose own sdy.mesh has lost the axis names.
+        `host_callbacks`: the Python functions of the module's host callbacks, by the index
+        their custom calls carry (jax keeps them beside the lowered module)."""
         self.module = module
+        self.host_callbacks = host_callbacks
         self.functions: dict[str, Any] = {}
         self.call_locations: list[str] = []  # user source lines of the func.calls being inlined
         meshes: dict[str, isa.MeshSpec] = {}
@@ -260,10 +264,15 @@ class Walker:
         block = self.function_block("main")
         # A tuple-typed argument or result is passed as its leaves, in order (PJRT's
         # untupled arguments and results).
-        arguments = [values_of(_argument_type(i, a), lambda t: builder.new_value(
-            t, self.argument_layout)) for i, a in enumerate(block.arguments)]
-        inputs = [leaf for argument in arguments for leaf in leaves(argument)]
-        outputs = [leaf for result in self.lower_block(block, arguments, builder)
+        # Tokens (ordered effects) are made inside, not passed: jax's callers never see them.
+        arguments = [_token(builder) if mlir.is_token(a.type) else
+                     values_of(_argument_type(i, a), lambda t: builder.new_value(
+                         t, self.argument_layout)) for i, a in enumerate(block.arguments)]
+        inputs = [leaf for argument, a in zip(arguments, block.arguments)
+                  if not mlir.is_token(a.type) for leaf in leaves(argument)]
+        results = self.lower_block(block, arguments, builder)
+        returned = list(_terminator(block).operands)
+        outputs = [leaf for result, v in zip(results, returned) if not mlir.is_token(v.type)
                    for leaf in leaves(result)]
         main = mlir.Attributes(self.functions["main"])
         return builder.program(
@@ -450,6 +459,18 @@ def _free_values(regions) -> list:
     for region in regions:
         visit(region)
     return list(dict.fromkeys(v for v in used if v not in defined))
+
+
+def _token(builder: ProgramBuilder) -> int:
+    """A token made on the chip: a bool scalar, replicated."""
+    value = builder.new_value(mlir.TOKEN_TYPE, frozenset())
+    builder.instructions.append(isa.Constant((value,), (), value=np.zeros((), bool)))
+    return value
+
+
+def _terminator(block):
+    """The op that ends a block (its return)."""
+    return list(block.operations)[-1].operation
 
 
 def _argument_type(index: int, argument) -> isa.TensorType | mlir.TupleType:

@@ -25,10 +25,14 @@ class ExecutionError(RuntimeError):
 
 
 def run_program(program: isa.Program, args: Sequence[jnp.ndarray],
-                rounding: Callable | None = None) -> list[jnp.ndarray]:
-    """Run `program` on arrays in the executor layout (traceable: use under jax.jit)."""
+                rounding: Callable | None = None,
+                active: jnp.ndarray | None = None) -> list[jnp.ndarray]:
+    """Run `program` on arrays in the executor layout (traceable: use under jax.jit);
+    `active`: the chips whose control flow reaches it (KernelContext.active)."""
     env: dict[int, jnp.ndarray] = dict(zip(program.inputs, args))
-    ctx = KernelContext(program, run=lambda p, a: run_program(p, a, rounding), rounding=rounding)
+    ctx = KernelContext(program, run=lambda p, a, reached=active: run_program(p, a, rounding,
+                                                                             reached),
+                        rounding=rounding, active=active)
     for instr in program.instructions:
         try:
             results = kernel_for(instr)(instr, [env[i] for i in instr.ins], ctx)

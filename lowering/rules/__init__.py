@@ -2,6 +2,7 @@
 
 from lowering.rules import (  # noqa: F401
     bits,
+    callbacks,
     collectives,
     control_flow,
     convolution,

@@ -589,6 +589,37 @@ class ReducePrecision(Instruction):
 
 # --- programs ----------------------------------------------------------------------------
 
+# --- the host --------------------------------------------------------------------------
+
+def has_side_effects(instr: "Instruction") -> bool:
+    """Whether running `instr` does something besides computing its results (a host
+    callback with side effects, itself or in a sub-program): it must run even when nothing
+    reads its results."""
+    if isinstance(instr, HostCallback):
+        return instr.has_side_effect
+    return any(has_side_effects(i) for programs in subprogram_fields(instr).values()
+               for p in programs for i in p.instructions)
+
+
+@dataclass(frozen=True, eq=False)
+class HostCallback(Instruction):
+    """A Python function run on the host with each chip's own operand values, chip by chip
+    in device order (jax.debug.print, jax.debug.callback, jax.pure_callback, io_callback).
+
+    `callback(*operands) -> results` is jax's wrapped callback for one device: numpy arrays
+    in, one array per result out (a token operand is passed through as the first result).
+    `kind` names what the user wrote, for the listing and errors.
+    """
+
+    callback: object  # a Python callable
+    kind: str
+    has_side_effect: bool
+    engine: ClassVar[str] = DMA
+
+    def params(self) -> dict:
+        return {"kind": self.kind, "has_side_effect": self.has_side_effect}
+
+
 @dataclass(frozen=True, eq=False)
 class Program:
     """A Trn2 program: instructions in execution order over numbered values."""

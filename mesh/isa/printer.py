@@ -49,7 +49,9 @@ def instruction_text(program: isa.Program, instr: isa.Instruction) -> str:
     ins = ", ".join(f"%{v}" for v in instr.ins)
     params = params_text(instr)
     loc = f"  # {instr.loc}" if instr.loc else ""
-    return f"{outs} = {instr.engine}.{instr.mnemonic}({ins}){' ' + params if params else ''}{loc}"
+    assigned = f"{outs} = " if outs else ""  # an instruction run for its side effect only
+    return (f"{assigned}{instr.engine}.{instr.mnemonic}({ins})"
+            f"{' ' + params if params else ''}{loc}")
 
 
 def plan_lines(instr: isa.Instruction, indent: str) -> list[str]:

@@ -208,6 +208,22 @@ def _free(instr, ctx: CostContext) -> Cost:
     return Cost()
 
 
+# A host callback stops the chip for a round trip to the host: the operands go out and the
+# results come back over PCIe, and the Python function runs. Assumed: 100 us fixed (DMA
+# setup, interrupt, the runtime's callback dispatch and the Python call; AWS gives no figure,
+# and a Python call alone is tens of us) plus the bytes at PCIe Gen5 x16 (~64 GB/s per
+# direction, ~32 GB/s usable each way assumed).
+HOST_ROUND_TRIP_S = 100e-6
+HOST_LINK_BYTES_PER_S = 32e9
+
+
+@cost_rule(isa.HostCallback)
+def _host_callback(instr: isa.HostCallback, ctx: CostContext) -> Cost:
+    nbytes = ctx.nbytes((*instr.ins, *instr.outs))
+    seconds = HOST_ROUND_TRIP_S + nbytes / HOST_LINK_BYTES_PER_S
+    return Cost(bytes_accessed=nbytes, seconds=seconds, engine_seconds={isa.DMA: seconds})
+
+
 @cost_rule(isa.Matmul, isa.RaggedMatmul)
 def _matmul(instr: isa.Matmul | isa.RaggedMatmul, ctx: CostContext) -> Cost:
     if instr.tiling is None:

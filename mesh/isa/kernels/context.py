@@ -15,8 +15,19 @@ class KernelContext:
     """The running program and its mesh; `nm` leading dims of every array are mesh dims."""
 
     program: isa.Program
-    run: Callable  # run(sub_program, args) -> results, for ops with a body (reduce, while)
+    # run(sub_program, args, active=None) -> results, for ops with a body (reduce, while)
+    run: Callable
     rounding: Callable | None = None  # rounding(x, dtype_name); None: round-to-nearest-even
+    # The chips whose control flow reaches this program ([mesh...] bool, size 1 along axes
+    # it does not vary on), where a conditional or loop differs from chip to chip and runs
+    # a body for all chips: side effects (host callbacks) happen on these chips only.
+    # None: every chip.
+    active: jnp.ndarray | None = None
+
+    def run_on(self, program: isa.Program, args, reached: jnp.ndarray):
+        """Run a sub-program that only the chips where `reached` holds get to."""
+        active = reached if self.active is None else self.active & reached
+        return self.run(program, args, active)
 
     @property
     def mesh(self) -> isa.MeshSpec:

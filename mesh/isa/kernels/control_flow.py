@@ -53,7 +53,8 @@ def while_(instr: While, args, ctx: KernelContext):
     # lowering widened their layouts), so each chip's state can be frozen on its own.
     def masked_body(carry):
         go, state = carry
-        new = body(state)
+        new = tuple(jnp.broadcast_to(o, s) for o, s in
+                    zip(ctx.run_on(instr.body, list(state) + captured, go), shapes))
         state = tuple(jnp.where(_per_chip(go, old, ctx.nm), upd, old)
                       for upd, old in zip(new, state))
         return cond(state), state
@@ -78,13 +79,16 @@ def case(instr: Case, args, ctx: KernelContext):
     index, captured = _branch_index(args[0], n), list(args[1:])
     shapes = [ctx.out_shape(instr, i) for i in range(len(instr.outs))]
 
-    def run(branch):
-        return lambda *c: [jnp.broadcast_to(o, s) for o, s in zip(ctx.run(branch, list(c)),
-                                                                   shapes)]
+    def run(branch, reached=None):
+        def call(*c):
+            outs = ctx.run(branch, list(c)) if reached is None else \
+                ctx.run_on(branch, list(c), reached)
+            return [jnp.broadcast_to(o, s) for o, s in zip(outs, shapes)]
+        return call
 
     if _is_replicated(index, ctx.nm):
         return lax.switch(index.reshape(()), [run(b) for b in instr.branches], *captured)
-    results = [run(b)(*captured) for b in instr.branches]
+    results = [run(branch, index == b)(*captured) for b, branch in enumerate(instr.branches)]
     chosen = results[-1]
     for b in reversed(range(n - 1)):
         chosen = [jnp.where(_per_chip(index == b, r, ctx.nm), r, c)

@@ -1,0 +1,122 @@
+"""Host callbacks run the user's Python function with each chip's own values, as CPU JAX
+calls it once per device."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import io_callback
+from jax.sharding import PartitionSpec as P
+
+import jax_trn2
+
+
+def printed(capsys, fn, *args):
+    """(lines printed by the simulated run, lines printed by CPU JAX) of fn(*args)."""
+    jax.block_until_ready(jax_trn2.jit(fn)(*args))
+    sim = capsys.readouterr().out.splitlines()
+    jax.block_until_ready(jax.jit(fn)(*args))
+    jax.effects_barrier()
+    ref = capsys.readouterr().out.splitlines()
+    return sim, ref
+
+
+def test_debug_print_in_loops_and_conditionals_prints_what_cpu_jax_prints(capsys):
+    def f(x):
+        jax.debug.print("x={x}", x=x)
+
+        def body(i, c):
+            jax.debug.print("step {i}: {c}", i=i, c=c)
+            return c + 1
+
+        total = jax.lax.fori_loop(0, 3, body, x.sum())
+        jax.lax.cond(total > 0, lambda: jax.debug.print("positive {t}", t=total),
+                     lambda: jax.debug.print("not positive {t}", t=total))
+        return total
+
+    sim, ref = printed(capsys, f, jnp.arange(3.0))
+    assert sim == ref == ["x=[0. 1. 2.]", "step 0: 3.0", "step 1: 4.0", "step 2: 5.0",
+                          "positive 6.0"]
+
+
+def test_shard_map_body_prints_once_per_chip_in_device_order(capsys):
+    mesh = jax_trn2.make_mesh((2, 4), ("a", "b"))
+
+    def body(x):
+        jax.debug.print("chip {i}: {x}", i=jax.lax.axis_index(("a", "b")), x=x)
+        return x * 2
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=P(("a", "b")), out_specs=P(("a", "b")))
+    sim, ref = printed(capsys, f, jnp.arange(8.0))
+    assert sim == [f"chip {i}: [{i}.]" for i in range(8)]
+    assert sorted(ref) == sorted(sim)  # CPU JAX's devices print in no fixed order
+
+
+def test_conditional_that_differs_between_chips_prints_on_the_chips_that_take_it(capsys):
+    mesh = jax_trn2.make_mesh((8,), ("i",))
+
+    def body(x):
+        i = jax.lax.axis_index("i")
+        jax.lax.cond(i % 3 == 0, lambda: jax.debug.print("chip {i} even third", i=i),
+                     lambda: None)
+        return x
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+    sim, ref = printed(capsys, f, jnp.arange(8.0))
+    assert sim == ["chip 0 even third", "chip 3 even third", "chip 6 even third"]
+    assert sorted(ref) == sim
+
+
+def test_pure_callback_results_flow_back():
+    def f(x):
+        y = jax.pure_callback(lambda a: np.sort(np.asarray(a))[::-1].copy(),
+                              jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+        return y * 2 + 1
+
+    x = np.array([3.0, 1.0, 2.0], np.float32)
+    np.testing.assert_array_equal(jax_trn2.jit(f)(x), jax.jit(f)(x))
+
+
+def test_pure_callback_per_chip_in_shard_map():
+    mesh = jax_trn2.make_mesh((2, 2), ("a", "b"))
+
+    def body(x):
+        return jax.pure_callback(lambda a: np.asarray(a) ** 2 + 1,
+                                 jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=P("a", "b"), out_specs=P("a", "b"))
+    x = np.arange(16, dtype=np.float32).reshape(4, 4)
+    np.testing.assert_array_equal(jax_trn2.jit(f)(x), x ** 2 + 1)
+
+
+def test_ordered_io_callback_runs_in_program_order():
+    seen = []
+
+    def f(x):
+        io_callback(lambda a: seen.append(("first", float(a))), None, x.sum(), ordered=True)
+        io_callback(lambda a: seen.append(("second", float(a))), None, x.max(), ordered=True)
+        return x + 1
+
+    np.testing.assert_array_equal(jax_trn2.jit(f)(jnp.arange(4.0)), jnp.arange(4.0) + 1)
+    assert seen == [("first", 6.0), ("second", 3.0)]
+
+
+def test_listing_shows_the_callback_and_its_round_trip():
+    def f(x):
+        jax.debug.print("{x}", x=x)
+        return x
+
+    text = jax_trn2.jit(f).lower(jnp.ones(4)).compile().as_text()
+    assert "DMA.HostCallback(%" in text and "kind=jax.debug.print" in text
+    assert "+  100.001" in text  # the stated round trip plus 16 B over PCIe (mesh.perf.cost)
+
+
+def test_module_without_its_callbacks_names_what_the_user_wrote():
+    def f(x):
+        jax.debug.print("{x}", x=x)
+        return x
+
+    text = jax.jit(f).lower(jnp.ones(4)).as_text(debug_info=True)
+    with pytest.raises(jax_trn2.LoweringError, match="jax.debug.print needs its Python "
+                                                     "function"):
+        jax_trn2.client().compile(text)
