@@ -11,6 +11,7 @@ from lowering.rules import (  # noqa: F401
     elementwise,
     gspmd,
     indexing,
+    linalg,
     movement,
     reduction,
     sort,

@@ -589,6 +589,23 @@ class ReducePrecision(Instruction):
 
 # --- programs ----------------------------------------------------------------------------
 
+# --- linear algebra ----------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class LinearAlgebra(Instruction):
+    """A dense factorisation or solve, batched over leading dims, with LAPACK's semantics
+    and result layout (mesh.isa.kernels.linalg): `routine` is potrf, getrf, geqrf, orgqr,
+    syevd, gesdd or trsm; `options` the LAPACK character options (uplo, side, trans, diag,
+    mode) as (name, value) pairs."""
+
+    routine: str
+    options: tuple[tuple[str, str], ...] = ()
+    engine: ClassVar[str] = TENSOR
+
+    def option(self, name: str, default: str = "") -> str:
+        return dict(self.options).get(name, default)
+
+
 # --- the host --------------------------------------------------------------------------
 
 def has_side_effects(instr: "Instruction") -> bool:

@@ -208,6 +208,54 @@ def _free(instr, ctx: CostContext) -> Cost:
     return Cost()
 
 
+# Dense factorisations: LAPACK's blocked algorithms put their O(n^3) work in matrix
+# products, which run on the Tensor Engine at its FP32 rate; the panel factorisation is a
+# chain of dependent column steps (pivot search or norm, scale, reflector) on the Vector
+# Engine, assumed PANEL_STEP_CYCLES each, one per column. FLOP counts per matrix (m x n,
+# k = min(m, n); Golub & Van Loan, LAWN 41): potrf n^3/3, getrf m n^2 - n^3/3 (m >= n),
+# geqrf 2 m n^2 - 2 n^3/3, orgqr 4 m n k - 2 (m + n) k^2 + 4 k^3/3, syevd 9 n^3 with
+# vectors (4 n^3/3 without), gesdd 4 m^2 n + 8 m n^2 + 9 n^3 with vectors (4 m n^2 -
+# 4 n^3/3 without), trsm n_rhs m^2 (left side; m n^2 right).
+PANEL_STEP_CYCLES = 100
+
+
+def linear_algebra_flops(instr: isa.LinearAlgebra, ctx: CostContext) -> tuple[float, int]:
+    """(FLOPs of all the matrices, columns of one matrix) of a LinearAlgebra instruction."""
+    a = ctx.type(instr.ins[0])
+    m, n = a.shape[-2:]
+    k = min(m, n)
+    batch = a.size // max(m * n, 1)
+    routine, vectors = instr.routine, instr.option("mode", "V") not in ("N",)
+    if routine == "trsm":
+        b = ctx.type(instr.ins[1])
+        rows, cols = b.shape[-2:]
+        per = cols * rows ** 2 if instr.option("side", "L") == "L" else rows * cols ** 2
+        return float(per) * (b.size // max(rows * cols, 1)), k
+    big, small = max(m, n), k
+    per = {"potrf": n ** 3 / 3,
+           "getrf": big * small ** 2 - small ** 3 / 3,
+           "geqrf": 2 * big * small ** 2 - 2 * small ** 3 / 3,
+           "orgqr": 4 * m * n * k - 2 * (m + n) * k ** 2 + 4 * k ** 3 / 3,
+           "syevd": 9 * n ** 3 if vectors else 4 * n ** 3 / 3,
+           "gesdd": (4 * big ** 2 * small + 8 * big * small ** 2 + 9 * small ** 3) if vectors
+           else 4 * big * small ** 2 - 4 * small ** 3 / 3}[routine]
+    return float(per) * batch, k
+
+
+@cost_rule(isa.LinearAlgebra)
+def _linear_algebra(instr: isa.LinearAlgebra, ctx: CostContext) -> Cost:
+    flops, columns = linear_algebra_flops(instr, ctx)
+    tensor = flops / ctx.chip.peak_flops_for("float32")
+    panel = columns * PANEL_STEP_CYCLES / ctx.chip.vector_clock_hz
+    nbytes = ctx.nbytes((*instr.ins, *instr.outs))
+    hbm = nbytes / ctx.chip.hbm_bandwidth
+    engines = {isa.TENSOR: max(tensor, hbm), isa.VECTOR: panel}
+    if hbm:
+        engines[isa.DMA] = hbm
+    return Cost(flops=flops, bytes_accessed=nbytes, seconds=max(tensor, hbm) + panel,
+                engine_seconds=engines)
+
+
 # A host callback stops the chip for a round trip to the host: the operands go out and the
 # results come back over PCIe, and the Python function runs. Assumed: 100 us fixed (DMA
 # setup, interrupt, the runtime's callback dispatch and the Python call; AWS gives no figure,

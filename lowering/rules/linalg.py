@@ -1,0 +1,50 @@
+"""Dense linear algebra: the LAPACK custom calls jnp.linalg and jax.scipy.linalg emit for
+CPU (lapack_{s,d}{potrf,getrf,geqrf,orgqr,syevd,gesdd,trsm}_ffi), and StableHLO's own
+`cholesky` and `triangular_solve`, as isa.LinearAlgebra (mesh.isa.kernels.linalg)."""
+
+from __future__ import annotations
+
+from lowering.registry import custom_call_rule, rule
+from lowering.walker import LoweringContext, Op
+from mesh import isa
+
+ROUTINES = ("potrf", "getrf", "geqrf", "orgqr", "syevd", "gesdd", "trsm")
+# LAPACK's character options, as jax's FFI calls name them in mhlo.backend_config
+OPTION_NAMES = {"uplo": "uplo", "side": "side", "trans_x": "trans", "diag": "diag",
+                "mode": "mode"}
+
+
+def _lapack(routine: str):
+    def lower(ctx: LoweringContext, op: Op):
+        config = op.attr("mhlo.backend_config", {}) or {}
+        options = tuple(sorted((OPTION_NAMES[k], chr(int(v))) for k, v in config.items()
+                               if k in OPTION_NAMES))
+        return ctx.emit(isa.LinearAlgebra, op, routine=routine, options=options)
+    return lower
+
+
+for _routine in ROUTINES:
+    custom_call_rule(*(f"lapack_{p}{_routine}_ffi" for p in "sd"))(_lapack(_routine))
+
+
+@rule("stablehlo.cholesky")
+def cholesky(ctx: LoweringContext, op: Op):
+    """The factor in the `lower` (default: upper) triangle; the spec leaves the other
+    triangle implementation-defined: here it keeps the input, as LAPACK's potrf does."""
+    uplo = "L" if op.attr("lower", False) else "U"
+    (factor, _info) = ctx.emit(isa.LinearAlgebra, op,
+                               out_types=(op.result_types[0],
+                                          isa.TensorType(op.result_types[0].shape[:-2],
+                                                         "int32")),
+                               routine="potrf", options=(("uplo", uplo),))
+    return (factor,)
+
+
+@rule("stablehlo.triangular_solve")
+def triangular_solve(ctx: LoweringContext, op: Op):
+    transpose = str(op.attr("transpose_a", "NO_TRANSPOSE"))
+    trans = "N" if "NO_TRANSPOSE" in transpose else "C" if "ADJOINT" in transpose else "T"
+    options = (("diag", "U" if op.attr("unit_diagonal", False) else "N"),
+               ("side", "L" if op.attr("left_side", False) else "R"),
+               ("trans", trans), ("uplo", "L" if op.attr("lower", False) else "U"))
+    return ctx.emit(isa.LinearAlgebra, op, routine="trsm", options=options)

@@ -1,0 +1,116 @@
+"""Dense linear algebra (the LAPACK custom calls jnp.linalg / jax.scipy.linalg emit for CPU,
+and StableHLO's cholesky and triangular_solve) against CPU JAX.
+
+Both sides run the same LAPACK routines on the same matrices, so results agree to the last
+bits; RTOL leaves room only for the host BLAS choosing another blocking (thread count) for
+the trailing updates: a few FP32 roundings on well-conditioned matrices (condition numbers
+below 100 here: SPD matrices G G^T + n I, Gaussian tall matrices).
+"""
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import jax_trn2
+
+RTOL, ATOL = 1e-5, 1e-5
+N = 6
+
+
+@pytest.fixture(scope="module")
+def matrices():
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal((3, N, N)).astype(np.float32)
+    spd = g @ np.swapaxes(g, -1, -2) + N * np.eye(N, dtype=np.float32)
+    tall = rng.standard_normal((3, 8, 5)).astype(np.float32)
+    rhs = rng.standard_normal((3, N, 2)).astype(np.float32)
+    return {"spd": spd, "tall": tall, "rhs": rhs}
+
+
+CASES = {
+    "cholesky": (lambda m: jnp.linalg.cholesky(m["spd"])),
+    "qr_reduced": (lambda m: jnp.linalg.qr(m["tall"])),
+    "qr_complete": (lambda m: jnp.linalg.qr(m["tall"], mode="complete")),
+    "eigh_values": (lambda m: jnp.linalg.eigh(m["spd"])[0]),
+    # eigenvectors and singular vectors up to sign: compare what they reconstruct
+    "eigh_reconstruct": (lambda m: (lambda w, v: (v * w[..., None, :]) @ jnp.swapaxes(v, -1, -2))(
+        *jnp.linalg.eigh(m["spd"]))),
+    "svd_values": (lambda m: jnp.linalg.svd(m["tall"], compute_uv=False)),
+    "svd_reconstruct": (lambda m: (lambda u, s, vt: (u * s[..., None, :]) @ vt)(
+        *jnp.linalg.svd(m["tall"], full_matrices=False))),
+    "svd_full_values": (lambda m: jnp.linalg.svd(m["tall"])[1]),
+    "solve": (lambda m: jnp.linalg.solve(m["spd"], m["rhs"])),
+    "inv": (lambda m: jnp.linalg.inv(m["spd"])),
+    "det": (lambda m: jnp.linalg.det(m["spd"] / N)),
+    "slogdet": (lambda m: jnp.linalg.slogdet(m["spd"])),
+    "lu": (lambda m: jsl.lu(m["spd"][0])),  # jax's lu takes one matrix
+    "lu_factor": (lambda m: jsl.lu_factor(m["spd"][1])),
+    "solve_triangular": (lambda m: jsl.solve_triangular(jnp.tril(m["spd"]), m["rhs"],
+                                                        lower=True, trans=1)),
+    "cho_solve": (lambda m: jsl.cho_solve(jsl.cho_factor(m["spd"]), m["rhs"])),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_linear_algebra_matches_cpu_jax(name, matrices):
+    f = CASES[name]
+    got, want = jax_trn2.jit(f)(matrices), jax.jit(f)(matrices)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
+
+
+def test_factorisation_per_chip_in_shard_map(matrices):
+    mesh = jax_trn2.make_mesh((2, 2), ("a", "b"))
+    spd = np.concatenate([matrices["spd"], matrices["spd"][:1]])  # 4 matrices, one per chip
+
+    def body(a):
+        return jnp.linalg.cholesky(a), jnp.linalg.slogdet(a)[1]
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=P(("a", "b")), out_specs=P(("a", "b")))
+    for g, w in zip(jax_trn2.jit(f)(spd), jax.jit(body)(spd)):
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
+
+
+def test_lapack_status_reports_a_matrix_that_is_not_positive_definite():
+    bad = -np.eye(3, dtype=np.float32)
+    got, want = jax_trn2.jit(jnp.linalg.cholesky)(bad), jax.jit(jnp.linalg.cholesky)(bad)
+    # jax turns LAPACK's nonzero info into NaNs in the factor's triangle: the same here
+    assert np.isnan(np.asarray(got)[np.tril_indices(3)]).all()
+    np.testing.assert_array_equal(got, want)
+
+
+STABLEHLO = """
+func.func public @main(%a: tensor<3x3xf32>, %b: tensor<3x2xf32>) -> (tensor<3x3xf32>, tensor<3x2xf32>) {
+  %l = "stablehlo.cholesky"(%a) {lower = true} : (tensor<3x3xf32>) -> tensor<3x3xf32>
+  %x = "stablehlo.triangular_solve"(%l, %b) {left_side = true, lower = true,
+        unit_diagonal = false, transpose_a = #stablehlo<transpose TRANSPOSE>}
+        : (tensor<3x3xf32>, tensor<3x2xf32>) -> tensor<3x2xf32>
+  return %l, %x : tensor<3x3xf32>, tensor<3x2xf32>
+}"""
+
+
+def test_stablehlo_cholesky_and_triangular_solve():
+    a = np.array([[4, 2, 0], [2, 5, 1], [0, 1, 3]], np.float32)
+    b = np.array([[1, 2], [3, 4], [5, 6]], np.float32)
+    factor, x = jax_trn2.client().compile(STABLEHLO).execute([a, b])
+    lower = np.linalg.cholesky(a.astype(np.float64))
+    np.testing.assert_allclose(np.tril(np.asarray(factor)), lower, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(x), np.linalg.solve(lower.T, b), rtol=1e-5)
+
+
+def test_cost_counts_the_stated_flops():
+    n = 256
+    spd = jax.ShapeDtypeStruct((n, n), jnp.float32)
+    cost = jax_trn2.jit(jnp.linalg.cholesky).lower(spd).compile().cost_analysis()
+    assert cost["flops"] >= n ** 3 / 3  # potrf's n^3/3, plus the masking around it
+    text = jax_trn2.jit(jnp.linalg.cholesky).lower(spd).as_text()
+    assert "Tensor.LinearAlgebra(%" in text and "routine=potrf" in text
+
+
+def test_custom_call_without_a_rule_names_its_target_and_line():
+    with pytest.raises(jax_trn2.UnsupportedOpError, match=r"(?s)lapack_sgehrd_ffi is not supported.*test_linalg.py"):
+        jax_trn2.jit(jax.lax.linalg.hessenberg)(np.eye(3, dtype=np.float32))
