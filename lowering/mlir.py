@@ -32,7 +32,7 @@ ELEMENT_TYPES = {
     "f6E2M3FN": "float6_e2m3fn", "f6E3M2FN": "float6_e3m2fn", "f4E2M1FN": "float4_e2m1fn",
     "i1": "bool", "i2": "int2", "i4": "int4", "i8": "int8", "i16": "int16", "i32": "int32",
     "i64": "int64", "ui2": "uint2", "ui4": "uint4", "ui8": "uint8", "ui16": "uint16",
-    "ui32": "uint32", "ui64": "uint64",
+    "ui32": "uint32", "ui64": "uint64", "complex<f32>": "complex64", "complex<f64>": "complex128",
 }
 
 
@@ -225,7 +225,12 @@ def _parse_dense_literal(text: str, dtype: np.dtype, shape: tuple[int, ...]) -> 
         return np.broadcast_to(raw, (size,)).reshape(shape).copy() if raw.size == 1 \
             else raw.reshape(shape).copy()
     body = text[len("dense<"):text.rindex(">", 0, text.index(" : ") if " : " in text else None)]
-    items = [_literal_item(tok, dtype) for tok in _NUMBER.findall(body)]
+    is_complex = np.issubdtype(dtype, np.complexfloating)  # (real, imaginary) pairs
+    part = np.dtype(dtype.type(0).real.dtype) if is_complex else dtype
+    items = [_literal_item(tok, part) for tok in _NUMBER.findall(body)]
+    if is_complex:
+        parts = np.array(items, dtype=part)
+        items = list(parts[0::2] + 1j * parts[1::2])
     values = np.array(items, dtype=dtype)
     if values.size == 1:
         return np.full(shape, values[0], dtype=dtype)
@@ -342,8 +347,21 @@ class Attributes(Mapping):
                 attr = self._op.attributes[name]
             except KeyError:
                 raise KeyError(f"{self._op.name} has no attribute {name!r}") from None
+            except TypeError:  # the bindings cannot return complex dense elements
+                self._cache[name] = self._complex_elements(name)
+                return self._cache[name]
             self._cache[name] = decode_attribute(attr)
         return self._cache[name]
+
+    def _complex_elements(self, name: str) -> np.ndarray:
+        """A dense attribute of complex numbers, read from the op's text."""
+        text = self._op.get_asm(large_elements_limit=None)
+        match = re.search(rf"{name} = (dense<.*?>) : (tensor<[^>]*>>?)", text) or \
+            re.search(r"(dense<.*?>) : (tensor<[^>]*>>?)", text)
+        if match is None:
+            raise TypeError(f"cannot read attribute {name!r} of {self._op.name}")
+        t = tensor_type(ir.Type.parse(match.group(2), self._op.context))
+        return _parse_dense_literal(match.group(1), dtypes.numpy_dtype(t.dtype), t.shape)
 
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._op.attributes))

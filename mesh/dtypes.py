@@ -20,6 +20,8 @@ import numpy as np
 DTYPES: dict[str, np.dtype] = {
     "float64": np.dtype(np.float64),
     "float32": np.dtype(np.float32),
+    "complex64": np.dtype(np.complex64),  # pairs of FP32 (Trainium2 has no complex type:
+    "complex128": np.dtype(np.complex128),  # computed on the parts, see mesh.isa.kernels)
     "float16": np.dtype(np.float16),
     "bfloat16": np.dtype(ml_dtypes.bfloat16),
     "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
@@ -59,6 +61,10 @@ LOW_PRECISION_FLOATS = frozenset({"bfloat16", "float16"}) | FP8_TYPES | OTHER_NA
 # Types the host's XLA cannot hold -> the type the executor holds their values in: one
 # whose values include every value of the type (FP6 E2M3 in E4M3FN, FP6 E3M2 in E5M2).
 STORAGE_TYPES = {"float6_e2m3fn": "float8_e4m3fn", "float6_e3m2fn": "float8_e5m2"}
+
+
+# Complex types -> the real type of their parts (what the engines compute on).
+COMPLEX_PARTS = {"complex64": "float32", "complex128": "float64"}
 
 
 def numpy_dtype(name: str) -> np.dtype:

@@ -1,6 +1,7 @@
-"""Dense linear algebra: the LAPACK custom calls jnp.linalg and jax.scipy.linalg emit for
-CPU (lapack_{s,d}{potrf,getrf,geqrf,orgqr,syevd,gesdd,trsm}_ffi), and StableHLO's own
-`cholesky` and `triangular_solve`, as isa.LinearAlgebra (mesh.isa.kernels.linalg)."""
+"""Dense linear algebra and Fourier transforms: the LAPACK custom calls jnp.linalg and
+jax.scipy.linalg emit for CPU (lapack_{s,d}{potrf,getrf,geqrf,orgqr,syevd,gesdd,trsm}_ffi)
+and StableHLO's own `cholesky` and `triangular_solve`, as isa.LinearAlgebra
+(mesh.isa.kernels.linalg); `stablehlo.fft` as isa.Fft (mesh.isa.kernels.fft)."""
 
 from __future__ import annotations
 
@@ -48,3 +49,12 @@ def triangular_solve(ctx: LoweringContext, op: Op):
                ("side", "L" if op.attr("left_side", False) else "R"),
                ("trans", trans), ("uplo", "L" if op.attr("lower", False) else "U"))
     return ctx.emit(isa.LinearAlgebra, op, routine="trsm", options=options)
+
+
+@rule("stablehlo.fft")
+def fft(ctx: LoweringContext, op: Op):
+    """FFT, IFFT, RFFT, IRFFT over the last len(fft_length) dims (mesh.isa.kernels.fft)."""
+    kind = str(op.attrs["fft_type"])
+    fft_type = next(t for t in ("IRFFT", "RFFT", "IFFT", "FFT") if t in kind)
+    return ctx.emit(isa.Fft, op, fft_type=fft_type,
+                    fft_length=tuple(int(n) for n in op.attrs["fft_length"]))

@@ -606,6 +606,16 @@ class LinearAlgebra(Instruction):
         return dict(self.options).get(name, default)
 
 
+@dataclass(frozen=True, eq=False)
+class Fft(Instruction):
+    """stablehlo.fft over the last len(fft_length) dims: FFT, IFFT, RFFT or IRFFT, computed
+    as DFT matrix products on the Tensor Engine (mesh.isa.kernels.fft)."""
+
+    fft_type: str  # FFT, IFFT, RFFT or IRFFT
+    fft_length: tuple[int, ...]
+    engine: ClassVar[str] = TENSOR
+
+
 # --- the host --------------------------------------------------------------------------
 
 def has_side_effects(instr: "Instruction") -> bool:

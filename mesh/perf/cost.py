@@ -256,6 +256,29 @@ def _linear_algebra(instr: isa.LinearAlgebra, ctx: CostContext) -> Cost:
                 engine_seconds=engines)
 
 
+# A Fourier transform runs as DFT matrix products on the Tensor Engine at its FP32 rate
+# (mesh.isa.kernels.fft): per transformed axis of length N and rows = elements / N, a
+# complex transform is 4 real products (8 N^2 rows FLOPs), the real-input transform of RFFT
+# and the real-output one of IRFFT 2 real products over N/2+1 frequencies
+# (4 N (N/2+1) rows).
+@cost_rule(isa.Fft)
+def _fft(instr: isa.Fft, ctx: CostContext) -> Cost:
+    shape = list(ctx.type(instr.ins[0]).shape)
+    size = math.prod(shape)
+    flops = 0.0
+    rank = len(instr.fft_length)
+    for i, n in enumerate(instr.fft_length):
+        real_axis = i == rank - 1 and instr.fft_type in ("RFFT", "IRFFT")
+        rows = size / max(shape[len(shape) - rank + i], 1)
+        flops += (4 * n * (n // 2 + 1) if real_axis else 8 * n * n) * rows
+    tensor = flops / ctx.chip.peak_flops_for("float32")
+    nbytes = ctx.nbytes((*instr.ins, *instr.outs))
+    hbm = nbytes / ctx.chip.hbm_bandwidth
+    return Cost(flops=flops, bytes_accessed=nbytes, seconds=max(tensor, hbm),
+                engine_seconds=_engines(isa.TENSOR, max(tensor, hbm), hbm),
+                peak_seconds=flops / ctx.chip.peak_flops_for("float32"))
+
+
 # A host callback stops the chip for a round trip to the host: the operands go out and the
 # results come back over PCIe, and the Python function runs. Assumed: 100 us fixed (DMA
 # setup, interrupt, the runtime's callback dispatch and the Python call; AWS gives no figure,

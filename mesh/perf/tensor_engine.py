@@ -25,6 +25,8 @@ mesh/machine/trn2_facts.md):
 
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 import math
 from dataclasses import dataclass
@@ -69,6 +71,9 @@ class MatmulTiling(isa.Plan):
     reread_bytes: int  # of hbm_bytes: operand bytes read again because SBUF cannot hold them
     sbuf_bytes: int  # per core
     pe_utilisation: float  # useful MACs / (cores x PE array x rate x cycles)
+    # Real products per product of the program: 4 for a complex matmul (mesh.isa.kernels.
+    # matmul: the 4M method), whose real products are counted in `batch`.
+    real_products: int = 1
 
     @property
     def matmuls(self) -> int:
@@ -97,7 +102,9 @@ class MatmulTiling(isa.Plan):
 
     def describe(self) -> str:
         moving = "rhs" if self.stationary == "lhs" else "lhs"
-        return (f"tensor engine: B={self.batch} M={self.m} N={self.n} K={self.k} per chip, "
+        complex_note = (f"complex as {self.real_products} real matmuls (Re = Ar Br - Ai Bi, "
+                        f"Im = Ar Bi + Ai Br) in B; " if self.real_products > 1 else "")
+        return (f"tensor engine: {complex_note}B={self.batch} M={self.m} N={self.n} K={self.k} per chip, "
                 f"{self.dtype} at {_rate_text(self.rate)} BF16 rate; stationary {self.stationary} "
                 f"in {self.stationary_cols}-col tiles, moving {moving} in {self.moving_cols}-col "
                 f"tiles, K in passes of {self.k_pass}\n"
@@ -118,6 +125,11 @@ def tile_matmul(batch: int, m: int, n: int, k: int, lhs_dtype: str, rhs_dtype: s
     for name, size in (("batch", batch), ("m", m), ("n", n), ("k", k)):
         if size < 0:
             raise ValueError(f"matmul {name}={size} is negative")
+    if dtypes.COMPLEX_PARTS.keys() & {lhs_dtype, rhs_dtype, out_dtype}:
+        real = [dtypes.COMPLEX_PARTS.get(d, d) for d in (lhs_dtype, rhs_dtype, out_dtype)]
+        products = 4  # the 4M method: four real products of the parts
+        return dataclasses.replace(tile_matmul(products * batch, m, n, k, *real, chip),
+                                   real_products=products)
     dtype, rate = _slowest_rate(lhs_dtype, rhs_dtype, chip)
     sizes = {"lhs": (m, dtypes.itemsize(lhs_dtype)), "rhs": (n, dtypes.itemsize(rhs_dtype))}
     candidates = []

@@ -35,5 +35,5 @@ def kernel_for(instr: isa.Instruction) -> Callable:
 
 # Importing the kernel modules fills KERNELS.
 from mesh.isa.kernels import (  # noqa: E402,F401
-    bits, callbacks, collectives, control_flow, convolution, elementwise, indexing, linalg,
-    matmul, movement, ragged_matmul, reduction, sort, windows)
+    bits, callbacks, collectives, control_flow, convolution, elementwise, fft, indexing,
+    linalg, matmul, movement, ragged_matmul, reduction, sort, windows)

@@ -27,6 +27,8 @@ UNARY = {
     "erfc": lax.erfc, "lgamma": lax.lgamma, "digamma": lax.digamma,
     "bessel_i1e": lax.bessel_i1e, "square": lax.square, "is_inf": lambda x: lax.abs(x) == jnp.inf,
     "is_pos_inf": lambda x: x == jnp.inf, "is_neg_inf": lambda x: x == -jnp.inf,
+    # complex numbers: the parts, and (in BINARY) a complex number from two parts
+    "real": lax.real, "imag": lax.imag,
 }
 
 BINARY = {
@@ -38,6 +40,7 @@ BINARY = {
     "shift_right_logical": lax.shift_right_logical,
     "next_after": lax.nextafter, "polygamma": lax.polygamma, "zeta": lax.zeta,
     "mulhi": lambda x, y: _multiply_high(x, y),
+    "complex": lax.complex,
 }
 
 COMPARISONS = {"EQ": lax.eq, "NE": lax.ne, "LT": lax.lt, "LE": lax.le, "GT": lax.gt, "GE": lax.ge}

@@ -80,9 +80,11 @@ def _to_batch_free_k(x, nm, both, only, batch, contract):
                       int(np.prod(shape[nb + nf:], dtype=np.int64))))
 
 
-def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext):
+def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, out_dtype: str | None = None):
     """[B,M,K] x [B,N,K] -> [B,M,N], K cut into passes accumulated in FP32 in order."""
-    out_dtype = instr.out_dtype
+    out_dtype = out_dtype or instr.out_dtype
+    if out_dtype in dtypes.COMPLEX_PARTS:
+        return _complex_passes(lhs3, rhs3, instr, ctx, dtypes.COMPLEX_PARTS[out_dtype])
     dims = (((2,), (2,)), ((0,), (0,)))
     if not dtypes.is_float(out_dtype):
         acc = dtypes.numpy_dtype(out_dtype)
@@ -115,6 +117,19 @@ def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext):
     if batch == 1:
         acc = acc[None]
     return numerics.round_to(acc, out_dtype, ctx.rounding)
+
+
+def _complex_passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, part: str):
+    """A complex product as 4 real ones on the Tensor Engine (the "4M" method, as BLAS's
+    CGEMM): Re = Ar Br - Ai Bi, Im = Ar Bi + Ai Br, each real product accumulated in passes
+    like any real matmul and the two combined on the Vector Engine. Gauss's 3-product
+    method saves a product but its Im = (Ar + Ai)(Br + Bi) - Ar Br - Ai Bi cancels large
+    terms, so its imaginary parts lose accuracy when Ar Br and Ai Bi are large."""
+    def product(a, b):
+        return _passes(a, b, instr, ctx, out_dtype=part)
+
+    ar, ai, br, bi = lax.real(lhs3), lax.imag(lhs3), lax.real(rhs3), lax.imag(rhs3)
+    return lax.complex(product(ar, br) - product(ai, bi), product(ar, bi) + product(ai, br))
 
 
 def _split_passes(x, whole: int, size: int):
