@@ -77,15 +77,6 @@ def test_op_without_a_rule_names_the_op_and_the_users_line(monkeypatch):
     assert "return jnp.sin(x) * 2  # the user's line" in message
 
 
-def test_complex_numbers_are_unsupported_and_say_where():
-    def body(x):
-        return (x * 1j).real  # complex intermediate
-    line = inspect.getsourcelines(body)[1] + 1
-    with pytest.raises(lowering.UnsupportedOpError, match="complex") as error:
-        jax_trn2.jit(body)(np.ones((4,), np.float32))
-    assert f"{__file__}:{line}:" in str(error.value)
-
-
 def test_unsupported_custom_call_is_named():
     with pytest.raises(lowering.UnsupportedOpError, match=r"stablehlo.custom_call @\w+"):
         jax_trn2.jit(jax.lax.linalg.hessenberg)(np.eye(4, dtype=np.float32))
