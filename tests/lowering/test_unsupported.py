@@ -4,7 +4,6 @@ library custom calls without a rule, op forms outside the instruction set."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
