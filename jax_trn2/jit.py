@@ -38,7 +38,8 @@ def _host_callbacks(jax_lowered) -> list:
     """The Python functions of the lowered module's host callbacks (jax.debug.print,
     pure_callback, ...), by the index their custom calls carry. jax keeps them in its
     lowering's compile arguments; there is no public accessor."""
-    return list(getattr(jax_lowered, "_lowering").compile_args.get("host_callbacks", ()))
+    compile_args = getattr(getattr(jax_lowered, "_lowering", None), "compile_args", None)
+    return list((compile_args or {}).get("host_callbacks", ()))
 
 
 def _check_hashable(static: tuple) -> None:
