@@ -86,18 +86,28 @@ class LoadedExecutable:
 
     @cached_property
     def _run(self):
-        """The program as one XLA computation, compiled on first use (listing and cost
-        estimates do not need it)."""
-        layouts = [jax.ShapeDtypeStruct(self.program.array_shape(v),
-                                        dtypes.storage_dtype(self.program.values[v].type.dtype))
-                   for v in self.program.inputs]
+        """The program as one XLA computation over arrays in the executor layout (for
+        `execute_sharded`), compiled on first use (listing and estimates do not need it)."""
+        return self._compile(global_io=False)
+
+    @cached_property
+    def _run_global(self):
+        """The program as one XLA computation of global arrays (for `execute`)."""
+        return self._compile(global_io=True)
+
+    def _compile(self, global_io: bool):
+        values = self.program.values
+        inputs = [jax.ShapeDtypeStruct(values[v].type.shape if global_io
+                                       else self.program.array_shape(v),
+                                       dtypes.storage_dtype(values[v].type.dtype))
+                  for v in self.program.inputs]
         with jax.enable_x64(True):  # a module's 64-bit inputs keep their type
-            return compile_program(self.program, self.rounding,
-                                   self.executor_devices).lower(*layouts).compile()
+            return compile_program(self.program, self.rounding, self.executor_devices,
+                                   global_io).lower(*inputs).compile()
 
     def load(self) -> "LoadedExecutable":
         """Compile the program for the host now (otherwise the first execute does)."""
-        _ = self._run
+        _ = self._run_global
         return self
 
     @classmethod
@@ -171,12 +181,9 @@ class LoadedExecutable:
         """Run on global arrays; returns the global results (of an SPMD module: every
         device gets `args`, and the results are device 0's)."""
         arrays = self._check_args(args)
-        nm = self.program.mesh.rank
         with jax.enable_x64(True):  # 64-bit inputs of a module keep their type
-            outs = self._run(*[jnp.broadcast_to(jnp.asarray(host_to_storage(a)).reshape(
-                (1,) * nm + a.shape), self.program.array_shape(v))
-                for a, v in zip(arrays, self.program.inputs)])
-        return [storage_to_host(o[(0,) * nm], self.program.values[v].type.dtype)
+            outs = self._run_global(*[host_to_storage(a) for a in arrays])
+        return [storage_to_host(o, self.program.values[v].type.dtype)
                 for o, v in zip(outs, self.program.outputs)]
 
     def execute_sharded(self, per_device_args: Sequence[Sequence[Any]]) -> list[list[Buffer]]:

@@ -71,8 +71,14 @@ EXACT_PRECISION = {"xla_allow_excess_precision": False}
 
 def compile_program(program: isa.Program,
                     rounding: numerics.Rounding = numerics.NEAREST,
-                    devices: Sequence[jax.Device] | None = None) -> Callable:
+                    devices: Sequence[jax.Device] | None = None,
+                    global_io: bool = False) -> Callable:
     """One jax.jit-compiled function of the program's input arrays (executor layout).
+
+    With `global_io`, it takes each input as one array of the value's own shape, the same
+    on every chip, and returns each output as chip 0 holds it: what `execute` passes and
+    returns. Reshaping into the executor layout inside the computation costs nothing there,
+    where eager reshapes and indexing around it would copy every argument on every call.
 
     `rounding` is the policy for rounding to narrow floats; each trace gets a fresh rounding
     hook, so a stochastic program's rounding sites are numbered the same way every time.
@@ -92,11 +98,21 @@ def compile_program(program: isa.Program,
         with jax.enable_x64(True):
             return run_program(program, args, rounding.rounder())
 
+    def run_global(*args):
+        origin = (0,) * program.mesh.rank
+        with jax.enable_x64(True):
+            layout = [jnp.broadcast_to(a.reshape((1,) * len(origin) + a.shape),
+                                       program.array_shape(v))
+                      for a, v in zip(args, program.inputs)]
+            return [out[origin] for out in run(*layout)]
+
+    fun = run_global if global_io else run
     if devices is None or len(devices) <= 1:
-        return jax.jit(run, compiler_options=EXACT_PRECISION)
-    return jax.jit(run, compiler_options=EXACT_PRECISION,
-                   in_shardings=tuple(_split_over(devices, program.array_shape(v))
-                                      for v in program.inputs))
+        return jax.jit(fun, compiler_options=EXACT_PRECISION)
+    shapes = [program.values[v].type.shape if global_io else program.array_shape(v)
+              for v in program.inputs]
+    return jax.jit(fun, compiler_options=EXACT_PRECISION,
+                   in_shardings=tuple(_split_over(devices, shape) for shape in shapes))
 
 
 def _split_over(devices: Sequence[jax.Device], shape: tuple[int, ...]) -> NamedSharding:

@@ -108,10 +108,13 @@ def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, out_dtype: str | 
     else:
         # The whole passes as contiguous [pass, ..., size] blocks, added one after another
         # by a scan (one host GEMM in the program, each pass's operands read contiguously).
+        # The scan carries the blocks as raw bits: XLA:CPU would otherwise widen BF16 loop
+        # operands to FP32 before the loop (a copy of both operands at twice the size).
         lhs_passes, rhs_passes = (_split_passes(x, whole, size) for x in (lhs3, rhs3))
-        acc, _ = lax.scan(lambda acc, pair: (acc + product(*pair), None),
+        acc, _ = lax.scan(lambda acc, bits: (acc + product(*map(_from_bits, bits, (host,) * 2)),
+                                             None),
                           product(lhs_passes[0], rhs_passes[0]),
-                          (lhs_passes[1:], rhs_passes[1:]))
+                          (_to_bits(lhs_passes[1:]), _to_bits(rhs_passes[1:])))
         if rest:
             acc = acc + product(lhs3[..., whole * size:], rhs3[..., whole * size:])
     if batch == 1:
@@ -136,6 +139,15 @@ def _split_passes(x, whole: int, size: int):
     """[..., K] -> [whole, ..., size]: the first whole * size contraction elements by pass."""
     x = x[..., :whole * size].reshape(x.shape[:-1] + (whole, size))
     return jnp.moveaxis(x, -2, 0)
+
+
+def _to_bits(x):
+    """x's bits as unsigned integers of its width (bitcast, no conversion)."""
+    return lax.bitcast_convert_type(x, jnp.dtype(f"uint{jnp.dtype(x.dtype).itemsize * 8}"))
+
+
+def _from_bits(bits, dtype):
+    return lax.bitcast_convert_type(bits, dtype)
 
 
 _BF16_EXACT = dtypes.FP8_TYPES | {"bfloat16"}
