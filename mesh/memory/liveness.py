@@ -15,6 +15,10 @@ so every chip of the mesh holds the same bytes):
   `Scatter` and a loop's carried state write in place into an operand whose buffer dies
   there (XLA's in-place buffer reuse), so a loop-carried value counts once; so does an
   elementwise op into an operand of its size that dies there.
+- A broadcast of a constant that a loop only passes through unchanged (jax hoists such
+  loop invariants, a scan's `jnp.where(mask, x, -1e9)` fill, out of the body) takes no
+  HBM when every reader, in the loop and after it, is an elementwise op or reduction: XLA
+  sinks it back into the body (its WhileLoopConstantSinking pass) and fuses it there.
 - A buffer is allocated when its producer starts and freed when the last instruction
   reading it ends. Arguments are live from the start of the step and outputs to its end;
   an argument lives the whole step unless it is donated (jit's donate_argnums), in which
@@ -40,7 +44,7 @@ from typing import Sequence
 
 from mesh import isa, sharding
 from mesh.isa import control
-from mesh.perf.cost import on_chip_values
+from mesh.perf.cost import STREAMING_CONSUMERS, on_chip_values
 
 ARGUMENT = "argument"
 OUTPUT = "output"
@@ -133,7 +137,7 @@ class _Builder:
             for v in dict.fromkeys(instr.ins):
                 self.users.setdefault(v, []).append(i)
         self.piece_types = self._piece_types()
-        self.on_chip = on_chip_values(program)
+        self.on_chip = on_chip_values(program) | _sunk_constants(program)
         self.root: dict[int, int] = {}  # value -> the value whose buffer it is stored in
         self.pinned: set[int] = set()  # buffers live the whole step (see _pin)
 
@@ -311,6 +315,48 @@ class _Builder:
                 inner = tuple(b for b in region.live_at_peak if not set(b.values) & own)
         loc = next((b.loc for b in inner if b.loc), instr.loc)
         return Buffer((), None, best, INSIDE, loc, label, inner=inner)
+
+
+def _sunk_constants(program: isa.Program) -> set[int]:
+    """Broadcasts of constants read only by fusing instructions and by loops that pass them
+    through unchanged, and those loops' copies of them: values XLA never stores (see the
+    module doc)."""
+    producers = {v: instr for instr in program.instructions for v in instr.outs}
+    sunk = set()
+    for instr in program.instructions:
+        if isinstance(instr, isa.BroadcastInDim) and \
+                isinstance(producers.get(instr.ins[0]), isa.Constant):
+            copies = _fused_everywhere(program, instr.outs[0])
+            if copies is not None:
+                sunk |= copies
+    return sunk
+
+
+def _fused_everywhere(program: isa.Program, value: int, yielded: bool = False) -> set[int] | None:
+    """`value` and the results of the loops that carry it unchanged, when every reader of
+    them (inside those loops too) fuses it; None when some reader needs it stored.
+    `yielded`: a loop body's input it yields unchanged (its own output is no reader)."""
+    if value in program.outputs and not yielded:
+        return None
+    found = {value}
+    for instr in program.instructions:
+        if value not in instr.ins or isinstance(instr, STREAMING_CONSUMERS):
+            continue
+        if not isinstance(instr, control.While):
+            return None
+        for k, operand in enumerate(instr.ins):
+            if operand != value:
+                continue
+            state = k < len(instr.outs)
+            if state and instr.body.outputs[k] != instr.body.inputs[k]:
+                return None  # the loop changes it: its state needs a buffer
+            inner = [_fused_everywhere(instr.cond, instr.cond.inputs[k]),
+                     _fused_everywhere(instr.body, instr.body.inputs[k], yielded=state),
+                     _fused_everywhere(program, instr.outs[k]) if state else set()]
+            if any(part is None for part in inner):
+                return None
+            found |= inner[2]
+    return found
 
 
 def _in_place_pairs(instr: isa.Instruction):

@@ -150,3 +150,32 @@ def test_a_conditional_adds_its_costliest_branch_beyond_its_results():
     assert stats.peak_memory_in_bytes == 3 * F + index.nbytes
     (inside,) = [b for b in stats.live_at_peak if b.kind == "inside"]
     assert inside.nbytes == F and inside.what == "case branch 1"
+
+
+def loop_with_a_fill(fill_reader):
+    """x = while(x0=T(a), fill=broadcast(-1e9)) { x = T(max(x, fill)) }, the fill passed
+    through unchanged (as jax hoists a scan's loop-invariant `jnp.where` fill), then
+    `fill_reader(out, fill)` after the loop reads the loop's copy of it."""
+    scalar = isa.TensorType((), "float32")
+    cond = program_of([isa.Constant((12,), (), value=np.bool_(True))],
+                      {10: F32, 11: F32, 12: BOOL}, (10, 11), (12,))
+    body = program_of([isa.Elementwise((22,), (20, 21), op="maximum"), transpose(23, 22)],
+                      {20: F32, 21: F32, 22: F32, 23: F32}, (20, 21), (23, 21))
+    instrs = [isa.Constant((1,), (), value=np.float32(-1e9)),
+              isa.BroadcastInDim((2,), (1,), dimensions=(), shape=(256, 256)),
+              transpose(3, 0),
+              control.While((4, 5), (3, 2), cond=cond, body=body, trip_count=8),
+              fill_reader(6, 5)]
+    types = {0: F32, 1: scalar, 2: F32, 3: F32, 4: F32, 5: F32, 6: F32}
+    return program_of(instrs, types, (0,), (4, 6))
+
+
+def test_a_loop_invariant_broadcast_constant_is_sunk_into_the_loop():
+    # The fill is read by an elementwise op in the body and after the loop: XLA sinks it
+    # into the body and fuses it, so it is never stored. Held in the loop: a, the state
+    # and the body's new state (after it: a and the two outputs): 3 F. Read by a transpose
+    # after the loop it must be stored, through the whole loop: 4 F.
+    fused = loop_with_a_fill(lambda out, fill: isa.Elementwise((out,), (4, fill), op="add"))
+    stored = loop_with_a_fill(lambda out, fill: transpose(out, fill))
+    assert liveness(fused).peak_bytes == 3 * F
+    assert liveness(stored).peak_bytes == 4 * F
