@@ -10,7 +10,7 @@ import pytest
 from mesh import isa
 from mesh.isa import control
 from mesh.machine.chip import ChipSpec
-from mesh.memory import MemoryAnalysis, liveness
+from mesh.memory import MemoryAnalysis, OutOfHBMError, liveness
 
 F32 = isa.TensorType((256, 256), "float32")
 F = F32.nbytes
@@ -179,3 +179,11 @@ def test_a_loop_invariant_broadcast_constant_is_sunk_into_the_loop():
     stored = loop_with_a_fill(lambda out, fill: transpose(out, fill))
     assert liveness(fused).peak_bytes == 3 * F
     assert liveness(stored).peak_bytes == 4 * F
+
+
+def test_out_of_hbm_on_a_chip_smaller_than_a_gib_gives_sizes_that_read():
+    # The chain needs 3 F = 768 KiB; a chip of 512 KiB (HBM overridden) does not hold it.
+    analysis = MemoryAnalysis(chain(), ChipSpec(hbm_bytes=2 * F))
+    with pytest.raises(OutOfHBMError, match=r"needs 768\.00 KiB of HBM .* than the "
+                                            r"512\.00 KiB of a"):
+        analysis.check()
