@@ -10,7 +10,9 @@ so every chip of the mesh holds the same bytes):
   are stored in pieces, as jax stores a sharded jax.Array, when every use splits them the
   same way (a `Shard`, an output sharding) or they come from an `Unshard`; otherwise each
   chip holds the whole value.
-- Some instructions write no new buffer: `Reshape` is a bitcast, `Shard` of a value stored
+- Some instructions write no new buffer: `Reshape` is a bitcast, and so is a
+  `BroadcastInDim` that only adds dimensions of size 1 in order (a scan's
+  `x[None]` before it is written into the stacked outputs), `Shard` of a value stored
   in those pieces and `Unshard` into them are views. `DynamicUpdateSlice`, a one-operand
   `Scatter` and a loop's carried state write in place into an operand whose buffer dies
   there (XLA's in-place buffer reuse), so a loop-carried value counts once; so does an
@@ -189,10 +191,19 @@ class _Builder:
     def _views(self) -> None:
         """Values that are views of another value's buffer, whatever the timing."""
         for instr in self.program.instructions:
-            if isinstance(instr, isa.Reshape) or (
+            if isinstance(instr, isa.Reshape) or \
+                    self._adds_unit_dims(instr) or (
                     isinstance(instr, (isa.Shard, isa.Unshard)) and
                     self.stored_type(instr.ins[0]).nbytes == self.stored_type(instr.outs[0]).nbytes):
                 self.root[instr.outs[0]] = self.find(instr.ins[0])
+
+    def _adds_unit_dims(self, instr: isa.Instruction) -> bool:
+        """A BroadcastInDim that keeps its operand's elements in order (as many elements,
+        dimensions in order), adding only dimensions of size 1: a bitcast (of a stored
+        operand: one fused into it is written out by it)."""
+        return isinstance(instr, isa.BroadcastInDim) and instr.ins[0] not in self.on_chip and \
+            list(instr.dimensions) == sorted(instr.dimensions) and \
+            self.stored_type(instr.ins[0]).size == self.stored_type(instr.outs[0]).size
 
     def _in_place(self, order: list[int]) -> None:
         """Results written into an operand's buffer that dies at the instruction."""

@@ -187,3 +187,18 @@ def test_out_of_hbm_on_a_chip_smaller_than_a_gib_gives_sizes_that_read():
     with pytest.raises(OutOfHBMError, match=r"needs 768\.00 KiB of HBM .* than the "
                                             r"512\.00 KiB of a"):
         analysis.check()
+
+
+@pytest.mark.parametrize("shape, dimensions, peak", [
+    ((1, 256, 256), (1, 2), 2 * F),  # adds a unit dimension: a bitcast of T(x)
+    ((256, 1, 256), (0, 2), 2 * F),
+    ((2, 256, 256), (1, 2), 4 * F),  # copies: a new buffer of 2 F beside T(x)
+    ((256, 256), (1, 0), 3 * F),  # transposes: a new buffer
+])
+def test_a_broadcast_that_only_adds_unit_dimensions_is_a_view(shape, dimensions, peak):
+    # out = broadcast(T(x)): x, T(x), and out unless it is T(x)'s bytes as they are.
+    instrs = [transpose(1, 0), isa.BroadcastInDim((2,), (1,), dimensions=dimensions,
+                                                  shape=shape)]
+    program = program_of(instrs, {0: F32, 1: F32, 2: isa.TensorType(shape, "float32")},
+                         (0,), (2,))
+    assert liveness(program).peak_bytes == peak
