@@ -163,7 +163,8 @@ def run(models=tuple(MODELS), layouts=tuple(LAYOUTS), remats=(False, True),
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=tuple(MODELS), action="append",
                         help="plan only this model (repeatable; default: all)")
     parser.add_argument("--layout", choices=tuple(LAYOUTS), action="append",

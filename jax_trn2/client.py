@@ -29,8 +29,13 @@ class Client:
 
     def compile(self, program: Any, *, rounding: str = "nearest", seed: int = 0,
                 executor_devices: Sequence[Any] | None = None,
-                device_assignment: Sequence[Device | int] | None = None) -> LoadedExecutable:
+                device_assignment: Sequence[Device | int] | None = None,
+                check_memory: bool = True) -> LoadedExecutable:
         """Compile StableHLO (MLIR text, bytecode, or a jaxlib ir.Module) for this machine.
+
+        Raises jax_trn2.OutOfHBMError when the program needs more HBM on some chip than the
+        chip has, as PJRT's compile fails with RESOURCE_EXHAUSTED (`check_memory=False`
+        compiles it anyway).
 
         `rounding` is "nearest" (round-to-nearest-even) or "stochastic" (with `seed`) for
         every rounding to BF16/FP16/FP8 (mesh.numerics). `executor_devices`: JAX devices
@@ -39,9 +44,12 @@ class Client:
         first devices)."""
         chips = None if device_assignment is None else \
             [d.id if isinstance(d, Device) else d for d in device_assignment]
-        return LoadedExecutable.from_stablehlo(
+        executable = LoadedExecutable.from_stablehlo(
             self.topology, program, rounding=numerics.Rounding(rounding, seed),
-            executor_devices=executor_devices, device_assignment=chips).load()
+            executor_devices=executor_devices, device_assignment=chips)
+        if check_memory:
+            executable.check_memory()
+        return executable.load()
 
     def buffer_from_pyval(self, array: Any, device: Device | None = None) -> Buffer:
         """Put a host array on a chip (the first one by default)."""

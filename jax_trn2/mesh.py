@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Sequence
 
 import numpy as np
@@ -54,11 +55,32 @@ def make_mesh(axis_shapes: Sequence[int] | None = None,
     if len(names) != len(shapes):
         raise ValueError(f"axis_names {names} and axis_shapes {shapes} differ in length")
     place_mesh(topo, shapes, names, origin)  # the mesh fits the topology, or an error says so
-    _MESH_MACHINES[(shapes, names)] = (topo, None if origin is None else tuple(origin))
+    _remember_machine(shapes, names, topo, None if origin is None else tuple(origin))
     types = tuple(axis_types) if axis_types is not None else (AxisType.Auto,) * len(shapes)
     devices = np.array(host_devices(topo.num_chips)[:math.prod(shapes)],
                        dtype=object).reshape(shapes)
     return Mesh(devices, names, axis_types=types)
+
+
+def _remember_machine(shapes: tuple[int, ...], names: tuple[str, ...], topo: Topology,
+                      origin: tuple[int, ...] | None) -> None:
+    """Record the machine a mesh was made for. jax makes meshes of the same shape, names
+    and devices one object, and the lowered module carries only shape and names, so a
+    mesh made again for another machine moves the first one's programs there too: say so."""
+    before = _MESH_MACHINES.get((shapes, names))
+    if before is not None and before != (topo, origin):
+        warnings.warn(
+            f"make_mesh: a mesh {shapes} {names} was made before for "
+            f"{_machine_text(*before)}; jax treats meshes of the same shape, axis names and "
+            f"devices as one mesh, so programs over either now run on "
+            f"{_machine_text(topo, origin)}. To keep both machines, give the meshes "
+            "different axis names (or pass topology= to jax_trn2.jit)", stacklevel=3)
+    _MESH_MACHINES[(shapes, names)] = (topo, origin)
+
+
+def _machine_text(topo: Topology, origin: tuple[int, ...] | None) -> str:
+    faults = f" ({topo.faults_text()})" if topo.has_faults else ""
+    return f"'{topo.name}'{faults}" + (f" at origin {origin}" if origin is not None else "")
 
 
 def default_axis_names(rank: int) -> tuple[str, ...]:

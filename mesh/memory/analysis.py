@@ -161,8 +161,9 @@ class MemoryAnalysis:
         """Why the program does not fit: which chips, peak vs capacity, what is live."""
         s = self._running
         chips = self.over_capacity()
-        return ("out of HBM: "f"the program needs {s.peak_memory_in_bytes / GIB:.2f} GiB of HBM per chip at "
-                f"its peak, more than the {s.hbm_bytes / GIB:.2f} GiB of a {self.chip.name} "
+        peak, capacity = _gib_pair(s.peak_memory_in_bytes, s.hbm_bytes)
+        return (f"out of HBM: the program needs {peak} of HBM per chip at its peak, more "
+                f"than the {capacity} of a {self.chip.name} "
                 f"(on {_chips_text(chips)}); largest buffers live at the peak: "
                 + "; ".join(describe(b) for b in s.live_at_peak[:LISTED_AT_PEAK]))
 
@@ -188,6 +189,14 @@ def _from(loc: str) -> str:
     if len(parts) == 3 and parts[1].isdigit():
         return f" from {os.path.basename(parts[0])}:{parts[1]}"
     return f" from {loc}" if loc else ""
+
+
+def _gib_pair(peak: int, capacity: int) -> tuple[str, str]:
+    """Peak and capacity in GiB, or in the unit that suits a chip of less than 1 GiB (a
+    topology with its HBM overridden), where GiB would read 0.00."""
+    if capacity >= GIB:
+        return f"{peak / GIB:.2f} GiB", f"{capacity / GIB:.2f} GiB"
+    return bytes_text(peak), bytes_text(capacity)
 
 
 def _chips_text(chips: Sequence[int]) -> str:

@@ -10,11 +10,17 @@ so every chip of the mesh holds the same bytes):
   are stored in pieces, as jax stores a sharded jax.Array, when every use splits them the
   same way (a `Shard`, an output sharding) or they come from an `Unshard`; otherwise each
   chip holds the whole value.
-- Some instructions write no new buffer: `Reshape` is a bitcast, `Shard` of a value stored
+- Some instructions write no new buffer: `Reshape` is a bitcast, and so is a
+  `BroadcastInDim` that only adds dimensions of size 1 in order (a scan's
+  `x[None]` before it is written into the stacked outputs), `Shard` of a value stored
   in those pieces and `Unshard` into them are views. `DynamicUpdateSlice`, a one-operand
   `Scatter` and a loop's carried state write in place into an operand whose buffer dies
   there (XLA's in-place buffer reuse), so a loop-carried value counts once; so does an
   elementwise op into an operand of its size that dies there.
+- A broadcast of a constant that a loop only passes through unchanged (jax hoists such
+  loop invariants, a scan's `jnp.where(mask, x, -1e9)` fill, out of the body) takes no
+  HBM when every reader, in the loop and after it, is an elementwise op or reduction: XLA
+  sinks it back into the body (its WhileLoopConstantSinking pass) and fuses it there.
 - A buffer is allocated when its producer starts and freed when the last instruction
   reading it ends. Arguments are live from the start of the step and outputs to its end;
   an argument lives the whole step unless it is donated (jit's donate_argnums), in which
@@ -40,7 +46,7 @@ from typing import Sequence
 
 from mesh import isa, sharding
 from mesh.isa import control
-from mesh.perf.cost import on_chip_values
+from mesh.perf.cost import STREAMING_CONSUMERS, on_chip_values
 
 ARGUMENT = "argument"
 OUTPUT = "output"
@@ -133,7 +139,7 @@ class _Builder:
             for v in dict.fromkeys(instr.ins):
                 self.users.setdefault(v, []).append(i)
         self.piece_types = self._piece_types()
-        self.on_chip = on_chip_values(program)
+        self.on_chip = on_chip_values(program) | _sunk_constants(program)
         self.root: dict[int, int] = {}  # value -> the value whose buffer it is stored in
         self.pinned: set[int] = set()  # buffers live the whole step (see _pin)
 
@@ -185,10 +191,19 @@ class _Builder:
     def _views(self) -> None:
         """Values that are views of another value's buffer, whatever the timing."""
         for instr in self.program.instructions:
-            if isinstance(instr, isa.Reshape) or (
+            if isinstance(instr, isa.Reshape) or \
+                    self._adds_unit_dims(instr) or (
                     isinstance(instr, (isa.Shard, isa.Unshard)) and
                     self.stored_type(instr.ins[0]).nbytes == self.stored_type(instr.outs[0]).nbytes):
                 self.root[instr.outs[0]] = self.find(instr.ins[0])
+
+    def _adds_unit_dims(self, instr: isa.Instruction) -> bool:
+        """A BroadcastInDim that keeps its operand's elements in order (as many elements,
+        dimensions in order), adding only dimensions of size 1: a bitcast (of a stored
+        operand: one fused into it is written out by it)."""
+        return isinstance(instr, isa.BroadcastInDim) and instr.ins[0] not in self.on_chip and \
+            list(instr.dimensions) == sorted(instr.dimensions) and \
+            self.stored_type(instr.ins[0]).size == self.stored_type(instr.outs[0]).size
 
     def _in_place(self, order: list[int]) -> None:
         """Results written into an operand's buffer that dies at the instruction."""
@@ -311,6 +326,48 @@ class _Builder:
                 inner = tuple(b for b in region.live_at_peak if not set(b.values) & own)
         loc = next((b.loc for b in inner if b.loc), instr.loc)
         return Buffer((), None, best, INSIDE, loc, label, inner=inner)
+
+
+def _sunk_constants(program: isa.Program) -> set[int]:
+    """Broadcasts of constants read only by fusing instructions and by loops that pass them
+    through unchanged, and those loops' copies of them: values XLA never stores (see the
+    module doc)."""
+    producers = {v: instr for instr in program.instructions for v in instr.outs}
+    sunk = set()
+    for instr in program.instructions:
+        if isinstance(instr, isa.BroadcastInDim) and \
+                isinstance(producers.get(instr.ins[0]), isa.Constant):
+            copies = _fused_everywhere(program, instr.outs[0])
+            if copies is not None:
+                sunk |= copies
+    return sunk
+
+
+def _fused_everywhere(program: isa.Program, value: int, yielded: bool = False) -> set[int] | None:
+    """`value` and the results of the loops that carry it unchanged, when every reader of
+    them (inside those loops too) fuses it; None when some reader needs it stored.
+    `yielded`: a loop body's input it yields unchanged (its own output is no reader)."""
+    if value in program.outputs and not yielded:
+        return None
+    found = {value}
+    for instr in program.instructions:
+        if value not in instr.ins or isinstance(instr, STREAMING_CONSUMERS):
+            continue
+        if not isinstance(instr, control.While):
+            return None
+        for k, operand in enumerate(instr.ins):
+            if operand != value:
+                continue
+            state = k < len(instr.outs)
+            if state and instr.body.outputs[k] != instr.body.inputs[k]:
+                return None  # the loop changes it: its state needs a buffer
+            inner = [_fused_everywhere(instr.cond, instr.cond.inputs[k]),
+                     _fused_everywhere(instr.body, instr.body.inputs[k], yielded=state),
+                     _fused_everywhere(program, instr.outs[k]) if state else set()]
+            if any(part is None for part in inner):
+                return None
+            found |= inner[2]
+    return found
 
 
 def _in_place_pairs(instr: isa.Instruction):

@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import pytest
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
@@ -46,3 +47,23 @@ def test_sub_mesh_placed_off_a_failed_chip_runs(rng):
     np.testing.assert_allclose(step(x), x.reshape(4, 4, 2).sum(1), rtol=1e-6)
     chips = [d.id for d in step.lower(x).compile().executable.devices()]
     assert 0 not in chips and chips == [4, 20, 36, 52, 8, 24, 40, 56]
+
+
+def test_a_mesh_made_again_for_another_machine_says_which_machine_its_programs_use():
+    # jax makes equal meshes one object, so the healthy mesh's programs would silently be
+    # costed on the faulty machine: make_mesh warns; distinct axis names keep both.
+    faulty = get_topology("trn2-ultra").with_failed_cable(0, 16)
+    jax_trn2.make_mesh((4, 16), ("rows", "cols"))
+    with pytest.warns(UserWarning, match=r"made before for 'trn2-ultra'; .* now run on "
+                                         r"'trn2-ultra' \(failed links 0->16, 16->0\)"):
+        jax_trn2.make_mesh((4, 16), ("rows", "cols"), topology=faulty)
+    with pytest.warns(UserWarning, match="now run on 'trn2-ultra'. To keep both"):
+        healthy = jax_trn2.make_mesh((4, 16), ("rows", "cols"))
+    broken = jax_trn2.make_mesh((4, 16), ("broken_rows", "broken_cols"), topology=faulty)
+    x = jax.ShapeDtypeStruct((64 * 1024,), np.float32)
+    seconds = [jax_trn2.jit(jax.shard_map(lambda a: lax.psum(a, names[0]), mesh=mesh,
+                                          in_specs=P(names), out_specs=P(names[1])))
+               .lower(x).cost_analysis()["optimal_seconds"]
+               for mesh, names in ((healthy, ("rows", "cols")),
+                                   (broken, ("broken_rows", "broken_cols")))]
+    assert seconds[1] > seconds[0]

@@ -78,6 +78,16 @@ def test_calling_a_program_that_does_not_fit_raises():
         jax_trn2.jit(too_big)(np.float32(1.0))
 
 
+def test_the_client_compiler_refuses_a_program_that_does_not_fit():
+    # PJRT's compile fails with RESOURCE_EXHAUSTED; so does the client's, unless told not
+    # to check.
+    stablehlo = jax.jit(too_big).lower(jax.ShapeDtypeStruct((), jnp.float32)).as_text()
+    client = jax_trn2.client()
+    with pytest.raises(jax_trn2.OutOfHBMError, match=r"needs 107\.\d\d GiB"):
+        client.compile(stablehlo)
+    assert not client.compile(stablehlo, check_memory=False).memory_analysis().fits
+
+
 def test_out_of_hbm_on_every_chip_of_a_mesh():
     mesh = jax_trn2.make_mesh()
     f = jax.shard_map(lambda a: a @ a.T, mesh=mesh, in_specs=P("x"), out_specs=P("x"))

@@ -10,7 +10,7 @@ import pytest
 from mesh import isa
 from mesh.isa import control
 from mesh.machine.chip import ChipSpec
-from mesh.memory import MemoryAnalysis, liveness
+from mesh.memory import MemoryAnalysis, OutOfHBMError, liveness
 
 F32 = isa.TensorType((256, 256), "float32")
 F = F32.nbytes
@@ -150,3 +150,55 @@ def test_a_conditional_adds_its_costliest_branch_beyond_its_results():
     assert stats.peak_memory_in_bytes == 3 * F + index.nbytes
     (inside,) = [b for b in stats.live_at_peak if b.kind == "inside"]
     assert inside.nbytes == F and inside.what == "case branch 1"
+
+
+def loop_with_a_fill(fill_reader):
+    """x = while(x0=T(a), fill=broadcast(-1e9)) { x = T(max(x, fill)) }, the fill passed
+    through unchanged (as jax hoists a scan's loop-invariant `jnp.where` fill), then
+    `fill_reader(out, fill)` after the loop reads the loop's copy of it."""
+    scalar = isa.TensorType((), "float32")
+    cond = program_of([isa.Constant((12,), (), value=np.bool_(True))],
+                      {10: F32, 11: F32, 12: BOOL}, (10, 11), (12,))
+    body = program_of([isa.Elementwise((22,), (20, 21), op="maximum"), transpose(23, 22)],
+                      {20: F32, 21: F32, 22: F32, 23: F32}, (20, 21), (23, 21))
+    instrs = [isa.Constant((1,), (), value=np.float32(-1e9)),
+              isa.BroadcastInDim((2,), (1,), dimensions=(), shape=(256, 256)),
+              transpose(3, 0),
+              control.While((4, 5), (3, 2), cond=cond, body=body, trip_count=8),
+              fill_reader(6, 5)]
+    types = {0: F32, 1: scalar, 2: F32, 3: F32, 4: F32, 5: F32, 6: F32}
+    return program_of(instrs, types, (0,), (4, 6))
+
+
+def test_a_loop_invariant_broadcast_constant_is_sunk_into_the_loop():
+    # The fill is read by an elementwise op in the body and after the loop: XLA sinks it
+    # into the body and fuses it, so it is never stored. Held in the loop: a, the state
+    # and the body's new state (after it: a and the two outputs): 3 F. Read by a transpose
+    # after the loop it must be stored, through the whole loop: 4 F.
+    fused = loop_with_a_fill(lambda out, fill: isa.Elementwise((out,), (4, fill), op="add"))
+    stored = loop_with_a_fill(lambda out, fill: transpose(out, fill))
+    assert liveness(fused).peak_bytes == 3 * F
+    assert liveness(stored).peak_bytes == 4 * F
+
+
+def test_out_of_hbm_on_a_chip_smaller_than_a_gib_gives_sizes_that_read():
+    # The chain needs 3 F = 768 KiB; a chip of 512 KiB (HBM overridden) does not hold it.
+    analysis = MemoryAnalysis(chain(), ChipSpec(hbm_bytes=2 * F))
+    with pytest.raises(OutOfHBMError, match=r"needs 768\.00 KiB of HBM .* than the "
+                                            r"512\.00 KiB of a"):
+        analysis.check()
+
+
+@pytest.mark.parametrize("shape, dimensions, peak", [
+    ((1, 256, 256), (1, 2), 2 * F),  # adds a unit dimension: a bitcast of T(x)
+    ((256, 1, 256), (0, 2), 2 * F),
+    ((2, 256, 256), (1, 2), 4 * F),  # copies: a new buffer of 2 F beside T(x)
+    ((256, 256), (1, 0), 3 * F),  # transposes: a new buffer
+])
+def test_a_broadcast_that_only_adds_unit_dimensions_is_a_view(shape, dimensions, peak):
+    # out = broadcast(T(x)): x, T(x), and out unless it is T(x)'s bytes as they are.
+    instrs = [transpose(1, 0), isa.BroadcastInDim((2,), (1,), dimensions=dimensions,
+                                                  shape=shape)]
+    program = program_of(instrs, {0: F32, 1: F32, 2: isa.TensorType(shape, "float32")},
+                         (0,), (2,))
+    assert liveness(program).peak_bytes == peak
