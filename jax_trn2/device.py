@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -34,7 +35,11 @@ class Buffer:
         # Types jax cannot hold on the host (FP6) stay numpy arrays.
         held = np.asarray(array) if is_emulated(np.dtype(getattr(array, "dtype", None)).name) \
             else None
-        self._array = held if held is not None else jnp.asarray(array)
+        if held is None:
+            # An array keeps its dtype (int64, float64 too); a Python scalar takes jax's default.
+            with jax.enable_x64(hasattr(array, "dtype")):
+                held = jnp.asarray(array)
+        self._array = held
         self.device = device
 
     @property

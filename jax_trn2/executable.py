@@ -205,9 +205,10 @@ class LoadedExecutable:
                         f"execute_sharded: {self.arg_names[i]} at position {d} is a buffer "
                         f"on {arg.device}, but position {d} runs on {devices[d]}: put it there "
                         f"with buffer_from_pyval(array, executable.devices()[{d}])")
-        outs = self._run(*[self._device_input(i, [dev_args[i] for dev_args in per_device_args])
-                           for i in range(len(self.program.inputs))])
-        per_output = [self._device_results(i, o) for i, o in enumerate(outs)]
+        with jax.enable_x64(True):  # 64-bit inputs and outputs of a module keep their type
+            outs = self._run(*[self._device_input(i, [dev_args[i] for dev_args in per_device_args])
+                               for i in range(len(self.program.inputs))])
+            per_output = [self._device_results(i, o) for i, o in enumerate(outs)]
         return [[Buffer(pieces[d], device) for pieces in per_output]
                 for d, device in enumerate(devices)]
 

@@ -181,7 +181,7 @@ class MeshAxesGroups:
     coordinate of the other axes, its members along `axes`, each a mesh axis name and, for a
     sub-axis, its (pre_size, size)."""
 
-    mesh: str
+    mesh: str | tuple[tuple[str, int], ...]  # an sdy.mesh's name, or inline (axis, size)s
     axes: tuple[tuple[str, tuple[int, int] | None], ...]
 
 
@@ -300,8 +300,18 @@ def _mesh_axes_groups(attr) -> MeshAxesGroups:
     for ref in attr.axes:
         ref = hlo.AxisRefAttr(ref)
         sub = ref.sub_axis_info
+        if sub is not None:
+            sub = hlo.SubAxisInfoAttr(sub)
         axes.append((ref.name, None if sub is None else (int(sub.pre_size), int(sub.size))))
-    return MeshAxesGroups(ir.FlatSymbolRefAttr(attr.mesh).value, tuple(axes))
+    mesh = attr.mesh
+    if isinstance(mesh, ir.FlatSymbolRefAttr) or not hlo.MeshAttr.isinstance(mesh):
+        return MeshAxesGroups(ir.FlatSymbolRefAttr(mesh).value, tuple(axes))
+    mesh = hlo.MeshAttr(mesh)
+    if mesh.device_ids is not None and len(mesh.device_ids):
+        raise NotImplementedError(f"replica groups over a mesh with explicit device ids "
+                                  f"({attr}) are not supported")
+    inline = tuple((a.name, int(a.size)) for a in map(hlo.MeshAxisAttr, mesh.axes))
+    return MeshAxesGroups(inline, tuple(axes))
 
 
 _DECODERS: list[tuple[type, Any]] = [

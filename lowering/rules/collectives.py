@@ -25,8 +25,10 @@ def _mode(op: Op) -> str:
 def _process_groups(ctx: LoweringContext, op: Op, complete: bool = True) -> np.ndarray:
     """The op's groups as logical device ids [groups, size]."""
     groups = op.attrs["replica_groups"]
-    if isinstance(groups, MeshAxesGroups):  # axes of an sdy.mesh of the module
-        groups = mesh_axes_groups(ctx.walker.module_mesh(groups.mesh), groups.axes)
+    if isinstance(groups, MeshAxesGroups):  # axes of an sdy.mesh of the module, or inline
+        mesh = ctx.walker.module_mesh(groups.mesh) if isinstance(groups.mesh, str) else \
+            isa.MeshSpec(*map(tuple, zip(*groups.mesh)))
+        groups = mesh_axes_groups(mesh, groups.axes)
     return ctx.grid.process_groups(np.asarray(groups), _mode(op), complete)
 
 

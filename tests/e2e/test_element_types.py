@@ -329,6 +329,24 @@ def test_bitcast_convert_of_booleans_to_booleans_and_bytes():
     np.testing.assert_array_equal(byte, [0b10001101] * 2)
 
 
+
+def test_bitcast_convert_between_complex_widths():
+    """A complex element's bits are its real part's then its imaginary part's, so
+    complex<f64> -> 2 x complex<f32> and back are numpy's views of the same memory
+    (little-endian: the low half of the real part is the first element's real part)."""
+    rng = np.random.default_rng(0)
+    wide = (rng.standard_normal(3) + 1j * rng.standard_normal(3)).astype(np.complex128)
+    text = module("%z: tensor<3xcomplex<f64>>",
+                  "tensor<3x2xcomplex<f32>>, tensor<3xcomplex<f64>>", """
+    %0 = stablehlo.bitcast_convert %z : (tensor<3xcomplex<f64>>) -> tensor<3x2xcomplex<f32>>
+    %1 = stablehlo.bitcast_convert %0 : (tensor<3x2xcomplex<f32>>) -> tensor<3xcomplex<f64>>
+    return %0, %1 : tensor<3x2xcomplex<f32>>, tensor<3xcomplex<f64>>""")
+    narrow, back = run(text, wide)
+    assert (narrow.dtype, back.dtype) == (np.complex64, np.complex128)
+    # compared part by part, bit for bit
+    same_bits(narrow.view(np.float32), wide.view(np.complex64).reshape(3, 2).view(np.float32))
+    same_bits(back.view(np.float64), wide.view(np.float64))
+
 # --- tuples --------------------------------------------------------------------------------
 
 def test_tuples_through_calls_loops_and_main():

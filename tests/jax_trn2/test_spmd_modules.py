@@ -126,6 +126,26 @@ def test_all_gather_modes_keep_rank_order(client, mode, attrs, groups):
         np.testing.assert_array_equal(got[d], X[group_of(groups, d)].ravel(), err_msg=mode)
 
 
+
+def test_all_reduce_over_an_inline_mesh_sub_axis_of_64_bit_integers(client):
+    """Replica groups named by a sub-axis of an inline mesh (what XLA's HLO-to-StableHLO
+    conversion writes): on mesh x=2, y=8 with device d = 8 x + y, the sub-axis "y":(1)2 is
+    y's major factor, so each group is {d, d + 4} for y < 4. The operands are int64 values
+    past 2**32 given per device, which must keep their type."""
+    mesh = ('#stablehlo.mesh<axes = [#stablehlo.mesh_axis<name = "x", size = 2>, '
+            '#stablehlo.mesh_axis<name = "y", size = 8>]>')
+    groups = ("replica_groups = #stablehlo.replica_group_mesh_axes<mesh = " + mesh +
+              ', axes = [#stablehlo.axis_ref<name = "y", sub_axis_info = (1)2>]>')
+    i64 = "tensor<4xi64>"
+    body = collective("all_reduce", [groups, GLOBAL_IDS, CHANNEL], i64, i64, reducer=True)
+    text = module(body.replace("f32", "i64"), i64, arg_type=i64)
+    x = (2 ** 40 * np.arange(N)[:, None] + np.arange(4)[None, :]).astype(np.int64)
+    (got,) = run(client, text, x)
+    assert got.dtype == np.int64
+    for d in range(N):
+        partner = d + 4 if d % 8 < 4 else d - 4
+        np.testing.assert_array_equal(got[d], x[d] + x[partner])
+
 def test_reduce_scatter_flattened_ids(client):
     groups = [[d, d + 8] for d in range(8)]  # replica 0 and 1 of each partition
     attrs = ["scatter_dimension = 0 : i64", groups_attr(groups), GLOBAL_IDS, CHANNEL]

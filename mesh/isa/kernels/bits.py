@@ -49,6 +49,9 @@ def bitcast_convert(x, from_type: str, to_type: str):
     as elements of `to_type`. A wider operand element becomes the last dim of the result
     and a narrower one comes from the operand's last dim, least significant bits first (the
     StableHLO interpreter's order: i1[64] -> i64 puts element 0 in bit 0)."""
+    if from_type != to_type and (from_type in dtypes.COMPLEX_PARTS or
+                                 to_type in dtypes.COMPLEX_PARTS):
+        return _bitcast_complex(x, from_type, to_type)
     from_bits, to_bits = dtypes.bit_width(from_type), dtypes.bit_width(to_type)
     native = {from_type, to_type}.isdisjoint(_BIT_LEVEL_TYPES)
     if native and min(from_bits, to_bits) >= 8:  # whole bytes: XLA's bitcast, same order
@@ -61,6 +64,25 @@ def bitcast_convert(x, from_type: str, to_type: str):
         shifts = np.arange(to_bits // from_bits, dtype=np.uint64) * from_bits
         bits = jnp.bitwise_or.reduce(bits << shifts, axis=-1)
     return _from_unsigned(bits, to_type)
+
+
+def _bitcast_complex(x, from_type: str, to_type: str):
+    """bitcast_convert between complex types of different widths: a complex element is
+    its real part's bits then its imaginary part's (the interpreter's order), so the parts
+    are bitcast as a stream of floats and paired up again."""
+    if from_type not in dtypes.COMPLEX_PARTS or to_type not in dtypes.COMPLEX_PARTS:
+        raise TypeError(f"bitcast_convert between {from_type} and {to_type}: a complex "
+                        "operand needs a complex result and the other way round")
+    from_part, to_part = dtypes.COMPLEX_PARTS[from_type], dtypes.COMPLEX_PARTS[to_type]
+    parts = jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)  # [..., (re, im)]
+    ratio = dtypes.bit_width(from_part) // dtypes.bit_width(to_part)
+    if ratio > 1:  # each part splits: [..., 2, ratio] -> `ratio` complex elements
+        stream = bitcast_convert(parts, from_part, to_part).reshape(*x.shape, ratio, 2)
+    else:  # the last dim's parts combine: [..., n] -> [..., 2, n / 2] -> one element
+        n = x.shape[-1] * 2
+        grouped = parts.reshape(*x.shape[:-1], 2, n // 2)
+        stream = bitcast_convert(grouped, from_part, to_part)
+    return lax.complex(stream[..., 0], stream[..., 1])
 
 
 # Types whose bits are not reachable by XLA's bitcast (booleans, the emulated floats) or
