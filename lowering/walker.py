@@ -61,6 +61,15 @@ class Op:
     def attr(self, name: str, default: Any = None) -> Any:
         return self.attrs[name] if name in self.attrs else default
 
+    @property
+    def backend_config(self) -> dict:
+        """A typed-FFI custom call's configuration: StableHLO's `backend_config` dictionary
+        (as XLA's HLO converts to), or jax's own spelling `mhlo.backend_config`."""
+        for name in ("mhlo.backend_config", "backend_config"):
+            if isinstance(self.attrs.get(name), dict):
+                return self.attrs[name]
+        return {}
+
 
 class ProgramBuilder:
     """Collects instructions and value infos of one program."""

@@ -229,3 +229,24 @@ def test_a_mesh_larger_than_the_topology(rng):
     with pytest.raises(ValueError, match="16 chips"):
         jax_trn2.jit(jnp.sin, in_shardings=NamedSharding(big, P("d")), topology="trn2").lower(
             np.zeros((64,), np.float32))
+
+
+# --- what XLA's HLO spells differently from jax's StableHLO ---------------------------------
+
+def test_ops_hlo_spells_differently_survive_partitioning(rng):
+    """The partitioned module comes back from HLO: erf is mhlo.erf, top_k is mhlo.topk, a
+    LAPACK call returns a tuple and keeps its options (uplo) in `backend_config`, and a
+    host callback finds its function by that config's index."""
+    mesh = cpu_mesh((2, 4), ("a", "b"))
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    seen = []
+
+    def f(x):
+        jax.debug.callback(lambda v: seen.append(np.asarray(v)), x.sum())
+        gram = x[:, :8] @ x[:, :8].T + jnp.eye(8)
+        return jax.lax.erf(x), jax.lax.top_k(x, 3), jnp.linalg.cholesky(gram)
+
+    kwargs = dict(in_shardings=NamedSharding(mesh, P("a", "b")))
+    got = jax_trn2.jit(f, **kwargs)(x)
+    assert len(seen) == 1  # the callback's operand is replicated: it runs once, as on CPU
+    assert_matches(got, jax.jit(f, **kwargs)(x))
