@@ -250,3 +250,25 @@ def test_ops_hlo_spells_differently_survive_partitioning(rng):
     got = jax_trn2.jit(f, **kwargs)(x)
     assert len(seen) == 1  # the callback's operand is replicated: it runs once, as on CPU
     assert_matches(got, jax.jit(f, **kwargs)(x))
+
+
+def test_ordered_effects_and_donation_in_a_partitioned_program(rng):
+    """The partitioned module keeps jax's token argument and result for ordered effects:
+    they are made on the chip, not passed, and donations count the arguments after it."""
+    from jax.experimental import io_callback
+
+    mesh = cpu_mesh((4, 2), ("a", "b"))
+    x = rng.standard_normal((8, 4)).astype(np.float32)
+    seen = []
+
+    def f(x, y):
+        z = io_callback(lambda a: seen.append(1) or np.asarray(a) + 1,
+                        jax.ShapeDtypeStruct(x.shape, x.dtype), x, ordered=True)
+        return jnp.sin(z) @ y.T, y * 2
+
+    kwargs = dict(in_shardings=NamedSharding(mesh, P("a", "b")), donate_argnums=1)
+    step = jax_trn2.jit(f, **kwargs)
+    assert step.lower(x, x).memory_analysis().alias_size_in_bytes == x.nbytes // 8
+    got = step(x, x)
+    assert seen == [1]
+    assert_matches(got, jax.jit(f, **kwargs)(x, x))
