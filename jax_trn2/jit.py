@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 from jax import tree_util
+from jax._src import config as jax_config
 
 from jax_trn2 import compose
 from jax_trn2.executable import LoadedExecutable
@@ -208,8 +209,10 @@ class Jitted:
         if compose.has_tracers(leaves):  # under a JAX transformation (jax_trn2.compose)
             return compose.call_traced(self._fun, dict(static), leaves, tree,
                                        self._topology, self.rounding)
+        # jax.jit's trace context too: the mesh of jax.set_mesh (PartitionSpecs and
+        # constraints name its axes), x64, default matmul precision, ...
         key = (self.rounding, static, tree, tuple(jax.typeof(leaf) for leaf in leaves),
-               tuple(_committed_sharding(leaf) for leaf in leaves))
+               tuple(_committed_sharding(leaf) for leaf in leaves), jax_config.trace_context())
         compiled = self._cache.get(key)
         if compiled is None:
             compiled = self.lower(*args, **kwargs).compile()

@@ -85,6 +85,17 @@ def test_cache_hit_does_not_lower_again(monkeypatch):
     assert len(lowerings) == 3
 
 
+def test_cache_is_per_mesh_context():
+    """As jax.jit's: a program traced under jax.set_mesh(m) is not reused under another
+    mesh, whose axes its PartitionSpecs may not even name."""
+    step = jax_trn2.jit(lambda x: jax.lax.with_sharding_constraint(x * 2, P("y")))
+    with jax.set_mesh(jax_trn2.make_mesh((2, 4), ("x", "y"))):
+        np.testing.assert_array_equal(step(X), X * 2)
+    with jax.set_mesh(jax_trn2.make_mesh((8,), ("x",))):
+        with pytest.raises(ValueError, match="Resource axis: y"):
+            step(X)
+
+
 def test_single_chip_program():
     f = lambda x, w: jax.nn.relu(x @ w).sum(axis=0)  # noqa: E731
     lowered = jax_trn2.jit(f).lower(X, W)
