@@ -96,6 +96,18 @@ def test_cache_is_per_mesh_context():
             step(X)
 
 
+def test_typed_prng_keys_in_and_out():
+    """jax.random.key arrays go in as their key data and come back as key arrays."""
+    def f(key, x):
+        return jax.random.split(key), x + jax.random.uniform(key, x.shape)
+
+    key = jax.random.key(1)
+    got, want = jax_trn2.jit(f)(key, X), jax.jit(f)(key, X)
+    assert got[0].dtype == want[0].dtype
+    np.testing.assert_array_equal(jax.random.key_data(got[0]), jax.random.key_data(want[0]))
+    np.testing.assert_array_equal(got[1], want[1])  # bit operations and one FP32 add
+
+
 def test_single_chip_program():
     f = lambda x, w: jax.nn.relu(x @ w).sum(axis=0)  # noqa: E731
     lowered = jax_trn2.jit(f).lower(X, W)
