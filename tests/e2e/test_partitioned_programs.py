@@ -272,3 +272,8 @@ def test_ordered_effects_and_donation_in_a_partitioned_program(rng):
     got = step(x, x)
     assert seen == [1]
     assert_matches(got, jax.jit(f, **kwargs)(x, x))
+
+
+def test_a_function_without_results(rng, mesh):
+    x = rng.standard_normal((8,)).astype(np.float32)
+    assert jax_trn2.jit(lambda x: (), in_shardings=NamedSharding(mesh, P("data")))(x) == ()
