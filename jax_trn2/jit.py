@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 from jax import tree_util
+from jax._src import config as jax_config
 
 from jax_trn2 import compose
 from jax_trn2.executable import LoadedExecutable
@@ -20,13 +21,26 @@ from mesh.memory import MemoryStats
 UNSPECIFIED = inspect.signature(jax.jit).parameters["in_shardings"].default
 
 
+def _is_key(dtype: Any) -> bool:
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
 def _canonical(leaf: Any) -> Any:
-    """A host array in the type jax.jit traced it as (float64 -> float32 without x64)."""
+    """An argument as the module takes it: a host array in the type jax.jit traced it as
+    (float64 -> float32 without x64), a typed PRNG key array as its key data (uint32)."""
     if isinstance(leaf, np.ndarray):
         canonical = jax.dtypes.canonicalize_dtype(leaf.dtype)
         if canonical != leaf.dtype:
             return leaf.astype(canonical)
+    if isinstance(leaf, jax.Array) and _is_key(leaf.dtype):
+        return jax.random.key_data(leaf)
     return leaf
+
+
+def _typed(result: Any, dtype: Any) -> Any:
+    """A result as jax.jit returns it: key data back into a typed PRNG key array (of the
+    key type's implementation; jax has no public accessor for a key dtype's)."""
+    return jax.random.wrap_key_data(result, impl=dtype._impl) if _is_key(dtype) else result
 
 
 def _committed_sharding(leaf: Any) -> Any:
@@ -58,10 +72,12 @@ def _check_hashable(static: tuple) -> None:
 class Compiled:
     """A compiled function: call it with the dynamic arguments it was lowered for."""
 
-    def __init__(self, executable: LoadedExecutable, in_tree, out_tree):
+    def __init__(self, executable: LoadedExecutable, in_tree, out_tree,
+                 out_dtypes: Sequence[Any]):
         self.executable = executable
         self.in_tree = in_tree
         self.out_tree = out_tree
+        self.out_dtypes = tuple(out_dtypes)
 
     def __call__(self, *args, **kwargs) -> Any:
         leaves, tree = tree_util.tree_flatten((args, kwargs))
@@ -73,7 +89,9 @@ class Compiled:
     def call_flat(self, leaves: Sequence[Any]) -> Any:
         """Run on the flattened dynamic arguments; returns the output pytree."""
         leaves = [_canonical(leaf) for leaf in leaves]
-        return tree_util.tree_unflatten(self.out_tree, self.executable.execute(leaves))
+        results = self.executable.execute(leaves)
+        return tree_util.tree_unflatten(self.out_tree, [
+            _typed(r, dtype) for r, dtype in zip(results, self.out_dtypes, strict=True)])
 
     def as_text(self) -> str:
         """The Trn2 program listing with an estimated start and duration on every line,
@@ -142,7 +160,8 @@ class Lowered:
         them; `check_memory=False` compiles it anyway (it still runs on the simulator)."""
         if check_memory:
             self._executable.check_memory()
-        return Compiled(self._executable.load(), self.in_tree, self.out_tree)
+        out_dtypes = [info.dtype for info in tree_util.tree_leaves(self._jax_lowered.out_info)]
+        return Compiled(self._executable.load(), self.in_tree, self.out_tree, out_dtypes)
 
 
 class Jitted:
@@ -208,8 +227,10 @@ class Jitted:
         if compose.has_tracers(leaves):  # under a JAX transformation (jax_trn2.compose)
             return compose.call_traced(self._fun, dict(static), leaves, tree,
                                        self._topology, self.rounding)
+        # jax.jit's trace context too: the mesh of jax.set_mesh (PartitionSpecs and
+        # constraints name its axes), x64, default matmul precision, ...
         key = (self.rounding, static, tree, tuple(jax.typeof(leaf) for leaf in leaves),
-               tuple(_committed_sharding(leaf) for leaf in leaves))
+               tuple(_committed_sharding(leaf) for leaf in leaves), jax_config.trace_context())
         compiled = self._cache.get(key)
         if compiled is None:
             compiled = self.lower(*args, **kwargs).compile()

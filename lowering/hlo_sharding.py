@@ -60,6 +60,8 @@ def elements(text: str, count: int) -> list[str]:
     parts = [str(e) for e in sharding.tuple_elements()]
     if not parts:
         return [text] * count
+    if count == 0 and len(parts) == 1:  # XLA gives the empty tuple one element: `{{replicated}}`
+        return []
     if len(parts) != count:
         raise ValueError(f"tuple sharding {text} has {len(parts)} elements for {count} values")
     return parts

@@ -87,15 +87,18 @@ def partition(module: ir.Module, num_devices: int) -> ir.Module:
             ("xla_dump_hlo_as_proto", True), ("xla_dump_hlo_as_text", True),
             ("xla_backend_optimization_level", 0),  # only the partitioned module is wanted
         ]
+        failure = None
         try:
             client.compile_and_load(jax_mlir.module_to_bytecode(module),
                                     xla_client.DeviceList(tuple(client.devices())), options)
         except Exception as e:  # jaxlib raises its own XlaRuntimeError
-            raise LoweringError(f"XLA's SPMD partitioner rejected the program: {e}") from None
+            failure = e  # after partitioning, XLA:CPU's code generation may lack an op
         dumps = sorted(glob.glob(os.path.join(dump, f"*after_{_DUMP_PASS}*.hlo.pb")))
         if not dumps:
-            raise LoweringError("XLA's SPMD partitioner left no partitioned module "
-                                f"(no *after_{_DUMP_PASS}* dump)")
+            raise LoweringError(
+                f"XLA's SPMD partitioner rejected the program: {failure}" if failure else
+                f"XLA's SPMD partitioner left no partitioned module (no *after_{_DUMP_PASS}* "
+                "dump)")
         with open(dumps[0], "rb") as f:
             hlo_proto = f.read()
         with open(dumps[0][:-len(".hlo.pb")] + ".txt") as f:

@@ -61,6 +61,15 @@ class Op:
     def attr(self, name: str, default: Any = None) -> Any:
         return self.attrs[name] if name in self.attrs else default
 
+    @property
+    def backend_config(self) -> dict:
+        """A typed-FFI custom call's configuration: StableHLO's `backend_config` dictionary
+        (as XLA's HLO converts to), or jax's own spelling `mhlo.backend_config`."""
+        for name in ("mhlo.backend_config", "backend_config"):
+            if isinstance(self.attrs.get(name), dict):
+                return self.attrs[name]
+        return {}
+
 
 class ProgramBuilder:
     """Collects instructions and value infos of one program."""
@@ -291,6 +300,9 @@ class Walker:
         in_shardings = attrs[partition.PARAMETER_SHARDINGS_ATTR]
         inputs, pieces, input_shardings = [], [], []
         for i, argument in enumerate(block.arguments):
+            if mlir.is_token(argument.type):  # made on the chip, not passed (as in `lower`)
+                pieces.append(_token(builder))
+                continue
             local = _argument_type(i, argument)
             if isinstance(local, mlir.TupleType):
                 raise UnsupportedOpError(f"argument {i} of @main has tuple type {local}: "
@@ -311,7 +323,9 @@ class Walker:
         results = self.lower_block(block, pieces, builder)
         outputs, output_shardings = [], []
         out_texts = hlo_sharding.elements(attrs[partition.OUTPUT_SHARDING_ATTR], len(results))
-        for value, text in zip(results, out_texts):
+        for value, text, returned in zip(results, out_texts, _terminator(block).operands):
+            if mlir.is_token(returned.type):  # jax's callers never see tokens
+                continue
             local = builder.values[value].type
             dim_axes = self._tiled_axes(text, local.rank)
             output_shardings.append(dim_axes if any(dim_axes) else None)
@@ -325,16 +339,21 @@ class Walker:
                                donated_inputs=self._donations())
 
     def _donations(self) -> tuple[tuple[int, int | None], ...]:
-        """main's donated arguments as jax marks them: (argument, aliased output or None)."""
+        """main's donated arguments as jax marks them: (input, aliased output or None), as
+        positions among the program's inputs and outputs (tokens are neither, a tuple is
+        its leaves)."""
+        block = self.function_block("main")
+        inputs = _leaf_positions(a.type for a in block.arguments)
+        outputs = _leaf_positions(v.type for v in _terminator(block).operands)
         attrs = mlir.Attributes(self.functions["main"]).get("arg_attrs", ())
         donated = []
         for i, entry in enumerate(attrs):
-            if not isinstance(entry, dict):
+            if not isinstance(entry, dict) or inputs[i] is None:
                 continue
             if "tf.aliasing_output" in entry:
-                donated.append((i, int(entry["tf.aliasing_output"])))
+                donated.append((inputs[i], outputs[int(entry["tf.aliasing_output"])]))
             elif entry.get("jax.buffer_donor"):
-                donated.append((i, None))
+                donated.append((inputs[i], None))
         return tuple(donated)
 
     def _tiled_axes(self, text: str, rank: int) -> tuple[tuple[int, ...], ...]:
@@ -466,6 +485,20 @@ def _token(builder: ProgramBuilder) -> int:
     value = builder.new_value(mlir.TOKEN_TYPE, frozenset())
     builder.instructions.append(isa.Constant((value,), (), value=np.zeros((), bool)))
     return value
+
+
+def _leaf_positions(types) -> list[int | None]:
+    """Where each of main's arguments (or results) of these MLIR types starts among the
+    program's inputs (or outputs): tokens take no place (None), a tuple one per leaf."""
+    positions, count = [], 0
+    for t in types:
+        if mlir.is_token(t):
+            positions.append(None)
+            continue
+        positions.append(count)
+        type_ = mlir.value_type(t)
+        count += len(type_.leaves()) if isinstance(type_, mlir.TupleType) else 1
+    return positions
 
 
 def _terminator(block):

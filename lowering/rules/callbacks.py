@@ -2,8 +2,9 @@
 the tokens that order effects.
 
 jax lowers a callback for CPU to `stablehlo.custom_call @xla_ffi_python_cpu_callback` with
-`mhlo.backend_config = {index = i}`; the Python function is entry i of the host callbacks
-jax keeps beside the module (jax_trn2.jit passes them on). It becomes an isa.HostCallback,
+`mhlo.backend_config = {index = i}` (StableHLO's `backend_config` once XLA has partitioned
+the module); the Python function is entry i of the host callbacks jax keeps beside the
+module (jax_trn2.jit passes them on). It becomes an isa.HostCallback,
 run on the host once per chip (mesh.isa.kernels.callbacks).
 """
 
@@ -29,7 +30,10 @@ def host_callback(ctx: LoweringContext, op: Op):
                 "a host callback (jax.debug.print, jax.debug.callback, jax.pure_callback or "
                 "io_callback)")
     callbacks = ctx.walker.host_callbacks
-    index = int(op.attrs["mhlo.backend_config"]["index"])
+    index = op.backend_config.get("index")
+    if index is None:
+        raise ValueError(f"{kind}: the custom call's backend config names no callback index")
+    index = int(index)
     if callbacks is None or index >= len(callbacks):
         raise NotImplementedError(
             f"{kind} needs its Python function, which this module was given without: "

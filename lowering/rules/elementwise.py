@@ -28,9 +28,14 @@ def _emit_elementwise(ctx: LoweringContext, op: Op, /, **params) -> tuple[int, .
         ctx.emit(isa.Elementwise, op, **params)
 
 
+# HLO has an erf op but StableHLO does not: a module XLA partitioned (converted back from
+# HLO) spells chlo.erf mhlo.erf.
+MHLO = frozenset({"erf"})
+
 for _name in list(UNARY) + list(BINARY) + ["select", "clamp", "convert", "bitcast_convert"]:
     _dialects = ("chlo", "stablehlo") if _name == "tan" else \
         ("chlo",) if _name in CHLO else ("stablehlo",)
+    _dialects += ("mhlo",) if _name in MHLO else ()
     rule(*(f"{d}.{_name}" for d in _dialects))(_elementwise)
 
 

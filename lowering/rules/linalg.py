@@ -10,15 +10,14 @@ from lowering.walker import LoweringContext, Op
 from mesh import isa
 
 ROUTINES = ("potrf", "getrf", "geqrf", "orgqr", "syevd", "gesdd", "trsm")
-# LAPACK's character options, as jax's FFI calls name them in mhlo.backend_config
+# LAPACK's character options, as jax's FFI calls name them in their backend config
 OPTION_NAMES = {"uplo": "uplo", "side": "side", "trans_x": "trans", "diag": "diag",
                 "mode": "mode"}
 
 
 def _lapack(routine: str):
     def lower(ctx: LoweringContext, op: Op):
-        config = op.attr("mhlo.backend_config", {}) or {}
-        options = tuple(sorted((OPTION_NAMES[k], chr(int(v))) for k, v in config.items()
+        options = tuple(sorted((OPTION_NAMES[k], chr(int(v))) for k, v in op.backend_config.items()
                                if k in OPTION_NAMES))
         return ctx.emit(isa.LinearAlgebra, op, routine=routine, options=options)
     return lower

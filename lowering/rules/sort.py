@@ -32,8 +32,13 @@ def sort(ctx: LoweringContext, op: Op):
                     comparator=None if num_keys else comparator)
 
 
-@rule("chlo.top_k")
+@rule("chlo.top_k", "mhlo.topk")
 def top_k(ctx: LoweringContext, op: Op):
+    """chlo.top_k; mhlo.topk is how it reads in a module XLA partitioned (converted back from
+    HLO), whose `largest = false` (the k smallest) jax never emits."""
+    if not op.attr("largest", True):
+        raise NotImplementedError("mhlo.topk with largest = false (the k smallest elements) "
+                                  "is not supported by jax-trn2")
     return ctx.emit(isa.TopK, op, k=op.attrs["k"])
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from lowering import mlir
 from lowering.registry import CUSTOM_CALL_RULES, rule
-from lowering.walker import LoweringContext, Op
+from lowering.walker import LoweringContext, Op, values_of
 from mesh import isa
 from mesh.isa.control import Composite
 
@@ -83,12 +86,23 @@ def identity(ctx: LoweringContext, op: Op):
 def custom_call(ctx: LoweringContext, op: Op):
     target = op.attrs["call_target_name"]
     if target in CUSTOM_CALL_RULES:
+        if len(op.result_types) == 1 and isinstance(op.result_types[0], mlir.TupleType):
+            return _tuple_result(CUSTOM_CALL_RULES[target], ctx, op)
         return CUSTOM_CALL_RULES[target](ctx, op)
     if target == "CustomSPMDPartitioning":
         raise NotImplementedError(
             "jax.experimental.custom_partitioning partitions with a Python callback that "
             "jax-trn2 cannot run: write the partitioned computation with jax.shard_map")
     raise NotImplementedError(f"stablehlo.custom_call @{target} is not supported by jax-trn2")
+
+
+def _tuple_result(target_rule, ctx: LoweringContext, op: Op):
+    """A custom call with one tuple result (as HLO spells several results, e.g. after XLA
+    partitioned the module) is the call with the tuple's leaves as results, kept together
+    as the tuple."""
+    (tuple_type,) = op.result_types
+    results = iter(target_rule(ctx, dataclasses.replace(op, result_types=tuple_type.leaves())))
+    return (values_of(tuple_type, lambda _: next(results)),)
 
 
 @rule("sdy.sharding_group")

@@ -101,6 +101,19 @@ def test_ordered_io_callback_runs_in_program_order():
     assert seen == [("first", 6.0), ("second", 3.0)]
 
 
+def test_ordered_effect_with_donation_aliases_the_donated_argument():
+    """The token jax passes first for ordered effects is no input: donations count the
+    arguments after it (a donated x aliases the x-shaped result)."""
+    def f(x, y):
+        io_callback(lambda a: None, None, y.sum(), ordered=True)
+        return y.sum(), x * 2
+
+    x, y = np.ones((4, 8), np.float32), np.ones((3,), np.float32)
+    step = jax_trn2.jit(f, donate_argnums=0)
+    assert step.lower(x, y).memory_analysis().alias_size_in_bytes == x.nbytes
+    np.testing.assert_array_equal(step(x, y)[1], x * 2)
+
+
 def test_listing_shows_the_callback_and_its_round_trip():
     def f(x):
         jax.debug.print("{x}", x=x)

@@ -229,3 +229,60 @@ def test_a_mesh_larger_than_the_topology(rng):
     with pytest.raises(ValueError, match="16 chips"):
         jax_trn2.jit(jnp.sin, in_shardings=NamedSharding(big, P("d")), topology="trn2").lower(
             np.zeros((64,), np.float32))
+
+
+# --- what XLA's HLO spells differently from jax's StableHLO ---------------------------------
+
+def test_ops_hlo_spells_differently_survive_partitioning(rng):
+    """The partitioned module comes back from HLO: erf is mhlo.erf, top_k is mhlo.topk, a
+    LAPACK call returns a tuple and keeps its options (uplo) in `backend_config`, and a
+    host callback finds its function by that config's index."""
+    mesh = cpu_mesh((2, 4), ("a", "b"))
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    seen = []
+
+    def f(x):
+        jax.debug.callback(lambda v: seen.append(np.asarray(v)), x.sum())
+        gram = x[:, :8] @ x[:, :8].T + jnp.eye(8)
+        return jax.lax.erf(x), jax.lax.top_k(x, 3), jnp.linalg.cholesky(gram)
+
+    kwargs = dict(in_shardings=NamedSharding(mesh, P("a", "b")))
+    got = jax_trn2.jit(f, **kwargs)(x)
+    assert len(seen) == 1  # the callback's operand is replicated: it runs once, as on CPU
+    assert_matches(got, jax.jit(f, **kwargs)(x))
+
+
+def test_ordered_effects_and_donation_in_a_partitioned_program(rng):
+    """The partitioned module keeps jax's token argument and result for ordered effects:
+    they are made on the chip, not passed, and donations count the arguments after it."""
+    from jax.experimental import io_callback
+
+    mesh = cpu_mesh((4, 2), ("a", "b"))
+    x = rng.standard_normal((8, 4)).astype(np.float32)
+    seen = []
+
+    def f(x, y):
+        z = io_callback(lambda a: seen.append(1) or np.asarray(a) + 1,
+                        jax.ShapeDtypeStruct(x.shape, x.dtype), x, ordered=True)
+        return jnp.sin(z) @ y.T, y * 2
+
+    kwargs = dict(in_shardings=NamedSharding(mesh, P("a", "b")), donate_argnums=1)
+    step = jax_trn2.jit(f, **kwargs)
+    assert step.lower(x, x).memory_analysis().alias_size_in_bytes == x.nbytes // 8
+    got = step(x, x)
+    assert seen == [1]
+    assert_matches(got, jax.jit(f, **kwargs)(x, x))
+
+
+def test_a_function_without_results(rng, mesh):
+    x = rng.standard_normal((8,)).astype(np.float32)
+    assert jax_trn2.jit(lambda x: (), in_shardings=NamedSharding(mesh, P("data")))(x) == ()
+
+
+def test_what_xla_cpu_cannot_compile_after_partitioning(rng):
+    """Only the partitioned module is wanted: XLA:CPU failing later (it has no all-reduce
+    of int2) does not stop the program, whose maxima are checked against numpy."""
+    mesh = cpu_mesh((2, 4), ("a", "b"))
+    x = rng.integers(-2, 2, (8, 16)).astype(jnp.int2)
+    f = jax_trn2.jit(lambda x: x.max(1), in_shardings=NamedSharding(mesh, P("a", "b")))
+    np.testing.assert_array_equal(np.asarray(f(x), np.int8), np.asarray(x, np.int8).max(1))

@@ -85,6 +85,29 @@ def test_cache_hit_does_not_lower_again(monkeypatch):
     assert len(lowerings) == 3
 
 
+def test_cache_is_per_mesh_context():
+    """As jax.jit's: a program traced under jax.set_mesh(m) is not reused under another
+    mesh, whose axes its PartitionSpecs may not even name."""
+    step = jax_trn2.jit(lambda x: jax.lax.with_sharding_constraint(x * 2, P("y")))
+    with jax.set_mesh(jax_trn2.make_mesh((2, 4), ("x", "y"))):
+        np.testing.assert_array_equal(step(X), X * 2)
+    with jax.set_mesh(jax_trn2.make_mesh((8,), ("x",))):
+        with pytest.raises(ValueError, match="Resource axis: y"):
+            step(X)
+
+
+def test_typed_prng_keys_in_and_out():
+    """jax.random.key arrays go in as their key data and come back as key arrays."""
+    def f(key, x):
+        return jax.random.split(key), x + jax.random.uniform(key, x.shape)
+
+    key = jax.random.key(1)
+    got, want = jax_trn2.jit(f)(key, X), jax.jit(f)(key, X)
+    assert got[0].dtype == want[0].dtype
+    np.testing.assert_array_equal(jax.random.key_data(got[0]), jax.random.key_data(want[0]))
+    np.testing.assert_array_equal(got[1], want[1])  # bit operations and one FP32 add
+
+
 def test_single_chip_program():
     f = lambda x, w: jax.nn.relu(x @ w).sum(axis=0)  # noqa: E731
     lowered = jax_trn2.jit(f).lower(X, W)

@@ -63,3 +63,17 @@ def test_tilings_no_mesh_makes_are_errors(texts, devices, message):
 def test_tuple_sharding_is_unsupported():
     with pytest.raises(NotImplementedError, match="tuple sharding"):
         hlo_sharding.parse("{{replicated}, {manual}}")
+
+
+@pytest.mark.parametrize("text, count, elements", [
+    ("{{replicated}, {devices=[2]<=[2]}}", 2, ["{replicated}", "{devices=[2]<=[2]}"]),
+    ("{devices=[2]<=[2]}", 3, ["{devices=[2]<=[2]}"] * 3),
+    ("{{replicated}}", 0, []),  # XLA's sharding of an empty tuple (a function without results)
+])
+def test_elements_of_a_module_output_sharding(text, count, elements):
+    assert hlo_sharding.elements(text, count) == elements
+
+
+def test_elements_of_the_wrong_count_are_an_error():
+    with pytest.raises(ValueError, match="2 elements for 3 values"):
+        hlo_sharding.elements("{{replicated}, {replicated}}", 3)
