@@ -38,7 +38,7 @@ class Region:
 
     @property
     def arg_types(self) -> tuple[isa.TensorType, ...]:
-        return tuple(mlir.tensor_type(a.type) for a in self.block.arguments)
+        return tuple(mlir.value_type(a.type) for a in self.block.arguments)
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,15 @@ class Op:
 
     def attr(self, name: str, default: Any = None) -> Any:
         return self.attrs[name] if name in self.attrs else default
+
+    def ffi_config(self) -> dict[str, Any]:
+        """A typed-FFI custom call's attributes: `mhlo.backend_config` as jax emits it, or
+        `backend_config` as a dictionary once XLA has rewritten the module (the SPMD
+        partitioner's output)."""
+        for name in ("mhlo.backend_config", "backend_config"):
+            if isinstance(self.attrs.get(name), Mapping):
+                return dict(self.attrs[name])
+        return {}
 
 
 class ProgramBuilder:

@@ -2,7 +2,7 @@
 the tokens that order effects.
 
 jax lowers a callback for CPU to `stablehlo.custom_call @xla_ffi_python_cpu_callback` with
-`mhlo.backend_config = {index = i}`; the Python function is entry i of the host callbacks
+`mhlo.backend_config = {index = i}` (`backend_config` after XLA's partitioner); the Python function is entry i of the host callbacks
 jax keeps beside the module (jax_trn2.jit passes them on). It becomes an isa.HostCallback,
 run on the host once per chip (mesh.isa.kernels.callbacks).
 """
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from lowering import mlir
 from lowering.registry import custom_call_rule, rule
-from lowering.walker import LoweringContext, Op
+from lowering.walker import LoweringContext, Op, values_of
 from mesh import isa
 
 CALLBACK_TARGETS = ("xla_ffi_python_cpu_callback", "xla_ffi_partitioned_python_cpu_callback",
@@ -29,15 +30,21 @@ def host_callback(ctx: LoweringContext, op: Op):
                 "a host callback (jax.debug.print, jax.debug.callback, jax.pure_callback or "
                 "io_callback)")
     callbacks = ctx.walker.host_callbacks
-    index = int(op.attrs["mhlo.backend_config"]["index"])
+    index = int(op.ffi_config()["index"])
     if callbacks is None or index >= len(callbacks):
         raise NotImplementedError(
             f"{kind} needs its Python function, which this module was given without: "
             "call the function through jax_trn2.jit, which passes jax's host callbacks "
             "along (a StableHLO file or text given to Client.compile does not carry them)")
     every_axis = frozenset(range(ctx.walker.mesh.rank))
-    return ctx.emit(isa.HostCallback, op, varying=every_axis, callback=callbacks[index],
-                    kind=kind, has_side_effect=bool(op.attr("has_side_effect", False)))
+    # XLA's partitioner rewrites the results as one tuple (`tuple<>` when there are none):
+    # the callback returns the leaves, regrouped as the op's results
+    leaf_types = [leaf for t in op.result_types
+                  for leaf in (t.leaves() if isinstance(t, mlir.TupleType) else (t,))]
+    outs = iter(ctx.emit(isa.HostCallback, op, out_types=leaf_types, varying=every_axis,
+                         callback=callbacks[index], kind=kind,
+                         has_side_effect=bool(op.attr("has_side_effect", False))))
+    return tuple(values_of(t, lambda _: next(outs)) for t in op.result_types)
 
 
 @rule("stablehlo.create_token", "stablehlo.after_all")

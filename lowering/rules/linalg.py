@@ -24,7 +24,7 @@ FLAG_NAMES = {"left": ("side", "L", "R"), "transpose": ("trans", "T", "N")}
 
 
 def _options(op: Op) -> tuple[tuple[str, str], ...]:
-    config = op.attr("mhlo.backend_config", {}) or {}
+    config = op.ffi_config()
     options = [(OPTION_NAMES[k], chr(int(v))) for k, v in config.items() if k in OPTION_NAMES]
     options += [(FLAG_NAMES[k][0], FLAG_NAMES[k][1 if v else 2])
                 for k, v in config.items() if k in FLAG_NAMES]
