@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from lowering import mlir
 from lowering.registry import custom_call_rule, rule
-from lowering.walker import LoweringContext, Op, values_of
+from lowering.walker import LoweringContext, Op
 from mesh import isa
 
 CALLBACK_TARGETS = ("xla_ffi_python_cpu_callback", "xla_ffi_partitioned_python_cpu_callback",
@@ -37,14 +36,8 @@ def host_callback(ctx: LoweringContext, op: Op):
             "call the function through jax_trn2.jit, which passes jax's host callbacks "
             "along (a StableHLO file or text given to Client.compile does not carry them)")
     every_axis = frozenset(range(ctx.walker.mesh.rank))
-    # XLA's partitioner rewrites the results as one tuple (`tuple<>` when there are none):
-    # the callback returns the leaves, regrouped as the op's results
-    leaf_types = [leaf for t in op.result_types
-                  for leaf in (t.leaves() if isinstance(t, mlir.TupleType) else (t,))]
-    outs = iter(ctx.emit(isa.HostCallback, op, out_types=leaf_types, varying=every_axis,
-                         callback=callbacks[index], kind=kind,
-                         has_side_effect=bool(op.attr("has_side_effect", False))))
-    return tuple(values_of(t, lambda _: next(outs)) for t in op.result_types)
+    return ctx.emit(isa.HostCallback, op, varying=every_axis, callback=callbacks[index],
+                    kind=kind, has_side_effect=bool(op.attr("has_side_effect", False)))
 
 
 @rule("stablehlo.create_token", "stablehlo.after_all")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from lowering import mlir
 from lowering.registry import CUSTOM_CALL_RULES, rule
-from lowering.walker import LoweringContext, Op
+from lowering.walker import LoweringContext, Op, values_of
 from mesh import isa
 from mesh.isa.control import Composite
 
@@ -83,12 +86,24 @@ def identity(ctx: LoweringContext, op: Op):
 def custom_call(ctx: LoweringContext, op: Op):
     target = op.attrs["call_target_name"]
     if target in CUSTOM_CALL_RULES:
-        return CUSTOM_CALL_RULES[target](ctx, op)
+        return _with_tuple_results(ctx, op, CUSTOM_CALL_RULES[target])
     if target == "CustomSPMDPartitioning":
         raise NotImplementedError(
             "jax.experimental.custom_partitioning partitions with a Python callback that "
             "jax-trn2 cannot run: write the partitioned computation with jax.shard_map")
     raise NotImplementedError(f"stablehlo.custom_call @{target} is not supported by jax-trn2")
+
+
+def _with_tuple_results(ctx: LoweringContext, op: Op, target_rule) -> tuple:
+    """The target's rule, given the op's results as a flat list of tensors: XLA's
+    partitioner returns a custom call's several results (or none) as one tuple (`tuple<>`
+    when there are none), which get_tuple_element then takes apart."""
+    if not any(isinstance(t, mlir.TupleType) for t in op.result_types):
+        return target_rule(ctx, op)
+    leaf_types = tuple(leaf for t in op.result_types
+                       for leaf in (t.leaves() if isinstance(t, mlir.TupleType) else (t,)))
+    outs = iter(target_rule(ctx, dataclasses.replace(op, result_types=leaf_types)))
+    return tuple(values_of(t, lambda _: next(outs)) for t in op.result_types)
 
 
 @rule("sdy.sharding_group")
