@@ -37,9 +37,12 @@ class Trn2CallPrimitive(core.CallPrimitive):
 trn2_call_p = Trn2CallPrimitive("trn2_call")
 
 
-def has_tracers(leaves: list[Any]) -> bool:
-    """True when a call is being traced by a JAX transformation (not evaluated)."""
-    return any(isinstance(leaf, core.Tracer) for leaf in leaves)
+def is_traced(leaves: list[Any]) -> bool:
+    """True when a call is being traced by a JAX transformation (not evaluated): an argument
+    is a tracer, or a transformation is tracing the code that makes the call with concrete
+    arguments closed over (as `checkify.checkify` and `jax.make_jaxpr(lambda: f(x))` do)."""
+    return (any(isinstance(leaf, core.Tracer) for leaf in leaves)
+            or not isinstance(core.trace_ctx.trace, core.EvalTrace))
 
 
 def call_traced(fun: Callable, static: dict, leaves: list[Any], in_tree,

@@ -224,7 +224,7 @@ class Jitted:
         static, dyn_args, dyn_kwargs = self._split(args, kwargs)
         _check_hashable(static)
         leaves, tree = tree_util.tree_flatten((dyn_args, dyn_kwargs))
-        if compose.has_tracers(leaves):  # under a JAX transformation (jax_trn2.compose)
+        if compose.is_traced(leaves):  # under a JAX transformation (jax_trn2.compose)
             return compose.call_traced(self._fun, dict(static), leaves, tree,
                                        self._topology, self.rounding)
         # jax.jit's trace context too: the mesh of jax.set_mesh (PartitionSpecs and

@@ -38,7 +38,7 @@ class Region:
 
     @property
     def arg_types(self) -> tuple[isa.TensorType, ...]:
-        return tuple(mlir.tensor_type(a.type) for a in self.block.arguments)
+        return tuple(mlir.value_type(a.type) for a in self.block.arguments)
 
 
 @dataclass(frozen=True)

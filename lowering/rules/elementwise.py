@@ -14,7 +14,7 @@ from mesh.isa.kernels.elementwise import BINARY, UNARY
 CHLO = frozenset({"acos", "acosh", "asin", "asinh", "atan", "atanh", "cosh", "sinh", "tan",
                   "erf", "erfc", "erf_inv", "lgamma", "digamma", "bessel_i1e", "square",
                   "is_inf", "is_pos_inf", "is_neg_inf", "next_after", "polygamma", "zeta",
-                  "mulhi"})
+                  "mulhi", "conj"})
 
 
 def _elementwise(ctx: LoweringContext, op: Op):

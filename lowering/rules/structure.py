@@ -86,9 +86,7 @@ def identity(ctx: LoweringContext, op: Op):
 def custom_call(ctx: LoweringContext, op: Op):
     target = op.attrs["call_target_name"]
     if target in CUSTOM_CALL_RULES:
-        if len(op.result_types) == 1 and isinstance(op.result_types[0], mlir.TupleType):
-            return _tuple_result(CUSTOM_CALL_RULES[target], ctx, op)
-        return CUSTOM_CALL_RULES[target](ctx, op)
+        return _with_tuple_results(ctx, op, CUSTOM_CALL_RULES[target])
     if target == "CustomSPMDPartitioning":
         raise NotImplementedError(
             "jax.experimental.custom_partitioning partitions with a Python callback that "
@@ -96,13 +94,16 @@ def custom_call(ctx: LoweringContext, op: Op):
     raise NotImplementedError(f"stablehlo.custom_call @{target} is not supported by jax-trn2")
 
 
-def _tuple_result(target_rule, ctx: LoweringContext, op: Op):
-    """A custom call with one tuple result (as HLO spells several results, e.g. after XLA
-    partitioned the module) is the call with the tuple's leaves as results, kept together
-    as the tuple."""
-    (tuple_type,) = op.result_types
-    results = iter(target_rule(ctx, dataclasses.replace(op, result_types=tuple_type.leaves())))
-    return (values_of(tuple_type, lambda _: next(results)),)
+def _with_tuple_results(ctx: LoweringContext, op: Op, target_rule) -> tuple:
+    """The target's rule, given the op's results as a flat list of tensors: XLA's
+    partitioner returns a custom call's several results (or none) as one tuple (`tuple<>`
+    when there are none), which get_tuple_element then takes apart."""
+    if not any(isinstance(t, mlir.TupleType) for t in op.result_types):
+        return target_rule(ctx, op)
+    leaf_types = tuple(leaf for t in op.result_types
+                       for leaf in (t.leaves() if isinstance(t, mlir.TupleType) else (t,)))
+    outs = iter(target_rule(ctx, dataclasses.replace(op, result_types=leaf_types)))
+    return tuple(values_of(t, lambda _: next(outs)) for t in op.result_types)
 
 
 @rule("sdy.sharding_group")

@@ -594,9 +594,11 @@ class ReducePrecision(Instruction):
 @dataclass(frozen=True, eq=False)
 class LinearAlgebra(Instruction):
     """A dense factorisation or solve, batched over leading dims, with LAPACK's semantics
-    and result layout (mesh.isa.kernels.linalg): `routine` is potrf, getrf, geqrf, orgqr,
-    syevd, gesdd or trsm; `options` the LAPACK character options (uplo, side, trans, diag,
-    mode) as (name, value) pairs."""
+    and result layout (mesh.isa.kernels.linalg): `routine` is one of LAPACK's real names
+    (potrf, getrf, geqrf, geqp3, orgqr, ormqr, syevd, gesdd, gesvd, gehrd, sytrd, geev,
+    gees, gtsv, trsm), for complex types too; `options` the LAPACK character options
+    (uplo, side, trans, diag, mode, sort, compute_left, compute_right) as (name, value)
+    pairs."""
 
     routine: str
     options: tuple[tuple[str, str], ...] = ()

@@ -213,33 +213,60 @@ def _free(instr, ctx: CostContext) -> Cost:
 # chain of dependent column steps (pivot search or norm, scale, reflector) on the Vector
 # Engine, assumed PANEL_STEP_CYCLES each, one per column. FLOP counts per matrix (m x n,
 # k = min(m, n); Golub & Van Loan, LAWN 41): potrf n^3/3, getrf m n^2 - n^3/3 (m >= n),
-# geqrf 2 m n^2 - 2 n^3/3, orgqr 4 m n k - 2 (m + n) k^2 + 4 k^3/3, syevd 9 n^3 with
-# vectors (4 n^3/3 without), gesdd 4 m^2 n + 8 m n^2 + 9 n^3 with vectors (4 m n^2 -
-# 4 n^3/3 without), trsm n_rhs m^2 (left side; m n^2 right).
+# geqrf and geqp3 2 m n^2 - 2 n^3/3, orgqr 4 m n k - 2 (m + n) k^2 + 4 k^3/3, ormqr
+# 4 r c k - 2 c k^2 (left side, C r x c; r for c on the right), syevd 9 n^3 with vectors
+# (4 n^3/3 without), gesdd and gesvd 4 m^2 n + 8 m n^2 + 9 n^3 with vectors (4 m n^2 -
+# 4 n^3/3 without), gehrd 10 n^3/3, sytrd 4 n^3/3, geev 10 n^3 for the eigenvalues
+# (26 n^3 with one side's vectors, 36 n^3 with both; Golub & Van Loan table 7.7.1), gees
+# 10 n^3 (25 n^3 with the Schur vectors), trsm n_rhs m^2 (left side; m n^2 right), gtsv
+# 8 n per right-hand side (Thomas' elimination and back substitution). A complex
+# multiply-add is 4 real ones (as the complex matmul's 4 real products), so complex
+# routines count 4x.
 PANEL_STEP_CYCLES = 100
+
+
+def _dense_flops(routine: str, m: int, n: int, instr: isa.LinearAlgebra) -> float:
+    """FLOPs of one real m x n matrix of a factorisation or eigensolver."""
+    big, small = max(m, n), min(m, n)
+    vectors = instr.option("mode", "V") != "N"
+    eigenvector_sides = sum(instr.option(side) == "V"
+                            for side in ("compute_left", "compute_right"))
+    per = {"potrf": lambda: n ** 3 / 3,
+           "getrf": lambda: big * small ** 2 - small ** 3 / 3,
+           "geqrf": lambda: 2 * big * small ** 2 - 2 * small ** 3 / 3,
+           "orgqr": lambda: 4 * m * n * small - 2 * (m + n) * small ** 2 + 4 * small ** 3 / 3,
+           "syevd": lambda: 9 * n ** 3 if vectors else 4 * n ** 3 / 3,
+           "gesdd": lambda: ((4 * big ** 2 * small + 8 * big * small ** 2 + 9 * small ** 3)
+                             if vectors else 4 * big * small ** 2 - 4 * small ** 3 / 3),
+           "gehrd": lambda: 10 * n ** 3 / 3,
+           "sytrd": lambda: 4 * n ** 3 / 3,
+           "geev": lambda: (10, 26, 36)[eigenvector_sides] * n ** 3,
+           "gees": lambda: 25 * n ** 3 if vectors else 10 * n ** 3}
+    per["geqp3"], per["gesvd"] = per["geqrf"], per["gesdd"]
+    return float(per[routine]())
 
 
 def linear_algebra_flops(instr: isa.LinearAlgebra, ctx: CostContext) -> tuple[float, int]:
     """(FLOPs of all the matrices, columns of one matrix) of a LinearAlgebra instruction."""
     a = ctx.type(instr.ins[0])
-    m, n = a.shape[-2:]
-    k = min(m, n)
-    batch = a.size // max(m * n, 1)
-    routine, vectors = instr.routine, instr.option("mode", "V") not in ("N",)
-    if routine == "trsm":
-        b = ctx.type(instr.ins[1])
+    complex_factor = 4 if a.dtype.startswith("complex") else 1
+    routine = instr.routine
+    if routine in ("trsm", "ormqr", "gtsv"):  # costed by the right-hand side's shape
+        b = ctx.type(instr.ins[-1])
         rows, cols = b.shape[-2:]
-        per = cols * rows ** 2 if instr.option("side", "L") == "L" else rows * cols ** 2
-        return float(per) * (b.size // max(rows * cols, 1)), k
-    big, small = max(m, n), k
-    per = {"potrf": n ** 3 / 3,
-           "getrf": big * small ** 2 - small ** 3 / 3,
-           "geqrf": 2 * big * small ** 2 - 2 * small ** 3 / 3,
-           "orgqr": 4 * m * n * k - 2 * (m + n) * k ** 2 + 4 * k ** 3 / 3,
-           "syevd": 9 * n ** 3 if vectors else 4 * n ** 3 / 3,
-           "gesdd": (4 * big ** 2 * small + 8 * big * small ** 2 + 9 * small ** 3) if vectors
-           else 4 * big * small ** 2 - 4 * small ** 3 / 3}[routine]
-    return float(per) * batch, k
+        left = instr.option("side", "L") == "L"
+        if routine == "trsm":
+            per = cols * rows ** 2 if left else rows * cols ** 2
+        elif routine == "gtsv":
+            per = 8 * rows * cols
+        else:
+            k = ctx.type(instr.ins[1]).shape[-1]
+            per = 4 * rows * cols * k - 2 * (cols if left else rows) * k ** 2
+        columns = rows if left else cols
+        return float(per) * complex_factor * (b.size // max(rows * cols, 1)), columns
+    m, n = a.shape[-2:]
+    batch = a.size // max(m * n, 1)
+    return _dense_flops(routine, m, n, instr) * complex_factor * batch, min(m, n)
 
 
 @cost_rule(isa.LinearAlgebra)

@@ -57,6 +57,23 @@ def test_explicit_axes_reshard_and_unreduced(rng):
     assert_matches(got, want)
 
 
+def test_batched_factorisations_and_fft_on_sharded_batches(rng, auto_mesh):
+    """After XLA's partitioner a LAPACK call's several results are one tuple that
+    get_tuple_element takes apart."""
+    g = rng.standard_normal((8, 4, 4)).astype(np.float32)
+    spd = on(auto_mesh, g @ g.transpose(0, 2, 1) + 4 * np.eye(4, dtype=np.float32), P("x"))
+    signal = on(auto_mesh, rng.standard_normal((8, 16)).astype(np.float32), P(None, "y"))
+
+    def f(a, s):
+        return jnp.linalg.cholesky(a), jnp.linalg.eigvalsh(a), jnp.fft.rfft(s)
+
+    got, want = jax_trn2.jit(f)(spd, signal), jax.jit(f)(spd, signal)
+    for g_, w in zip(got, want):
+        # both run LAPACK on the same matrices; the FFT is DFT products in FP32 (rtol as
+        # e2e_reference's FP32 re-association bound)
+        np.testing.assert_allclose(g_, w, rtol=2.0 ** -14, atol=1e-5)
+
+
 @pytest.mark.parametrize("context", ["set_mesh", "use_abstract_mesh"])
 def test_mesh_context_with_partition_spec_constraints(rng, auto_mesh, context):
     x = rng.standard_normal((16, 8)).astype(np.float32)

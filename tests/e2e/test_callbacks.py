@@ -114,6 +114,38 @@ def test_ordered_effect_with_donation_aliases_the_donated_argument():
     np.testing.assert_array_equal(step(x, y)[1], x * 2)
 
 
+def test_ordered_io_callback_in_a_loop_carries_its_token_through_the_loop():
+    seen = []
+
+    def f(x):
+        def step(total, row):
+            got = io_callback(lambda r: (seen.append(r.tolist()), r * 2)[1],
+                              jax.ShapeDtypeStruct(row.shape, row.dtype), row, ordered=True)
+            return total + got.sum(), None
+
+        return jax.lax.scan(step, 0.0, x)[0]
+
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    assert float(jax_trn2.jit(f)(x)) == 2 * x.sum()
+    assert seen == x.tolist()  # one call per iteration, in order
+
+
+def test_debug_print_in_an_auto_partitioned_program(capsys):
+    """After XLA's partitioner the callback's attributes and (empty, tuple) result are
+    spelled as XLA spells them, not as jax emitted them."""
+    mesh = jax_trn2.make_mesh((2, 2), ("a", "b"))
+
+    def f(x):
+        jax.debug.print("sum {s}", s=x.sum())
+        return x * 2
+
+    x = np.arange(8, dtype=np.float32).reshape(4, 2)
+    sharded = jax.sharding.NamedSharding(mesh, P("a"))
+    out = jax_trn2.jit(f, in_shardings=sharded)(x)
+    np.testing.assert_array_equal(out, x * 2)
+    assert capsys.readouterr().out.splitlines() == ["sum 28.0"]
+
+
 def test_listing_shows_the_callback_and_its_round_trip():
     def f(x):
         jax.debug.print("{x}", x=x)

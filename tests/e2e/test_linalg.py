@@ -4,13 +4,15 @@ and StableHLO's cholesky and triangular_solve) against CPU JAX.
 Both sides run the same LAPACK routines on the same matrices, so results agree to the last
 bits; RTOL leaves room only for the host BLAS choosing another blocking (thread count) for
 the trailing updates: a few FP32 roundings on well-conditioned matrices (condition numbers
-below 100 here: SPD matrices G G^T + n I, Gaussian tall matrices).
+below 100 here: SPD matrices G G^T + n I, Gaussian tall matrices; the eigenvalues of the
+Gaussian `general` matrices are well separated for this seed).
 """
 
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import numpy as np
+from jax._src.lax import linalg as lax_linalg  # geqrf and ormqr have no public entry point
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -27,7 +29,8 @@ def matrices():
     spd = g @ np.swapaxes(g, -1, -2) + N * np.eye(N, dtype=np.float32)
     tall = rng.standard_normal((3, 8, 5)).astype(np.float32)
     rhs = rng.standard_normal((3, N, 2)).astype(np.float32)
-    return {"spd": spd, "tall": tall, "rhs": rhs}
+    general = rng.standard_normal((3, N, N)).astype(np.float32)
+    return {"spd": spd, "tall": tall, "rhs": rhs, "general": general}
 
 
 CASES = {
@@ -54,13 +57,60 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_linear_algebra_matches_cpu_jax(name, matrices):
-    f = CASES[name]
-    got, want = jax_trn2.jit(f)(matrices), jax.jit(f)(matrices)
+# The other LAPACK routines jax emits on CPU: pivoted QR (geqp3), Q applied without forming
+# it (ormqr), the QR-iteration SVD (gesvd), Hessenberg and tridiagonal reduction (gehrd,
+# sytrd), the non-symmetric eigensolver (geev) and Schur decomposition (gees), and the
+# tridiagonal solve (gtsv). Both sides run the same routine, so eigenvectors and Schur
+# vectors agree as they are (LAPACK's normalisation), not only up to sign.
+MORE_CASES = {
+    "qr_pivoting": (lambda m: jsl.qr(m["tall"][0], pivoting=True)),
+    "ormqr": (lambda m: lax_linalg.ormqr(*lax_linalg.geqrf(m["tall"][0]), m["tall"][1].T,
+                                         left=False, transpose=True)),
+    "svd_qr_algorithm": (lambda m: jax.lax.linalg.svd(
+        m["tall"], algorithm=jax.lax.linalg.SvdAlgorithm.QR)),
+    "hessenberg": (lambda m: jsl.hessenberg(m["general"][0], calc_q=True)),
+    "tridiagonal": (lambda m: jax.lax.linalg.tridiagonal(m["spd"], lower=False)),
+    "eig": (lambda m: jnp.linalg.eig(m["general"])),
+    "eig_left": (lambda m: jax.lax.linalg.eig(m["general"], compute_right_eigenvectors=False)),
+    "eigvals": (lambda m: jnp.linalg.eigvals(m["general"])),
+    "schur": (lambda m: jsl.schur(m["general"][0])),
+    "schur_form_only": (lambda m: jax.lax.linalg.schur(m["general"][1],
+                                                       compute_schur_vectors=False)),
+    "tridiagonal_solve": (lambda m: jax.lax.linalg.tridiagonal_solve(
+        *(m["general"][0, :3] + np.array([[0], [N], [0]], np.float32)), m["rhs"][0])),
+}
+
+
+def _complex(m: dict) -> dict:
+    """Hermitian positive definite `spd`, complex `tall`, `general` and `rhs` (conditioned
+    as the real ones: G G^H + N I and Gaussian parts)."""
+    rng = np.random.default_rng(1)
+    out = {k: v + 1j * rng.standard_normal(v.shape).astype(np.float32) for k, v in m.items()}
+    g = out["general"]
+    out["spd"] = g @ np.swapaxes(g.conj(), -1, -2) + N * np.eye(N)
+    return {k: v.astype(np.complex64) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("kind", ["real", "complex"])
+@pytest.mark.parametrize("name", {**CASES, **MORE_CASES})
+def test_linear_algebra_matches_cpu_jax(name, kind, matrices):
+    f = {**CASES, **MORE_CASES}[name]
+    m = matrices if kind == "real" else _complex(matrices)
+    got, want = jax_trn2.jit(f)(m), jax.jit(f)(m)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         assert g.shape == w.shape and g.dtype == w.dtype
         np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
+
+
+def test_gradients_through_complex_factorisations(matrices):
+    """The transposes of cholesky and triangular_solve conjugate with chlo.conj."""
+    spd = _complex(matrices)["spd"][0]
+
+    def loss(a):
+        return jnp.sum(jnp.abs(jnp.linalg.cholesky(a)) ** 2) + jnp.abs(jnp.linalg.det(a))
+
+    got, want = jax_trn2.jit(jax.grad(loss))(spd), jax.jit(jax.grad(loss))(spd)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
 
 
 def test_factorisation_per_chip_in_shard_map(matrices):
@@ -111,6 +161,21 @@ def test_cost_counts_the_stated_flops():
     assert "Tensor.LinearAlgebra(%" in text and "routine=potrf" in text
 
 
+def test_cost_of_a_complex_factorisation_is_four_real_ones():
+    n = 64
+    real = jax.ShapeDtypeStruct((n, n), jnp.float32)
+    complex_ = jax.ShapeDtypeStruct((n, n), jnp.complex64)
+
+    def flops(a):
+        return jax_trn2.jit(jnp.linalg.eigvalsh).lower(a).compile().cost_analysis()["flops"]
+
+    assert flops(complex_) >= 4 * (4 * n ** 3 / 3)  # syevd without vectors, 4 real per complex
+    assert flops(complex_) > 3.5 * flops(real)
+
+
 def test_custom_call_without_a_rule_names_its_target_and_line():
-    with pytest.raises(jax_trn2.UnsupportedOpError, match=r"(?s)lapack_sgehrd_ffi is not supported.*test_linalg.py"):
-        jax_trn2.jit(jax.lax.linalg.hessenberg)(np.eye(3, dtype=np.float32))
+    def f(x):
+        return jax.ffi.ffi_call("my_solver", jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    with pytest.raises(jax_trn2.UnsupportedOpError, match=r"(?s)my_solver is not supported.*test_linalg.py"):
+        jax_trn2.jit(f).lower(np.eye(3, dtype=np.float32))

@@ -96,6 +96,23 @@ def test_jit_of_a_jitted_function_inlines_it(data, mesh_runs):
     np.testing.assert_allclose(jax.jit(inner)(x, w), loss(x, w), rtol=RTOL)  # XLA:CPU
 
 
+def test_transformations_that_close_over_concrete_arguments(data, mesh_runs):
+    """checkify and make_jaxpr trace a function of no arguments that calls the jax_trn2.jit
+    function on concrete arrays: the call is traced, not run while tracing."""
+    from jax.experimental import checkify
+
+    def checked(x):
+        checkify.check(jnp.all(x >= 0), "negative entry {m}", m=x.min())
+        return jnp.sqrt(x)
+
+    x = np.array([4.0, -1.0], np.float32)
+    error, _ = checkify.checkify(jax_trn2.jit(checked))(x)
+    assert error.get() == "negative entry -1.0 (`check` failed)"
+    assert len(mesh_runs) == 1  # the checkified function ran on the mesh
+    jaxpr = jax.make_jaxpr(lambda: jax_trn2.jit(loss)(*data))()
+    assert "trn2_call" in str(jaxpr) and len(mesh_runs) == 1
+
+
 def test_static_arguments_under_a_transformation(data):
     x, w = data
     f = jax_trn2.jit(lambda x, w, power: jnp.sum((x @ w) ** power), static_argnums=2)

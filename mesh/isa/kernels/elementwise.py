@@ -29,6 +29,9 @@ UNARY = {
     "is_pos_inf": lambda x: x == jnp.inf, "is_neg_inf": lambda x: x == -jnp.inf,
     # complex numbers: the parts, and (in BINARY) a complex number from two parts
     "real": lax.real, "imag": lax.imag,
+    # chlo.conj: the complex conjugate (jax emits it in linear algebra's transposes); the
+    # identity on real numbers
+    "conj": lambda x: lax.conj(x) if jnp.iscomplexobj(x) else x,
 }
 
 BINARY = {
