@@ -110,14 +110,21 @@ def topology_for(axis_sizes: tuple[int, ...], axis_names: tuple[str, ...],
     return get_topology(topology)
 
 
-def placement_for(topo: Topology, axis_sizes: tuple[int, ...],
-                  axis_names: tuple[str, ...]) -> Placement | None:
+def placement_for(topo: Topology, axis_sizes: tuple[int, ...], axis_names: tuple[str, ...],
+                  origin: Sequence[int] | None = None) -> Placement | None:
     """Where each logical device sits; a program without a mesh runs on chip 0. An SPMD
     module's processes (mesh ('replica', 'partition')) take the first chips, as PJRT's
-    default device assignment; a jax mesh is placed on the torus (place_mesh)."""
+    default device assignment; a jax mesh is placed on the torus (place_mesh). `origin`
+    (torus coordinates) moves either block there; by default a jax mesh sits where
+    make_mesh placed it."""
     if not axis_sizes:
+        if origin is not None:
+            raise ValueError(f"origin {tuple(origin)} places a mesh, but the program has "
+                             "none: it runs on chip 0")
         return None
     if axis_names == PROCESS_GRID_AXES:
-        return place_first(topo, axis_sizes, axis_names)
-    made_on, origin = _MESH_MACHINES.get((axis_sizes, axis_names), (None, None))
-    return place_mesh(topo, axis_sizes, axis_names, origin if made_on == topo else None)
+        return place_first(topo, axis_sizes, axis_names, origin)
+    if origin is None:
+        made_on, made_at = _MESH_MACHINES.get((axis_sizes, axis_names), (None, None))
+        origin = made_at if made_on == topo else None
+    return place_mesh(topo, axis_sizes, axis_names, origin)
