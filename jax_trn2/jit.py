@@ -12,7 +12,7 @@ from jax import tree_util
 
 from jax_trn2 import compose
 from jax_trn2.executable import LoadedExecutable
-from mesh import numerics
+from mesh import isa, numerics
 from mesh.machine import Topology
 from mesh.memory import MemoryStats
 
@@ -20,13 +20,20 @@ from mesh.memory import MemoryStats
 UNSPECIFIED = inspect.signature(jax.jit).parameters["in_shardings"].default
 
 
-def _canonical(leaf: Any) -> Any:
-    """A host array in the type jax.jit traced it as (float64 -> float32 without x64)."""
-    if isinstance(leaf, np.ndarray):
-        canonical = jax.dtypes.canonicalize_dtype(leaf.dtype)
-        if canonical != leaf.dtype:
-            return leaf.astype(canonical)
-    return leaf
+def _canonical(leaf: Any, name: str, expected: isa.TensorType) -> Any:
+    """A host array or numpy scalar in the type jax.jit takes it as without x64 (float64 ->
+    float32, int64 -> int32, wrapping as jax's conversion does). TypeError naming the type
+    passed when the converted value is not of the parameter's type."""
+    if not isinstance(leaf, (np.ndarray, np.generic)):
+        return leaf
+    canonical = jax.dtypes.canonicalize_dtype(leaf.dtype)
+    if canonical == leaf.dtype:
+        return leaf
+    if canonical.name != expected.dtype or leaf.shape != expected.shape:
+        shape = ",".join(map(str, leaf.shape))
+        raise TypeError(f"{name}: expected {expected}, got {leaf.dtype.name}[{shape}] (which "
+                        f"jax takes as {canonical.name}[{shape}] without jax_enable_x64)")
+    return leaf.astype(canonical)
 
 
 def _committed_sharding(leaf: Any) -> Any:
@@ -72,7 +79,10 @@ class Compiled:
 
     def call_flat(self, leaves: Sequence[Any]) -> Any:
         """Run on the flattened dynamic arguments; returns the output pytree."""
-        leaves = [_canonical(leaf) for leaf in leaves]
+        executable = self.executable
+        types = [executable.program.values[v].type for v in executable.program.inputs]
+        leaves = [_canonical(leaf, name, t) for leaf, name, t in
+                  zip(leaves, executable.arg_names, types)] + list(leaves[len(types):])
         return tree_util.tree_unflatten(self.out_tree, self.executable.execute(leaves))
 
     def as_text(self) -> str:
