@@ -1,7 +1,7 @@
 """The jax-trn2 command line.
 
     jax-trn2 inspect program.mlir [--topology NAME] [--trace out.json]
-                     [--fail-link A,B ...] [--fail-chip C ...]
+                     [--fail-link A,B ...] [--fail-chip C ...] [--origin X,Y,Z]
 
 `inspect` lowers a StableHLO file (MLIR text or bytecode, e.g. what
 `jax.jit(f).lower(...).as_text()` gives) to a Trn2 program, maps it onto the machine and
@@ -29,7 +29,7 @@ import jax
 
 import lowering
 from jax_trn2.executable import LoadedExecutable
-from jax_trn2.mesh import topology_for
+from jax_trn2.mesh import placement_for, topology_for
 from jax_trn2.jit import Jitted, jit
 from jax_trn2.numerics import compare
 from mesh.perf import trace
@@ -62,6 +62,10 @@ def add_inspect(subparsers) -> None:
                                             "(both directions); repeatable")
     parser.add_argument("--fail-chip", type=int, action="append", default=[], metavar="C",
                         help="chip C failed; repeatable")
+    parser.add_argument("--origin", type=torus_coordinates, metavar="X,Y,Z",
+                        help="place the module's mesh at these torus coordinates, wrapping "
+                             "around the torus (e.g. off a failed chip), as "
+                             "make_mesh(..., origin=...) does")
     parser.set_defaults(run=inspect)
 
 
@@ -83,12 +87,21 @@ def chip_pair(text: str) -> tuple[int, int]:
     return a, b
 
 
+def torus_coordinates(text: str) -> tuple[int, ...]:
+    """'0,2,0' -> (0, 2, 0)."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected torus coordinates as X,Y,Z (one integer per torus axis), got {text!r}"
+        ) from None
+
+
 def inspect(args: argparse.Namespace) -> int:
     program = read_program(args.program)
-    topology = args.topology
-    if args.fail_link or args.fail_chip:
-        topology = faulty_topology(program, topology, args.fail_link, args.fail_chip)
-    executable = LoadedExecutable.from_stablehlo(topology, program)
+    topology, chips = machine(program, args)
+    executable = LoadedExecutable.from_stablehlo(topology, program, device_assignment=chips,
+                                                 module_name=str(args.program))
     estimate = executable.estimate  # the host computation is not compiled: nothing runs
     print(estimate.listing())
     if args.trace is not None:
@@ -97,14 +110,22 @@ def inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def faulty_topology(program: str | bytes, name: str | None,
-                    cables: list[tuple[int, int]], chips: list[int]) -> Topology:
-    """The topology `inspect` would pick for `program` (or `name`), with these faults."""
-    mesh = lowering.lower(program).mesh
-    topology = topology_for(mesh.axis_sizes, mesh.axis_names, name)
-    for a, b in cables:
+def machine(program: str | bytes, args: argparse.Namespace
+            ) -> tuple[Topology | str | None, tuple[int, ...] | None]:
+    """The topology `inspect` runs `program` on (--topology, else the smallest that holds
+    its mesh) with the --fail-link and --fail-chip faults, and the chip of each logical
+    device when --origin moves the mesh (None: the default placement)."""
+    if not (args.fail_link or args.fail_chip or args.origin is not None):
+        return args.topology, None
+    mesh = lowering.lower(program, module_name=str(args.program)).mesh
+    topology = topology_for(mesh.axis_sizes, mesh.axis_names, args.topology)
+    for a, b in args.fail_link:
         topology = topology.with_failed_cable(a, b)
-    return topology.with_overrides(failed_chips=topology.failed_chips | set(chips))
+    topology = topology.with_overrides(failed_chips=topology.failed_chips | set(args.fail_chip))
+    if args.origin is None:
+        return topology, None
+    placement = placement_for(topology, mesh.axis_sizes, mesh.axis_names, args.origin)
+    return topology, placement.device_to_chip
 
 
 def read_program(path: Path) -> str | bytes:

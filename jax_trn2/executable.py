@@ -117,15 +117,17 @@ class LoadedExecutable:
                        executor_devices: Sequence[jax.Device] | None = None,
                        device_assignment: Sequence[int] | None = None,
                        host_callbacks: Sequence[Any] | None = None,
-                       ) -> "LoadedExecutable":
+                       module_name: str = lowering.MODULE_TEXT) -> "LoadedExecutable":
         """Lower and compile StableHLO for `topology` (None: the one the mesh was made for),
         rounding to narrow floats as `rounding` says; the simulation runs on the JAX
         devices `executor_devices` (default: jax's default device; see
         mesh.executor.compile_program). `device_assignment[d]` is the chip logical device
         d runs on (default: a jax mesh placed on the torus, an SPMD module's processes on
         the first chips). `host_callbacks`: the Python functions of the module's host
-        callbacks, as jax's lowering keeps them."""
-        program = lowering.lower(stablehlo, host_callbacks=host_callbacks)
+        callbacks, as jax's lowering keeps them. `module_name`: the file the module text
+        came from, where an op without a debug location is (lowering.lower)."""
+        program = lowering.lower(stablehlo, host_callbacks=host_callbacks,
+                                 module_name=module_name)
         if not isinstance(topology, Topology):
             topology = topology_for(program.mesh.axis_sizes, program.mesh.axis_names, topology)
         if program.mesh.axis_names == PROCESS_GRID_AXES and \

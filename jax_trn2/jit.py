@@ -13,7 +13,7 @@ from jax._src import config as jax_config
 
 from jax_trn2 import compose
 from jax_trn2.executable import LoadedExecutable
-from mesh import numerics
+from mesh import isa, numerics
 from mesh.machine import Topology
 from mesh.memory import MemoryStats
 
@@ -25,16 +25,23 @@ def _is_key(dtype: Any) -> bool:
     return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
 
 
-def _canonical(leaf: Any) -> Any:
-    """An argument as the module takes it: a host array in the type jax.jit traced it as
-    (float64 -> float32 without x64), a typed PRNG key array as its key data (uint32)."""
-    if isinstance(leaf, np.ndarray):
-        canonical = jax.dtypes.canonicalize_dtype(leaf.dtype)
-        if canonical != leaf.dtype:
-            return leaf.astype(canonical)
+def _canonical(leaf: Any, name: str, expected: isa.TensorType) -> Any:
+    """An argument as the module takes it: a typed PRNG key array as its key data (uint32);
+    a host array or numpy scalar in the type jax.jit takes it as without x64 (float64 ->
+    float32, int64 -> int32, wrapping as jax's conversion does). TypeError naming the type
+    passed when the converted value is not of the parameter's type."""
     if isinstance(leaf, jax.Array) and _is_key(leaf.dtype):
         return jax.random.key_data(leaf)
-    return leaf
+    if not isinstance(leaf, (np.ndarray, np.generic)):
+        return leaf
+    canonical = jax.dtypes.canonicalize_dtype(leaf.dtype)
+    if canonical == leaf.dtype:
+        return leaf
+    if canonical.name != expected.dtype or leaf.shape != expected.shape:
+        shape = ",".join(map(str, leaf.shape))
+        raise TypeError(f"{name}: expected {expected}, got {leaf.dtype.name}[{shape}] (which "
+                        f"jax takes as {canonical.name}[{shape}] without jax_enable_x64)")
+    return leaf.astype(canonical)
 
 
 def _typed(result: Any, dtype: Any) -> Any:
@@ -88,8 +95,11 @@ class Compiled:
 
     def call_flat(self, leaves: Sequence[Any]) -> Any:
         """Run on the flattened dynamic arguments; returns the output pytree."""
-        leaves = [_canonical(leaf) for leaf in leaves]
-        results = self.executable.execute(leaves)
+        executable = self.executable
+        types = [executable.program.values[v].type for v in executable.program.inputs]
+        leaves = [_canonical(leaf, name, t) for leaf, name, t in
+                  zip(leaves, executable.arg_names, types)] + list(leaves[len(types):])
+        results = executable.execute(leaves)
         return tree_util.tree_unflatten(self.out_tree, [
             _typed(r, dtype) for r, dtype in zip(results, self.out_dtypes, strict=True)])
 

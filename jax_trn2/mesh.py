@@ -48,10 +48,9 @@ def make_mesh(axis_shapes: Sequence[int] | None = None,
     on the CPU: no XLA_FLAGS are needed.
     """
     topo = topology if isinstance(topology, Topology) else get_topology(topology)
-    shapes = tuple(topo.shape if axis_shapes is None else axis_shapes)
-    names = tuple(axis_names if axis_names is not None
-                  else topo.axis_names if axis_shapes is None
-                  else default_axis_names(len(shapes)))
+    shapes = topo.shape if axis_shapes is None else _axis_sizes(axis_shapes)
+    names = _axis_names(axis_names) if axis_names is not None \
+        else topo.axis_names if axis_shapes is None else default_axis_names(len(shapes))
     if len(names) != len(shapes):
         raise ValueError(f"axis_names {names} and axis_shapes {shapes} differ in length")
     place_mesh(topo, shapes, names, origin)  # the mesh fits the topology, or an error says so
@@ -60,6 +59,33 @@ def make_mesh(axis_shapes: Sequence[int] | None = None,
     devices = np.array(host_devices(topo.num_chips)[:math.prod(shapes)],
                        dtype=object).reshape(shapes)
     return Mesh(devices, names, axis_types=types)
+
+
+def _axis_sizes(axis_shapes: Sequence[int]) -> tuple[int, ...]:
+    """The mesh's axis sizes: positive ints (a bool is no size), else an error naming the
+    entry."""
+    try:
+        sizes = tuple(axis_shapes)
+    except TypeError:
+        raise ValueError(f"make_mesh: axis_shapes must be a sequence of positive ints, got "
+                         f"{axis_shapes!r}") from None
+    for i, size in enumerate(sizes):
+        if isinstance(size, (bool, np.bool_)) or not isinstance(size, (int, np.integer)) \
+                or size < 1:
+            raise ValueError(f"make_mesh: axis sizes must be positive ints, got {size!r} at "
+                             f"position {i} of axis_shapes {sizes}")
+    return tuple(int(size) for size in sizes)
+
+
+def _axis_names(axis_names: str | Sequence[str]) -> tuple[str, ...]:
+    """The mesh's axis names: strings, as jax names mesh axes (one string is one name, as
+    in jax.sharding.Mesh), else an error naming the entry."""
+    names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
+    for i, name in enumerate(names):
+        if not isinstance(name, str):
+            raise ValueError(f"make_mesh: axis names must be strings, got {name!r} "
+                             f"({type(name).__name__}) at position {i} of axis_names {names}")
+    return names
 
 
 def _remember_machine(shapes: tuple[int, ...], names: tuple[str, ...], topo: Topology,
@@ -110,14 +136,21 @@ def topology_for(axis_sizes: tuple[int, ...], axis_names: tuple[str, ...],
     return get_topology(topology)
 
 
-def placement_for(topo: Topology, axis_sizes: tuple[int, ...],
-                  axis_names: tuple[str, ...]) -> Placement | None:
+def placement_for(topo: Topology, axis_sizes: tuple[int, ...], axis_names: tuple[str, ...],
+                  origin: Sequence[int] | None = None) -> Placement | None:
     """Where each logical device sits; a program without a mesh runs on chip 0. An SPMD
     module's processes (mesh ('replica', 'partition')) take the first chips, as PJRT's
-    default device assignment; a jax mesh is placed on the torus (place_mesh)."""
+    default device assignment; a jax mesh is placed on the torus (place_mesh). `origin`
+    (torus coordinates) moves either block there; by default a jax mesh sits where
+    make_mesh placed it."""
     if not axis_sizes:
+        if origin is not None:
+            raise ValueError(f"origin {tuple(origin)} places a mesh, but the program has "
+                             "none: it runs on chip 0")
         return None
     if axis_names == PROCESS_GRID_AXES:
-        return place_first(topo, axis_sizes, axis_names)
-    made_on, origin = _MESH_MACHINES.get((axis_sizes, axis_names), (None, None))
-    return place_mesh(topo, axis_sizes, axis_names, origin if made_on == topo else None)
+        return place_first(topo, axis_sizes, axis_names, origin)
+    if origin is None:
+        made_on, made_at = _MESH_MACHINES.get((axis_sizes, axis_names), (None, None))
+        origin = made_at if made_on == topo else None
+    return place_mesh(topo, axis_sizes, axis_names, origin)

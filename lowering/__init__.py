@@ -7,17 +7,19 @@ from typing import Any, Sequence
 from lowering import dynamic_shapes, partition
 from lowering import rules  # noqa: F401  (fills the rule registry)
 from lowering.errors import LoweringError, UnsupportedOpError
-from lowering.mlir import parse_module
+from lowering.mlir import MODULE_TEXT, parse_module
 from lowering.registry import RULES
 from lowering.simplify import simplify
 from lowering.walker import Walker
 from mesh import isa
 
-__all__ = ["LoweringError", "UnsupportedOpError", "RULES", "lower", "supported_ops"]
+__all__ = ["LoweringError", "UnsupportedOpError", "MODULE_TEXT", "RULES", "lower",
+           "supported_ops"]
 
 
 def lower(program: Any, mesh: isa.MeshSpec | None = None,
-          host_callbacks: Sequence[Any] | None = None) -> isa.Program:
+          host_callbacks: Sequence[Any] | None = None,
+          module_name: str = MODULE_TEXT) -> isa.Program:
     """Lower StableHLO (MLIR text, bytecode or a jaxlib ir.Module) to a Trn2 Program.
 
     A global program with shardings outside shard_map bodies (jit's in_shardings,
@@ -25,7 +27,9 @@ def lower(program: Any, mesh: isa.MeshSpec | None = None,
     partitioner (lowering.partition): what is lowered is each chip's program. `mesh` names
     the axes of a per-chip program given as such, whose own mesh has lost them.
     `host_callbacks`: the Python functions of the module's host callbacks (jax.debug.print,
-    pure_callback, ...), as jax's lowering keeps them, by index."""
+    pure_callback, ...), as jax's lowering keeps them, by index. `module_name`: the file
+    the module text came from, naming the source position of an op without a debug
+    location (its line of the module text, `prog.mlir:5:12`; default '<module>')."""
     module = parse_module(program)
     if dynamic_shapes.needs_refinement(module):
         module = dynamic_shapes.refine(module)
@@ -33,7 +37,7 @@ def lower(program: Any, mesh: isa.MeshSpec | None = None,
         mesh = partition.global_mesh(module)
         module = partition.partition(module, mesh.num_devices)
     try:
-        return simplify(Walker(module, mesh, host_callbacks).lower())
+        return simplify(Walker(module, mesh, host_callbacks, module_name).lower())
     except LoweringError:
         raise
     except NotImplementedError as e:  # module-level forms (meshes, shardings of main)

@@ -389,14 +389,23 @@ _INTERNAL = ("/jax/", "/jaxlib/", "site-packages/jax", "<frozen",
              str(Path(__file__).resolve().parents[1] / "jax_trn2") + os.sep)
 
 
-def source_location(loc: ir.Location) -> str:
+# The file name MLIR's parser gives positions in text it parsed from a string: the ops of a
+# module without debug locations (jax's `as_text()`) sit at their lines of the module text.
+_PARSED_TEXT = "-"
+MODULE_TEXT = "<module>"  # the name of such text when the caller has no file name for it
+
+
+def source_location(loc: ir.Location, module_name: str = MODULE_TEXT) -> str:
     """The user's source line of an op, `file:line:col`, from its MLIR location.
 
     The bindings expose no accessors for file and call-site locations, so the location's
     printed form is searched for its first file position outside jax's own code (jax prints
-    the innermost user frame first); "" when the op has no source position.
+    the innermost user frame first); "" when the op has no source position. An op of a
+    module without debug locations is at its line of the module text: `module_name:line:col`.
     """
     for path, line, col in _FILE_LOC.findall(str(loc)):
+        if path == _PARSED_TEXT:
+            return f"{module_name}:{line}:{col}"
         if not any(mark in path for mark in _INTERNAL):
             return f"{path}:{line}:{col}"
     return ""

@@ -213,12 +213,15 @@ class Walker:
     """Lowers one StableHLO module to a Trn2 `Program`."""
 
     def __init__(self, module: ir.Module, mesh: isa.MeshSpec | None = None,
-                 host_callbacks: Sequence[Any] | None = None):
+                 host_callbacks: Sequence[Any] | None = None,
+                 module_name: str = mlir.MODULE_TEXT):
         """`mesh`: the user's mesh of a per-chip program XLA's partitioner made
         (lowering.partition), whose own sdy.mesh has lost the axis names.
         `host_callbacks`: the Python functions of the module's host callbacks, by the index
-        their custom calls carry (jax keeps them beside the lowered module)."""
+        their custom calls carry (jax keeps them beside the lowered module).
+        `module_name`: the module text's file, where ops without debug locations are."""
         self.module = module
+        self.module_name = module_name
         self.host_callbacks = host_callbacks
         self.functions: dict[str, Any] = {}
         self.call_locations: list[str] = []  # user source lines of the func.calls being inlined
@@ -399,7 +402,7 @@ class Walker:
         raise LoweringError("a block has no terminator")
 
     def _decode(self, operation, env) -> Op:
-        loc = mlir.source_location(operation.location) or next(
+        loc = mlir.source_location(operation.location, self.module_name) or next(
             (c for c in reversed(self.call_locations) if c), "")
         try:
             return Op(name=operation.name,

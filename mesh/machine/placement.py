@@ -120,9 +120,7 @@ def place_mesh(topology: Topology, axis_sizes: Sequence[int], axis_names: Sequen
             break
     else:
         physical = np.array(np.unravel_index(np.arange(math.prod(sizes)), topology.shape))
-    if origin is not None:
-        physical = (physical + _check_origin(topology, origin)[:, None]) % \
-            np.array(topology.shape)[:, None]
+    physical = _moved(topology, physical, origin)
     chips = np.ravel_multi_index(tuple(physical), topology.shape)
     _check_failed_chips(topology, sizes, names, chips, physical)
     return Placement(
@@ -135,11 +133,15 @@ def place_mesh(topology: Topology, axis_sizes: Sequence[int], axis_names: Sequen
     )
 
 
-def place_first(topology: Topology, axis_sizes: Sequence[int],
-                axis_names: Sequence[str]) -> Placement:
+def place_first(topology: Topology, axis_sizes: Sequence[int], axis_names: Sequence[str],
+                origin: Sequence[int] | None = None) -> Placement:
     """Logical device d on chip d: PJRT's default device assignment of an SPMD module's
-    processes (replica-major), which does not know the torus."""
-    return place_on(topology, axis_sizes, axis_names, range(math.prod(axis_sizes)))
+    processes (replica-major), which does not know the torus. `origin` (torus coordinates)
+    moves those chips there, wrapping around the torus, as place_mesh's."""
+    sizes, names = _check_mesh(topology, axis_sizes, axis_names)
+    first = np.array(np.unravel_index(np.arange(math.prod(sizes)), topology.shape))
+    chips = np.ravel_multi_index(tuple(_moved(topology, first, origin)), topology.shape)
+    return place_on(topology, sizes, names, chips.tolist())
 
 
 def place_on(topology: Topology, axis_sizes: Sequence[int], axis_names: Sequence[str],
@@ -181,6 +183,15 @@ def _check_mesh(
     return sizes, names
 
 
+def _moved(topology: Topology, physical: np.ndarray,
+           origin: Sequence[int] | None) -> np.ndarray:
+    """Torus coordinates [physical axis, device] moved by `origin`, wrapping around."""
+    if origin is None:
+        return physical
+    return (physical + _check_origin(topology, origin)[:, None]) % \
+        np.array(topology.shape)[:, None]
+
+
 def _check_origin(topology: Topology, origin: Sequence[int]) -> np.ndarray:
     origin = tuple(as_int(c, "mesh origin") for c in origin)
     if len(origin) != topology.ndim or \
@@ -206,8 +217,10 @@ def _check_failed_chips(topology: Topology, sizes: tuple[int, ...], names: tuple
     avoiding = [o for o in np.ndindex(*topology.shape)
                 if not topology.failed_chips & set(np.ravel_multi_index(
                     tuple((base + np.array(o)[:, None]) % shape), topology.shape).tolist())]
-    offer = (f"placements that avoid the failed chips: origin={avoiding[:4]}"
-             f"{' ...' if len(avoiding) > 4 else ''} (make_mesh(..., origin=...))"
+    offer = (f"placements that avoid the failed chips start at torus origin "
+             f"{', '.join(map(str, avoiding[:4]))}{', ...' if len(avoiding) > 4 else ''}: "
+             f"make_mesh(..., origin={avoiding[0]}), or from a shell `jax-trn2 inspect "
+             f"... --origin {','.join(map(str, avoiding[0]))}`"
              if avoiding else
              f"no placement of {math.prod(sizes)} devices avoids them: use a mesh of at most "
              f"{topology.num_chips - len(topology.failed_chips)} devices")

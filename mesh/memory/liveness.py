@@ -29,10 +29,12 @@ so every chip of the mesh holds the same bytes):
   by the ones ending are released before the next ones allocate (a chain a -> b -> c never
   holds a and c together), except that an instruction's own inputs and outputs always
   overlap.
-- A loop or conditional adds, while it runs, what its body needs beyond what the enclosing
-  program counts: the peak of the body (run in program order) less its inputs live at that
-  peak (the loop's state and captured values) and, for a conditional, its results (the
-  conditional's results).
+- A loop, scan, conditional or composite adds, while it runs, what its body needs beyond
+  what the enclosing program counts: the peak of the body (run in program order) less its
+  inputs live at that peak (the loop's state, a scan's slices of its inputs at the step,
+  captured values) and the results the enclosing program holds: a conditional's or a
+  composite's results, a scan's per-step outputs (written into its stacked outputs). A
+  scan's carries, like a while loop's state, are written in place, so they count once.
 
 Not modelled: fragmentation and alignment padding, the runtime's own reservations, the
 instruction streams, collective staging buffers (collectives are assumed to work in place
@@ -42,7 +44,7 @@ on their operand and result), and SBUF/PSUM (on-chip, not HBM).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from mesh import isa, sharding
 from mesh.isa import control
@@ -110,29 +112,30 @@ def sequential_times(program: isa.Program) -> list[tuple[float, float]]:
 
 
 def liveness(program: isa.Program, times: Sequence[tuple[float, float]] | None = None,
-             input_names: Sequence[str] | None = None, *, inputs_owned: int = 0) -> Liveness:
+             input_names: Sequence[str] | None = None, *,
+             owned_inputs: Iterable[int] = ()) -> Liveness:
     """The buffers of one chip running `program`, instruction i from times[i][0] to
     times[i][1] (seconds of a schedule; program order when None).
 
     Donated inputs (`program.donated_inputs`) are freed after their last use. For a
-    sub-program, `inputs_owned` first inputs are treated the same way (a loop's carried
-    state, which the body may overwrite)."""
+    sub-program, the inputs at positions `owned_inputs` are treated the same way (a loop's
+    carried state, which the body may overwrite)."""
     times = list(times) if times is not None else sequential_times(program)
     if len(times) != len(program.instructions):
         raise ValueError(f"{len(times)} times for {len(program.instructions)} instructions")
     names = list(input_names) if input_names is not None else \
         [f"argument {i}" for i in range(len(program.inputs))]
-    return _Builder(program, times, names, inputs_owned).run()
+    return _Builder(program, times, names, owned_inputs).run()
 
 
 class _Builder:
     """One liveness computation: where each value is stored, then when each buffer lives."""
 
-    def __init__(self, program: isa.Program, times, names, inputs_owned: int):
+    def __init__(self, program: isa.Program, times, names, owned_inputs: Iterable[int]):
         self.program = program
         self.times = times
         self.names = names
-        donated = {i for i, _ in program.donated_inputs} | set(range(inputs_owned))
+        donated = {i for i, _ in program.donated_inputs} | set(owned_inputs)
         self.donated = {program.inputs[i] for i in donated}
         self.users: dict[int, list[int]] = {}
         for i, instr in enumerate(program.instructions):
@@ -300,32 +303,45 @@ class _Builder:
                       donated=root in self.donated)
 
     def _inside(self, instr: isa.Instruction) -> Buffer | None:
-        """What a loop or conditional needs while it runs beyond its operands and results:
-        a pseudo-buffer of that many bytes."""
-        if isinstance(instr, control.While):
-            state = len(instr.outs)
-            regions = [liveness(instr.cond, inputs_owned=0),
-                       liveness(instr.body, inputs_owned=state)]
-            labels = ["while cond", "while body"]
-            subprograms = [instr.cond, instr.body]
-            results_counted = False  # the next state is new unless written in place
-        elif isinstance(instr, control.Case):
-            regions = [liveness(b) for b in instr.branches]
-            labels = [f"case branch {k}" for k in range(len(instr.branches))]
-            subprograms = list(instr.branches)
-            results_counted = True  # a branch's results are the case's results
-        else:
+        """What a loop, scan, conditional or composite needs while it runs beyond its
+        operands and results: a pseudo-buffer of that many bytes, for its costliest region."""
+        regions = _regions_held(instr)
+        if not regions:
             return None
-        best, label, inner = 0, labels[0], ()
-        for sub, region, name in zip(subprograms, regions, labels):
-            own = set(sub.inputs) | (set(sub.outputs) if results_counted else set())
+        best, label, inner = 0, regions[0][0], ()
+        for name, region, counted in regions:
             extra = region.peak_bytes - sum(
-                b.nbytes for b in region.live_at_peak if set(b.values) & own)
+                b.nbytes for b in region.live_at_peak if set(b.values) & counted)
             if extra > best:
                 best, label = extra, name
-                inner = tuple(b for b in region.live_at_peak if not set(b.values) & own)
+                inner = tuple(b for b in region.live_at_peak if not set(b.values) & counted)
         loc = next((b.loc for b in inner if b.loc), instr.loc)
         return Buffer((), None, best, INSIDE, loc, label, inner=inner)
+
+
+def _regions_held(instr: isa.Instruction) -> list[tuple[str, Liveness, set[int]]]:
+    """(label, liveness, values the enclosing program already holds) of each region of a
+    control-flow instruction; [] for any other instruction. A while loop's new state is a
+    buffer of the body unless written in place (its old state is the loop's operand); a
+    scan's per-step outputs go into its stacked outputs, but a carry is its own buffer even
+    where it is also a per-step output."""
+    if isinstance(instr, control.While):
+        state = range(len(instr.outs))
+        return [("while cond", liveness(instr.cond), set(instr.cond.inputs)),
+                ("while body", liveness(instr.body, owned_inputs=state),
+                 set(instr.body.inputs))]
+    if isinstance(instr, control.Scan):
+        body, outputs = instr.body, len(instr.outs) - instr.num_carries
+        carries = range(instr.num_inputs, instr.num_inputs + instr.num_carries)
+        stacked = set(body.outputs[:outputs]) - set(body.outputs[outputs:])
+        return [("scan body", liveness(body, owned_inputs=carries), set(body.inputs) | stacked)]
+    if isinstance(instr, control.Case):
+        return [(f"case branch {k}", liveness(b), set(b.inputs) | set(b.outputs))
+                for k, b in enumerate(instr.branches)]
+    if isinstance(instr, control.Composite):
+        sub = instr.decomposition
+        return [(f"{instr.name} decomposition", liveness(sub), set(sub.inputs) | set(sub.outputs))]
+    return []
 
 
 def _sunk_constants(program: isa.Program) -> set[int]:
@@ -380,6 +396,9 @@ def _in_place_pairs(instr: isa.Instruction):
         yield instr.outs[0], instr.ins[0]
     elif isinstance(instr, control.While):
         yield from zip(instr.outs, instr.ins)
+    elif isinstance(instr, control.Scan):  # final carries into the initial ones
+        outputs = len(instr.outs) - instr.num_carries
+        yield from zip(instr.outs[outputs:], instr.ins[instr.num_inputs:])
 
 
 def _sweep(lifetimes: Sequence[Lifetime]):

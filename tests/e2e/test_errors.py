@@ -84,13 +84,24 @@ def test_unsupported_custom_call_is_named():
 
 
 @pytest.mark.parametrize("shape, message", [
-    ((-8, -8), r"sizes >= 1, got \(-8, -8\)"),
-    ((4.0, 16), r"must be integers, got 4.0"),
-    ((0, 4), r"sizes >= 1, got \(0, 4\)"),
+    ((-8, -8), r"positive ints, got -8 at position 0 of axis_shapes \(-8, -8\)"),
+    ((4.0, 16), r"positive ints, got 4.0 at position 0 of axis_shapes \(4.0, 16\)"),
+    ((4, 0), r"positive ints, got 0 at position 1 of axis_shapes \(4, 0\)"),
+    ((True, 4), r"positive ints, got True at position 0 of axis_shapes \(True, 4\)"),
+    ((4, np.bool_(True)), r"positive ints, got np.True_ at position 1"),
+    (8, r"axis_shapes must be a sequence of positive ints, got 8"),
 ])
 def test_make_mesh_rejects_bad_shapes_where_they_are_given(shape, message):
     with pytest.raises(ValueError, match=message):
         jax_trn2.make_mesh(shape)
+
+
+def test_make_mesh_takes_string_axis_names_only():
+    with pytest.raises(ValueError, match=r"axis names must be strings, got 1 \(int\) at "
+                                         r"position 1 of axis_names \('a', 1\)"):
+        jax_trn2.make_mesh((8, 8), ("a", 1))
+    assert jax_trn2.make_mesh((8,), "data").axis_names == ("data",)  # as jax.sharding.Mesh
+    assert jax_trn2.make_mesh((np.int64(2), 4), ("a", "b")).shape == {"a": 2, "b": 4}
 
 
 def test_make_mesh_names_more_than_six_axes():

@@ -85,3 +85,29 @@ def test_execute_checks_python_scalars_too():
     executable = jax_trn2.client().compile(I32_POWER)
     with pytest.raises(TypeError, match="argument 1.*does not fit"):
         executable.execute([np.arange(6, dtype=np.int32), 2.5])
+
+
+@pytest.mark.parametrize("dtype, value", [
+    (np.int32, np.array(2**40)), (np.int32, np.int64(2**40)), (np.int32, np.int64(-3)),
+    (np.float32, np.float64(2.5)), (np.float32, np.array(1e300)), (np.int32, np.array(2.0)),
+    (np.float32, np.array(2)), (np.int32, np.uint32(3))])
+def test_numpy_64_bit_values_are_taken_or_refused_as_jax_jit_does(dtype, value):
+    """Without x64 jax converts int64 to int32 (wrapping: 2**40 is 0) and float64 to float32
+    (1e300 is inf), and refuses a value whose converted type is not the parameter's."""
+    args = (np.ones(3, np.float32), np.asarray(1, dtype))
+    mine = jax_trn2.jit(lambda x, n: x * n).lower(*args).compile()
+    theirs = jax.jit(lambda x, n: x * n).lower(*args).compile()
+    try:
+        want = theirs(np.ones(3, np.float32), value)
+    except TypeError:
+        with pytest.raises(TypeError, match="argument 'n'"):
+            mine(np.ones(3, np.float32), value)
+    else:
+        np.testing.assert_array_equal(mine(np.ones(3, np.float32), value), want)
+
+
+def test_a_refused_numpy_value_is_named_by_the_type_passed():
+    compiled = jax_trn2.jit(lambda x: x * 2).lower(np.ones(3, np.float32)).compile()
+    with pytest.raises(TypeError, match=r"argument 'x': expected float32\[3\], got "
+                                        r"float64\[\] \(which jax takes as float32\[\]"):
+        compiled(np.array(2.0))

@@ -183,3 +183,52 @@ def test_cli_with_a_failed_link_lists_the_faults_and_the_slowdown(stablehlo_file
 def test_cli_with_a_failed_chip_under_the_mesh_names_it(stablehlo_file, capsys):
     assert main(["inspect", str(stablehlo_file), "--fail-chip", "5"]) == 1
     assert "chip 5 at torus (0, 1, 1) held device 5 (x=0, y=1, z=1)" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def small_mesh_file(tmp_path_factory):
+    """A shard_map program on a (2, 4) mesh: 8 of trn2-ultra's 64 chips."""
+    mesh = jax.sharding.AbstractMesh((2, 4), ("a", "b"),
+                                     axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    f = jax.shard_map(lambda x: jax.lax.psum(x, "b"), mesh=mesh, in_specs=P("a", "b"),
+                      out_specs=P("a"))
+    path = tmp_path_factory.mktemp("inspect") / "small.mlir"
+    path.write_text(jax.jit(f).lower(jax.ShapeDtypeStruct((4, 8), jnp.float32)).as_text())
+    return path
+
+
+def test_cli_offers_an_origin_off_a_failed_chip_that_it_accepts(small_mesh_file, capsys):
+    # b on the x ring, a on a segment of y: chips 0, 4, 16, 20, ... (chip = 16 x + 4 y + z)
+    command = ["inspect", str(small_mesh_file), "--topology", "trn2-ultra", "--fail-chip", "4"]
+    assert main(command) == 1
+    offered = re.search(r"--origin (\d+,\d+,\d+)`", capsys.readouterr().err)
+    assert offered is not None and offered.group(1) == "0,0,1"
+    assert main(command + ["--origin", offered.group(1)]) == 0
+    assert "chips 1, 5, 17, 21, 33, 37, 49, 53 (8 of 64)" in capsys.readouterr().out
+
+
+def test_cli_origin_for_a_module_without_a_mesh_is_an_error(tmp_path, capsys):
+    path = tmp_path / "plain.mlir"
+    path.write_text(jax.jit(jnp.sin).lower(jax.ShapeDtypeStruct((4,), jnp.float32)).as_text())
+    assert main(["inspect", str(path), "--origin", "0,1,0"]) == 1
+    assert "origin (0, 1, 0) places a mesh, but the program has none" in \
+        capsys.readouterr().err
+
+
+def test_cli_locates_ops_of_a_module_without_debug_locations_in_the_file(stablehlo_file,
+                                                                          capsys):
+    # jax's as_text() has no debug locations: an op's place is its line of the .mlir file.
+    assert main(["inspect", str(stablehlo_file)]) == 0
+    out = capsys.readouterr().out
+    line = re.search(rf"Collective\.AllReduce.*# {re.escape(str(stablehlo_file))}:(\d+):\d+$",
+                     out, re.M)
+    assert line is not None
+    assert "all_reduce" in stablehlo_file.read_text().splitlines()[int(line.group(1)) - 1]
+    assert re.search(r" from step\.mlir:\d+$", out, re.M)
+    assert "-:" not in out
+
+
+def test_module_text_without_a_file_names_its_lines_as_the_modules():
+    text = jax.jit(jnp.sin).lower(jax.ShapeDtypeStruct((4,), jnp.float32)).as_text()
+    executable = jax_trn2.client().compile(text)
+    assert re.search(r"Scalar\.sin.*# <module>:\d+:\d+$", executable.as_text(), re.M)

@@ -1,5 +1,6 @@
 """memory_analysis, donation, the out-of-HBM error and the HBM counter track, through jit."""
 
+import functools
 import re
 
 import jax
@@ -144,3 +145,48 @@ def test_partitioned_programs_keep_donation_and_hold_pieces():
     piece = F // 64
     assert stats.argument_size_in_bytes == 2 * piece and stats.output_size_in_bytes == piece
     assert stats.alias_size_in_bytes == piece and stats.peak_memory_in_bytes == 2 * piece
+
+
+S = 64 * 64 * 4  # bytes of one step's float32[64,64]
+SCAN_MODULE = """
+func.func public @main(%x: tensor<{trips}x64x64xf32>, %c0: tensor<64x64xf32>)
+    -> (tensor<{trips}x64x64xf32>, tensor<64x64xf32>) {{
+  %init = stablehlo.transpose %c0, dims = [1, 0] : (tensor<64x64xf32>) -> tensor<64x64xf32>
+  %0:2 = chlo.scan(%x) inits(%init) dimension=0 {{
+  ^bb0(%e: tensor<64x64xf32>, %c: tensor<64x64xf32>):
+    %y = stablehlo.transpose %e, dims = [1, 0] : (tensor<64x64xf32>) -> tensor<64x64xf32>
+    %both = stablehlo.concatenate %c, %e, dim = 0
+      : (tensor<64x64xf32>, tensor<64x64xf32>) -> tensor<128x64xf32>
+    %next = stablehlo.slice %both [32:96, 0:64] : (tensor<128x64xf32>) -> tensor<64x64xf32>
+    stablehlo.return %y, %next : tensor<64x64xf32>, tensor<64x64xf32>
+  }} : (tensor<{trips}x64x64xf32>, tensor<64x64xf32>)
+    -> (tensor<{trips}x64x64xf32>, tensor<64x64xf32>)
+  return %0#0, %0#1 : tensor<{trips}x64x64xf32>, tensor<64x64xf32>
+}}"""
+
+
+@pytest.mark.parametrize("trips", [2, 8])
+def test_a_chlo_scan_holds_its_carry_once_and_its_body_temporaries(trips):
+    # Held for the whole step: x (trips S), c0 (S) and the stacked outputs (trips S). The
+    # carry is one buffer (S): the initial T(c0) dies at the scan, which writes its final
+    # carry there. Inside the body, beside its slice of x, its carry and the per-step
+    # output y (which goes into the stacked outputs), the concatenation (2 S) lives while
+    # it is made from the carry: 2 trips S + 4 S, whatever the trip count.
+    stats = jax_trn2.client().compile(SCAN_MODULE.format(trips=trips)).memory_analysis()
+    assert stats.peak_memory_in_bytes == 2 * trips * S + 4 * S
+    (inside,) = [b for b in stats.live_at_peak if b.kind == "inside"]
+    assert (inside.what, inside.nbytes) == ("scan body", 2 * S)
+
+
+def test_a_composite_adds_its_decomposition_temporaries():
+    @functools.partial(jax.lax.composite, name="my.middle_rows")
+    def middle_rows(x):
+        return jnp.concatenate([x, x])[32:96]
+
+    # x, x.T and the composite's result (S each), and inside the decomposition the
+    # concatenation (2 S) beside them: 5 S.
+    f = jax_trn2.jit(lambda x: middle_rows(x.T).T)
+    stats = f.lower(jax.ShapeDtypeStruct((64, 64), jnp.float32)).memory_analysis()
+    assert stats.peak_memory_in_bytes == 5 * S
+    (inside,) = [b for b in stats.live_at_peak if b.kind == "inside"]
+    assert (inside.what, inside.nbytes) == ("my.middle_rows decomposition", 2 * S)

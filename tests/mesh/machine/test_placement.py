@@ -79,9 +79,18 @@ def test_mesh_on_a_failed_chip_names_it_and_offers_placements_that_avoid_it():
                                          r"\(x=0, y=1, z=1\); no placement of 64 devices"):
         place_mesh(faulty, (4, 4, 4), ("x", "y", "z"))
     with pytest.raises(ValueError, match=r"chip 5 at torus \(0, 1, 1\) held device 4 \(a=1, "
-                                         r"b=0\); placements that avoid the failed chips: "
-                                         r"origin=\[\(0, 0, 0\)"):
+                                         r"b=0\); placements that avoid the failed chips "
+                                         r"start at torus origin \(0, 0, 0\), .*: "
+                                         r"make_mesh\(\.\.\., origin=\(0, 0, 0\)\), or "
+                                         r"from a shell `jax-trn2 inspect \.\.\. "
+                                         r"--origin 0,0,0`"):
         place_mesh(faulty, (2, 4), ("a", "b"), origin=(0, 0, 1))
+
+
+def test_origin_moves_the_first_chips_of_an_spmd_module():
+    # Processes on chips 0-7, at torus (0, y, z) for y < 2; moved one step along z, wrapping.
+    placement = place_first(ULTRA, (2, 4), ("replica", "partition"), origin=(0, 0, 1))
+    assert placement.device_to_chip == (1, 2, 3, 0, 5, 6, 7, 4)
 
 
 def test_origin_moves_the_block():
