@@ -124,12 +124,13 @@ def ragged_all_to_all(ctx: LoweringContext, op: Op):
 def _check_ragged(op: Op, group_size: int) -> None:
     operand, output, *offsets = op.operand_types
     names = ("input_offsets", "send_sizes", "output_offsets", "recv_sizes")
-    if operand.dtype != output.dtype or operand.shape[1:] != output.shape[1:] or \
-            not operand.shape:
+    if not operand.shape or operand.dtype != output.dtype or \
+            operand.shape[1:] != output.shape[1:]:
         raise ValueError(f"ragged_all_to_all: operand {operand} and output {output} must have "
                          "the same element type and the same shape after the leading dim")
     for name, t in zip(names, offsets):
-        if len(t.shape) != 1 or t.shape != offsets[0].shape or not t.dtype.startswith(("int", "uint")):
+        integer = t.dtype.startswith(("int", "uint"))
+        if len(t.shape) != 1 or t.shape != offsets[0].shape or not integer:
             raise ValueError(f"ragged_all_to_all: {name} is {t}; the offsets and sizes must "
                              f"be 1-D integer arrays of one length")
     if offsets[0].shape[0] % group_size:
