@@ -6,11 +6,15 @@ like `core.call_p`. JAX transforms a call primitive by transforming the function
 and binding the same primitive again: the JVP of the call is a call of the JVP of the
 function, its linearisation a call of the primal part (with the residuals it saves) and a
 call of the linear part, its transpose a call of the transposed function, its batched form a
-call of the vmapped function. When such a call is finally evaluated (no tracer left, at the
-top level), `_run_on_mesh` compiles the function it carries for the simulated mesh and runs
-it there. So `jax.grad(jax_trn2.jit(f))(x)` runs the forward pass and the backward pass on
-the simulated mesh, each as its own program. Inside a staged computation (`jax.jit`, or an
-outer `jax_trn2.jit`) the call is inlined as a `func.call` of the function.
+call of the vmapped function. The function a call carries is the `jax.jit` of the user's
+function with the `jax_trn2.jit`'s in/out shardings, so the transformed computation checks
+and keeps them as jax.jit does (jax.jit's own JVP, transpose and batching rules carry them
+along) and the program run on the mesh is partitioned like the untransformed one. When
+such a call is finally evaluated (no tracer left, at the top level), `_run_on_mesh`
+compiles the function it carries for the simulated mesh and runs it there. So
+`jax.grad(jax_trn2.jit(f))(x)` runs the forward pass and the backward pass on the simulated
+mesh, each as its own program. Inside a staged computation (`jax.jit`, or an outer
+`jax_trn2.jit`) the call is inlined as a `func.call` of the function.
 
 This uses JAX's call-primitive machinery from `jax._src` (there is no public API to define
 a call primitive); the rules registered here are the ones `core.call_p` has.

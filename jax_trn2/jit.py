@@ -235,7 +235,9 @@ class Jitted:
         _check_hashable(static)
         leaves, tree = tree_util.tree_flatten((dyn_args, dyn_kwargs))
         if compose.is_traced(leaves):  # under a JAX transformation (jax_trn2.compose)
-            return compose.call_traced(self._fun, dict(static), leaves, tree,
+            # the function called is jax.jit's, so that its in/out shardings and their
+            # checks hold in the transformed computation too (which XLA then partitions)
+            return compose.call_traced(self._jax_jit, dict(static), leaves, tree,
                                        self._topology, self.rounding)
         # jax.jit's trace context too: the mesh of jax.set_mesh (PartitionSpecs and
         # constraints name its axes), x64, default matmul precision, ...

@@ -40,7 +40,8 @@ def _plan(instr: isa.Instruction, program: isa.Program, topology: Topology,
                                            instr.out_dtype, topology.chip)
         return dataclasses.replace(instr, tiling=tiling, pass_size=tiling.k_pass)
     if type(instr) in KINDS:
-        moved = instr.outs if isinstance(instr, isa.AllGather) else instr.ins
+        moved = instr.outs if isinstance(instr, isa.AllGather) else \
+            instr.ins[:1] if isinstance(instr, isa.RaggedAllToAll) else instr.ins
         message = sum(program.values[v].type.nbytes for v in moved)
         return dataclasses.replace(instr, plan=plan_collective(instr, message, topology,
                                                                placement))

@@ -95,7 +95,8 @@ def grouping_mode(op_name: str, channel_id: int, use_global_device_ids: bool) ->
     """The spec's grouping strategy of a collective op from its channel_id and
     use_global_device_ids (all_gather, all_reduce, reduce_scatter have three; all_to_all,
     collective_permute and collective_broadcast two)."""
-    if op_name.split(".")[-1] in ("all_to_all", "collective_permute", "collective_broadcast"):
+    if op_name.split(".")[-1] in ("all_to_all", "ragged_all_to_all", "collective_permute",
+                                  "collective_broadcast"):
         return CROSS_PARTITION if channel_id > 0 else CROSS_REPLICA
     if use_global_device_ids:
         if channel_id <= 0:

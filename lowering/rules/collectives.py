@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lowering.registry import rule
+from lowering.registry import custom_call_rule, rule
 from lowering.mlir import MeshAxesGroups
 from lowering.replica_groups import decode_groups, grouping_mode, mesh_axes_groups
 from lowering.rules.reduction import monoid
@@ -104,6 +104,38 @@ def all_to_all(ctx: LoweringContext, op: Op):
                           split_dimension=op.attrs["split_dimension"],
                           concat_dimension=op.attrs["concat_dimension"])[0]
                  for v, t in zip(op.operands, op.result_types))
+
+
+@custom_call_rule("ragged_all_to_all")
+def ragged_all_to_all(ctx: LoweringContext, op: Op):
+    """jax.lax.ragged_all_to_all, a custom call whose replica groups and channel are in
+    its backend config (read as all_to_all's)."""
+    config = op.backend_config
+    groups = ctx.grid.process_groups(
+        np.asarray(config.get("replica_groups", np.zeros((0, 0), np.int64))),
+        grouping_mode("ragged_all_to_all", int(config.get("channel_id", 0)), False))
+    groups = decode_groups(groups, ctx.mesh)
+    _check_ragged(op, groups.group_size)
+    inputs = frozenset().union(*(ctx.varying(v) for v in op.operands))
+    return ctx.emit(isa.RaggedAllToAll, op, groups=groups,
+                    varying=inputs | _per_member(ctx, op.operands[1], groups))
+
+
+def _check_ragged(op: Op, group_size: int) -> None:
+    operand, output, *offsets = op.operand_types
+    names = ("input_offsets", "send_sizes", "output_offsets", "recv_sizes")
+    if not operand.shape or operand.dtype != output.dtype or \
+            operand.shape[1:] != output.shape[1:]:
+        raise ValueError(f"ragged_all_to_all: operand {operand} and output {output} must have "
+                         "the same element type and the same shape after the leading dim")
+    for name, t in zip(names, offsets):
+        integer = t.dtype.startswith(("int", "uint"))
+        if len(t.shape) != 1 or t.shape != offsets[0].shape or not integer:
+            raise ValueError(f"ragged_all_to_all: {name} is {t}; the offsets and sizes must "
+                             f"be 1-D integer arrays of one length")
+    if offsets[0].shape[0] % group_size:
+        raise ValueError(f"ragged_all_to_all: {offsets[0].shape[0]} offsets do not divide "
+                         f"among the {group_size} members of a replica group")
 
 
 @rule("stablehlo.collective_permute")

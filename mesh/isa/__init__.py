@@ -423,6 +423,21 @@ class AllToAll(Instruction):
 
 
 @dataclass(frozen=True, eq=False)
+class RaggedAllToAll(Instruction):
+    """jax.lax.ragged_all_to_all: ins = (operand, output, input_offsets, send_sizes,
+    output_offsets, recv_sizes), offsets and sizes [K] with K = group_size * slices per
+    member. Member s sends the rows operand[input_offsets[i] : +send_sizes[i]] to member
+    i // (K / group_size), which writes them at rows output_offsets[i] (the sender's value)
+    of its copy of `output`, at most recv_sizes[j] of them (j: the receiver's slot for that
+    slice, s * K / group_size + i % (K / group_size)). Rows outside the operand or the
+    output are skipped (jax leaves them undefined)."""
+
+    groups: Groups
+    plan: Plan | None = None
+    engine: ClassVar[str] = COLLECTIVE
+
+
+@dataclass(frozen=True, eq=False)
 class CollectivePermute(Instruction):
     """Send from each source device to its target; devices no one sends to receive zeros."""
 

@@ -56,8 +56,13 @@ KINDS: dict[type, str] = {
     isa.AllGather: "all-gather",
     isa.ReduceScatter: "reduce-scatter",
     isa.AllToAll: "all-to-all",
+    isa.RaggedAllToAll: "all-to-all",  # costed as one of its whole operand (RAGGED_BOUND)
     isa.CollectivePermute: "collective-permute",
 }
+
+# A ragged all-to-all sends only its send_sizes rows, which are data: the plan is that of an
+# all-to-all of the whole operand, an upper bound on the time, and the listing says so.
+RAGGED_BOUND = "ragged all-to-all (upper bound: all-to-all of the whole operand)"
 
 
 @dataclass(frozen=True)
@@ -119,7 +124,10 @@ def plan_collective(instr: isa.Instruction, message_bytes: int, topology: Topolo
         raise ValueError(f"{type(instr).__name__} is not a collective")
     if isinstance(instr, isa.CollectivePermute):
         return _plan_permute(instr.pairs, message_bytes, topology, placement)
-    return _plan_grouped(kind, instr.groups, message_bytes, topology, placement)
+    plan = _plan_grouped(kind, instr.groups, message_bytes, topology, placement)
+    if isinstance(instr, isa.RaggedAllToAll):
+        return dataclasses.replace(plan, kind=RAGGED_BOUND)
+    return plan
 
 
 @functools.lru_cache(maxsize=1024)

@@ -405,7 +405,7 @@ def _update_slice(instr, ctx: CostContext) -> Cost:
 
 
 @cost_rule(isa.AllReduce, isa.AllGather, isa.ReduceScatter, isa.AllToAll,
-           isa.CollectivePermute)
+           isa.RaggedAllToAll, isa.CollectivePermute)
 def _collective(instr, ctx: CostContext) -> Cost:
     if instr.plan is None:
         raise ValueError(f"{instr.mnemonic} at {instr.loc or 'unknown location'} has no torus "

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_trn2
@@ -132,3 +133,57 @@ def test_grad_of_a_shard_map_program(rng):
     w = rng.standard_normal((16, 8)).astype(np.float32)
     np.testing.assert_allclose(jax.grad(jax_trn2.jit(f), argnums=1)(x, w),
                                jax.grad(f, argnums=1)(x, w), rtol=RTOL, atol=1e-6)
+
+
+def loss_shardings(mesh) -> tuple[NamedSharding, NamedSharding]:
+    return NamedSharding(mesh, P("data", None)), NamedSharding(mesh, P(None, "model"))
+
+
+def sharded_loss_setup(rng):
+    """The loss's shardings over a simulated (2, 4) mesh and over 8 CPU devices, and data."""
+    cpu = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2,
+                        devices=jax.devices("cpu")[:8])
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    w = rng.standard_normal((16, 4)).astype(np.float32)
+    return (loss_shardings(jax_trn2.make_mesh((2, 4), ("data", "model"))),
+            loss_shardings(cpu), x, w)
+
+
+def test_grad_keeps_in_shardings_and_runs_partitioned(rng, mesh_runs):
+    """Both programs jax.grad runs are partitioned as jax.jit's in_shardings say: each has
+    the all-reduces XLA's partitioner inserted for the sum over the sharded rows."""
+    sim_shardings, cpu_shardings, x, w = sharded_loss_setup(rng)
+    got = jax.grad(jax_trn2.jit(loss, in_shardings=sim_shardings), argnums=(0, 1))(x, w)
+    want = jax.grad(jax.jit(loss, in_shardings=cpu_shardings), argnums=(0, 1))(x, w)
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(g, r, rtol=RTOL, atol=1e-6)
+    assert len(mesh_runs) == 2
+    for executable in mesh_runs:
+        assert executable.program.mesh.axis_sizes == (2, 4)
+        assert "inserted by XLA's SPMD partitioner: all-reduce" in executable.as_text()
+
+
+def test_vmap_and_jit_keep_in_shardings(rng):
+    sim_shardings, cpu_shardings, x, w = sharded_loss_setup(rng)
+    f = jax_trn2.jit(loss, in_shardings=sim_shardings)
+    ws = np.stack([w, 2 * w])
+    np.testing.assert_allclose(jax.vmap(f, in_axes=(None, 0))(x, ws),
+                               [loss(x, w), loss(x, 2 * w)], rtol=RTOL)
+    text = jax_trn2.jit(lambda x, w: 2 * f(x, w)).lower(x, w).as_text()
+    assert "inserted by XLA's SPMD partitioner" in text
+
+
+@pytest.mark.parametrize("bad", ["structure", "indivisible"])
+def test_bad_in_shardings_under_grad_give_jax_jits_error(bad, rng):
+    """in_shardings of the wrong structure, or a dim (7 rows over data=2) they do not
+    divide: under jax.grad, the same error as jax.jit gives."""
+    sim_shardings, cpu_shardings, x, w = sharded_loss_setup(rng)
+    if bad == "structure":
+        sim_shardings, cpu_shardings = sim_shardings[:1], cpu_shardings[:1]
+    else:
+        x = x[:7]
+    with pytest.raises(ValueError) as expected:
+        jax.grad(jax.jit(loss, in_shardings=cpu_shardings))(x, w)
+    with pytest.raises(ValueError) as got:
+        jax.grad(jax_trn2.jit(loss, in_shardings=sim_shardings))(x, w)
+    assert str(got.value) == str(expected.value)

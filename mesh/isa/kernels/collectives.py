@@ -194,3 +194,37 @@ def collective_permute(instr: isa.CollectivePermute, args, ctx: KernelContext):
         mask = (source >= 0).reshape((n,) + (1,) * (x.ndim - ctx.nm))
         received = jnp.where(mask, received, jnp.zeros((), x.dtype))
     return [ctx.fit(received.reshape(ctx.mesh.axis_sizes + x.shape[ctx.nm:]), instr)]
+
+
+@kernel(isa.RaggedAllToAll)
+def ragged_all_to_all(instr: isa.RaggedAllToAll, args, ctx: KernelContext):
+    """Each receiver looks up, for every row of its output, the last slice written over it
+    (slices are applied in slot order, as jax's docstring writes them one after another)
+    and gathers that row from its sender; rows no slice covers keep `output`."""
+    n = ctx.mesh.num_devices
+    operand, output, input_offsets, send_sizes, output_offsets, recv_sizes = (
+        ctx.full(x).reshape((n,) + x.shape[ctx.nm:]) for x in args)
+    size = instr.groups.group_size
+    per_member = input_offsets.shape[1] // size  # slices each member sends each other one
+    # peer[d, j]: the member that sends the slice device d receives in its slot j;
+    # sent_as[d, j]: that slice's slot at the sender
+    groups = np.asarray(instr.groups.device_groups, dtype=np.int64)
+    group_of, rank_of = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    for g, members in enumerate(groups):
+        group_of[members], rank_of[members] = g, np.arange(size)
+    slot = np.arange(size * per_member)
+    peer = groups[group_of][:, slot // per_member]
+    sent_as = rank_of[:, None] * per_member + slot % per_member
+    start_in, start_out = input_offsets[peer, sent_as], output_offsets[peer, sent_as]
+    count = jnp.minimum(send_sizes[peer, sent_as], recv_sizes)  # [n, K]
+    rows = jnp.arange(output.shape[1], dtype=start_out.dtype)[None, :, None]  # [1, M, 1]
+    source_row = start_in[:, None, :] + rows - start_out[:, None, :]  # [n, M, K]
+    writes = ((rows >= start_out[:, None, :]) & (rows < (start_out + count)[:, None, :])
+              & (source_row >= 0) & (source_row < operand.shape[1]))
+    last = writes.shape[2] - 1 - jnp.argmax(writes[:, :, ::-1], axis=2)  # [n, M]
+    source_row = jnp.take_along_axis(source_row, last[:, :, None], axis=2)[:, :, 0]
+    received = operand[jnp.asarray(peer)[np.arange(n)[:, None], last],
+                       jnp.clip(source_row, 0, operand.shape[1] - 1)]
+    written = writes.any(axis=2).reshape(writes.shape[:2] + (1,) * (output.ndim - 2))
+    result = jnp.where(written, received, output)
+    return [ctx.fit(result.reshape(ctx.mesh.axis_sizes + output.shape[1:]), instr)]
