@@ -4,8 +4,9 @@
     python benchmarks/run.py --quick       # fewer timed calls, no memory children
 
 Steady-state time is the median of several calls after warm-up, both sides in this one
-process; first call is trace + lower + compile + one run; peak memory is the peak resident
-set of a fresh child process that runs one side of one workload.
+process; first call is trace + lower + compile + one run, after a tiny program has gone
+through each side once (so the first row does not carry the process's start-up); peak
+memory is the peak resident set of a fresh child process that runs one side of one workload.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ jax.config.update("jax_num_cpu_devices", 64)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import AxisType, NamedSharding  # noqa: E402
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -55,6 +56,18 @@ def prepare(workload: Workload, side: str):
     inputs = tuple(jax.device_put(x, NamedSharding(mesh, spec))
                    for x, spec in zip(inputs, workload.in_specs))
     return jax.jit(workload.build(mesh)), inputs
+
+
+def warm_up() -> None:
+    """Run a tiny program through each side once, so that no row's first call pays for the
+    process's one-time start-up (jax's backends, MLIR contexts, jax_trn2's imports)."""
+    tiny = Workload("warm_up", lambda mesh: jax.shard_map(lambda x: jax.lax.psum(x, "x"),
+                                                          mesh=mesh, in_specs=P("x"),
+                                                          out_specs=P()),
+                    lambda rng: (np.ones((4, 2), np.float32),), (P("x"),))
+    for side in ("sim", "jax"):
+        fn, inputs = prepare(tiny, side)
+        _block(fn(*inputs))
 
 
 def time_side(workload: Workload, side: str, calls: int) -> dict:
@@ -200,6 +213,7 @@ def main(argv=None) -> None:
               "| sim first s | jax first s | first ratio | sim MiB | jax MiB | mem ratio |")
     print(header)
     print("|---" * 14 + "|")
+    warm_up()
     for workload in WORKLOADS + (TRANSFORMER_STACK,):
         if args.only and workload.name not in args.only:
             continue
