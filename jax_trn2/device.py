@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,8 @@ class Buffer:
             else None
         if held is None:
             # An array keeps its dtype (int64, float64 too); a Python scalar takes jax's default.
-            with jax.enable_x64(hasattr(array, "dtype")):
+            keep_dtype = jax.enable_x64(True) if hasattr(array, "dtype") else nullcontext()
+            with keep_dtype:
                 held = jnp.asarray(array)
         self._array = held
         self.device = device

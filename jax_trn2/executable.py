@@ -20,7 +20,7 @@ from mesh.isa import printer
 from mesh.perf import trace
 from mesh.perf.estimate import ProgramEstimate, target_text
 from mesh.emulated_floats import host_to_storage, storage_to_host
-from mesh.executor import compile_program
+from mesh.executor import compile_program, input_shapes
 from mesh.machine import Placement, Topology, place_on
 from mesh.memory import MemoryStats
 
@@ -97,17 +97,19 @@ class LoadedExecutable:
 
     def _compile(self, global_io: bool):
         values = self.program.values
-        inputs = [jax.ShapeDtypeStruct(values[v].type.shape if global_io
-                                       else self.program.array_shape(v),
-                                       dtypes.storage_dtype(values[v].type.dtype))
-                  for v in self.program.inputs]
+        inputs = [jax.ShapeDtypeStruct(shape, dtypes.storage_dtype(values[v].type.dtype))
+                  for shape, v in zip(input_shapes(self.program, global_io),
+                                      self.program.inputs)]
         with jax.enable_x64(True):  # a module's 64-bit inputs keep their type
             return compile_program(self.program, self.rounding, self.executor_devices,
                                    global_io).lower(*inputs).compile()
 
     def load(self) -> "LoadedExecutable":
-        """Compile the program for the host now (otherwise the first execute does)."""
-        _ = self._run_global
+        """Compile the program for the host now (otherwise the first execute does): for
+        `execute_sharded` when it takes each device's own arguments (an SPMD module), for
+        `execute` otherwise."""
+        per_device = any(self.program.values[v].varying for v in self.program.inputs)
+        _ = self._run if per_device else self._run_global
         return self
 
     @classmethod

@@ -85,6 +85,8 @@ class Compiled:
         self.in_tree = in_tree
         self.out_tree = out_tree
         self.out_dtypes = tuple(out_dtypes)
+        program = executable.program
+        self._input_types = [program.values[v].type for v in program.inputs]
 
     def __call__(self, *args, **kwargs) -> Any:
         leaves, tree = tree_util.tree_flatten((args, kwargs))
@@ -95,11 +97,10 @@ class Compiled:
 
     def call_flat(self, leaves: Sequence[Any]) -> Any:
         """Run on the flattened dynamic arguments; returns the output pytree."""
-        executable = self.executable
-        types = [executable.program.values[v].type for v in executable.program.inputs]
-        leaves = [_canonical(leaf, name, t) for leaf, name, t in
-                  zip(leaves, executable.arg_names, types)] + list(leaves[len(types):])
-        results = executable.execute(leaves)
+        if len(leaves) == len(self._input_types):  # else execute names what is missing
+            leaves = [_canonical(leaf, name, t) for leaf, name, t in
+                      zip(leaves, self.executable.arg_names, self._input_types)]
+        results = self.executable.execute(leaves)
         return tree_util.tree_unflatten(self.out_tree, [
             _typed(r, dtype) for r, dtype in zip(results, self.out_dtypes, strict=True)])
 

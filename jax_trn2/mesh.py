@@ -98,7 +98,7 @@ def _remember_machine(shapes: tuple[int, ...], names: tuple[str, ...], topo: Top
         warnings.warn(
             f"make_mesh: a mesh {shapes} {names} was made before for "
             f"{_machine_text(*before)}; jax treats meshes of the same shape, axis names and "
-            f"devices as one mesh, so programs over either now run on "
+            f"devices as one mesh, so programs over either traced from now on run on "
             f"{_machine_text(topo, origin)}. To keep both machines, give the meshes "
             "different axis names (or pass topology= to jax_trn2.jit)", stacklevel=3)
     _MESH_MACHINES[(shapes, names)] = (topo, origin)

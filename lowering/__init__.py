@@ -33,17 +33,20 @@ def lower(program: Any, mesh: isa.MeshSpec | None = None,
     module = parse_module(program)
     if dynamic_shapes.needs_refinement(module):
         module = dynamic_shapes.refine(module)
+    xla_error = None
     if partition.needs_partitioning(module):
         mesh = partition.global_mesh(module)
-        module = partition.partition(module, mesh.num_devices)
+        module, xla_error = partition.partition(module, mesh.num_devices)
     try:
         return simplify(Walker(module, mesh, host_callbacks, module_name).lower())
-    except LoweringError:
-        raise
-    except NotImplementedError as e:  # module-level forms (meshes, shardings of main)
-        raise UnsupportedOpError(str(e)) from e
-    except ValueError as e:
-        raise LoweringError(str(e)) from e
+    except (LoweringError, NotImplementedError, ValueError) as e:
+        if xla_error is None and isinstance(e, LoweringError):
+            raise
+        error_class = type(e) if isinstance(e, LoweringError) else \
+            UnsupportedOpError if isinstance(e, NotImplementedError) else LoweringError
+        message = str(e) if xla_error is None else \
+            f"{e}\n(XLA:CPU could not compile the partitioned program either: {xla_error})"
+        raise error_class(message) from e
 
 
 def supported_ops() -> list[str]:

@@ -304,8 +304,12 @@ def _mesh_axes_groups(attr) -> MeshAxesGroups:
             sub = hlo.SubAxisInfoAttr(sub)
         axes.append((ref.name, None if sub is None else (int(sub.pre_size), int(sub.size))))
     mesh = attr.mesh
-    if isinstance(mesh, ir.FlatSymbolRefAttr) or not hlo.MeshAttr.isinstance(mesh):
-        return MeshAxesGroups(ir.FlatSymbolRefAttr(mesh).value, tuple(axes))
+    if not hlo.MeshAttr.isinstance(mesh):  # a mesh symbol of the module
+        try:
+            return MeshAxesGroups(ir.FlatSymbolRefAttr(mesh).value, tuple(axes))
+        except ValueError as e:
+            raise NotImplementedError(f"replica groups over the mesh {mesh} ({attr}): neither "
+                                      "a mesh symbol nor an inline #stablehlo.mesh") from e
     mesh = hlo.MeshAttr(mesh)
     if mesh.device_ids is not None and len(mesh.device_ids):
         raise NotImplementedError(f"replica groups over a mesh with explicit device ids "

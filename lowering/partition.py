@@ -69,9 +69,12 @@ def global_mesh(module: ir.Module) -> isa.MeshSpec:
     return mesh
 
 
-def partition(module: ir.Module, num_devices: int) -> ir.Module:
+def partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exception | None]:
     """The per-chip program XLA's SPMD partitioner makes of `module` for `num_devices`
-    chips (device i = partition i), as a StableHLO module."""
+    chips (device i = partition i), as a StableHLO module; and the error XLA:CPU raised
+    compiling the rest of the way, if it did (its code generation lacks some ops that the
+    simulator has, such as sub-byte all-reduces; if lowering the partitioned program fails
+    too, XLA's reason belongs in that error)."""
     client = host_client(num_devices)
     options = xla_client.CompileOptions()
     build = options.executable_build_options
@@ -107,7 +110,7 @@ def partition(module: ir.Module, num_devices: int) -> ir.Module:
     partitioned = ir.Module.parse(stablehlo, jax_mlir.make_ir_context())
     _set_replica_groups(partitioned, mesh_groups)
     _carry_donation(module, partitioned)
-    return partitioned
+    return partitioned, failure
 
 
 _DONATION_ATTRS = ("tf.aliasing_output", "jax.buffer_donor")

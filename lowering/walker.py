@@ -37,7 +37,8 @@ class Region:
         return self._region.blocks[0]
 
     @property
-    def arg_types(self) -> tuple[isa.TensorType, ...]:
+    def arg_types(self) -> tuple[isa.TensorType | mlir.TupleType, ...]:
+        """The block arguments' types (tokens as TensorType, tuples as TupleType)."""
         return tuple(mlir.value_type(a.type) for a in self.block.arguments)
 
 

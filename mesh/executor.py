@@ -109,10 +109,16 @@ def compile_program(program: isa.Program,
     fun = run_global if global_io else run
     if devices is None or len(devices) <= 1:
         return jax.jit(fun, compiler_options=EXACT_PRECISION)
-    shapes = [program.values[v].type.shape if global_io else program.array_shape(v)
-              for v in program.inputs]
     return jax.jit(fun, compiler_options=EXACT_PRECISION,
-                   in_shardings=tuple(_split_over(devices, shape) for shape in shapes))
+                   in_shardings=tuple(_split_over(devices, shape)
+                                      for shape in input_shapes(program, global_io)))
+
+
+def input_shapes(program: isa.Program, global_io: bool) -> list[tuple[int, ...]]:
+    """The shapes compile_program's function takes: each input's own shape (global_io) or
+    its executor layout."""
+    return [program.values[v].type.shape if global_io else program.array_shape(v)
+            for v in program.inputs]
 
 
 def _split_over(devices: Sequence[jax.Device], shape: tuple[int, ...]) -> NamedSharding:

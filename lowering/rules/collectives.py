@@ -27,7 +27,8 @@ def _process_groups(ctx: LoweringContext, op: Op, complete: bool = True) -> np.n
     groups = op.attrs["replica_groups"]
     if isinstance(groups, MeshAxesGroups):  # axes of an sdy.mesh of the module, or inline
         mesh = ctx.walker.module_mesh(groups.mesh) if isinstance(groups.mesh, str) else \
-            isa.MeshSpec(*map(tuple, zip(*groups.mesh)))
+            isa.MeshSpec(tuple(name for name, _ in groups.mesh),
+                         tuple(size for _, size in groups.mesh))
         groups = mesh_axes_groups(mesh, groups.axes)
     return ctx.grid.process_groups(np.asarray(groups), _mode(op), complete)
 

@@ -349,25 +349,43 @@ def _sunk_constants(program: isa.Program) -> set[int]:
     through unchanged, and those loops' copies of them: values XLA never stores (see the
     module doc)."""
     producers = {v: instr for instr in program.instructions for v in instr.outs}
+    readers = _Readers()
     sunk = set()
     for instr in program.instructions:
         if isinstance(instr, isa.BroadcastInDim) and \
                 isinstance(producers.get(instr.ins[0]), isa.Constant):
-            copies = _fused_everywhere(program, instr.outs[0])
+            copies = _fused_everywhere(program, instr.outs[0], readers)
             if copies is not None:
                 sunk |= copies
     return sunk
 
 
-def _fused_everywhere(program: isa.Program, value: int, yielded: bool = False) -> set[int] | None:
+class _Readers:
+    """The instructions that read each value, per program, found once per program."""
+
+    def __init__(self):
+        self._by_program: dict[int, dict[int, list[isa.Instruction]]] = {}
+
+    def __call__(self, program: isa.Program, value: int) -> list[isa.Instruction]:
+        table = self._by_program.get(id(program))
+        if table is None:
+            table = self._by_program[id(program)] = {}
+            for instr in program.instructions:
+                for v in dict.fromkeys(instr.ins):
+                    table.setdefault(v, []).append(instr)
+        return table.get(value, [])
+
+
+def _fused_everywhere(program: isa.Program, value: int, readers: _Readers,
+                      yielded: bool = False) -> set[int] | None:
     """`value` and the results of the loops that carry it unchanged, when every reader of
     them (inside those loops too) fuses it; None when some reader needs it stored.
     `yielded`: a loop body's input it yields unchanged (its own output is no reader)."""
     if value in program.outputs and not yielded:
         return None
     found = {value}
-    for instr in program.instructions:
-        if value not in instr.ins or isinstance(instr, STREAMING_CONSUMERS):
+    for instr in readers(program, value):
+        if isinstance(instr, STREAMING_CONSUMERS):
             continue
         if not isinstance(instr, control.While):
             return None
@@ -377,9 +395,9 @@ def _fused_everywhere(program: isa.Program, value: int, yielded: bool = False) -
             state = k < len(instr.outs)
             if state and instr.body.outputs[k] != instr.body.inputs[k]:
                 return None  # the loop changes it: its state needs a buffer
-            inner = [_fused_everywhere(instr.cond, instr.cond.inputs[k]),
-                     _fused_everywhere(instr.body, instr.body.inputs[k], yielded=state),
-                     _fused_everywhere(program, instr.outs[k]) if state else set()]
+            inner = [_fused_everywhere(instr.cond, instr.cond.inputs[k], readers),
+                     _fused_everywhere(instr.body, instr.body.inputs[k], readers, yielded=state),
+                     _fused_everywhere(program, instr.outs[k], readers) if state else set()]
             if any(part is None for part in inner):
                 return None
             found |= inner[2]

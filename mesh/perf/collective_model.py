@@ -62,7 +62,7 @@ KINDS: dict[type, str] = {
 
 # A ragged all-to-all sends only its send_sizes rows, which are data: the plan is that of an
 # all-to-all of the whole operand, an upper bound on the time, and the listing says so.
-RAGGED_BOUND = "ragged all-to-all (upper bound: all-to-all of the whole operand)"
+RAGGED_BOUND = ("ragged all-to-all (estimated as an all-to-all of the whole operand: balanced send sizes assumed)")
 
 
 @dataclass(frozen=True)

@@ -329,7 +329,6 @@ def test_bitcast_convert_of_booleans_to_booleans_and_bytes():
     np.testing.assert_array_equal(byte, [0b10001101] * 2)
 
 
-
 def test_bitcast_convert_between_complex_widths():
     """A complex element's bits are its real part's then its imaginary part's, so
     complex<f64> -> 2 x complex<f32> and back are numpy's views of the same memory

@@ -54,10 +54,10 @@ def test_a_mesh_made_again_for_another_machine_says_which_machine_its_programs_u
     # costed on the faulty machine: make_mesh warns; distinct axis names keep both.
     faulty = get_topology("trn2-ultra").with_failed_cable(0, 16)
     jax_trn2.make_mesh((4, 16), ("rows", "cols"))
-    with pytest.warns(UserWarning, match=r"made before for 'trn2-ultra'; .* now run on "
+    with pytest.warns(UserWarning, match=r"made before for 'trn2-ultra'; .* from now on run on "
                                          r"'trn2-ultra' \(failed links 0->16, 16->0\)"):
         jax_trn2.make_mesh((4, 16), ("rows", "cols"), topology=faulty)
-    with pytest.warns(UserWarning, match="now run on 'trn2-ultra'. To keep both"):
+    with pytest.warns(UserWarning, match="from now on run on 'trn2-ultra'. To keep both"):
         healthy = jax_trn2.make_mesh((4, 16), ("rows", "cols"))
     broken = jax_trn2.make_mesh((4, 16), ("broken_rows", "broken_cols"), topology=faulty)
     x = jax.ShapeDtypeStruct((64 * 1024,), np.float32)

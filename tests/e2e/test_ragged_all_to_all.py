@@ -154,7 +154,7 @@ def test_under_auto_partitioning(rng):
     assert "RaggedAllToAll" in step.lower(*args).as_text()
 
 
-def test_costed_as_an_all_to_all_of_the_operand_and_listed_as_a_bound(rng):
+def test_costed_as_an_all_to_all_of_the_operand_and_listed_as_an_estimate(rng):
     shape, names = (2, 4), ("data", "model")
     args = [per_chip_global(a, 2) for a in ragged_exchange(rng, shape, 1, "float32")]
     step = jax_trn2.jit(ragged_program(jax_trn2.make_mesh(shape, names), names, "model",
@@ -162,7 +162,7 @@ def test_costed_as_an_all_to_all_of_the_operand_and_listed_as_a_bound(rng):
     text = step.lower(*args).as_text()
     operand_bytes = math.prod(args[0].shape[1:]) * (args[0].shape[0] // 8) * 4
     line = next(l for l in text.splitlines() if "torus: ragged all-to-all" in l)
-    assert "upper bound: all-to-all of the whole operand" in line
+    assert "estimated as an all-to-all of the whole operand: balanced send sizes" in line
     assert f"of {operand_bytes} B over logical model" in line
 
 

@@ -34,7 +34,7 @@ w = rng.standard_normal((512, 256)).astype(jnp.bfloat16)
 one = jax_trn2.jit(f)(x, w)
 split = jax_trn2.jit(f, executor_devices=jax.devices())
 many = split(x, w)
-run = split.lower(x, w).compile().executable._run
+run = split.lower(x, w).compile().executable._run_global  # what a call runs
 used = {{d for s in run.input_shardings[0] for d in s.device_set}}
 assert len(used) == {devices}, used
 for a, b in zip(one, many):

@@ -67,6 +67,7 @@ def process(d: int) -> tuple[int, int]:
 
 # --- the spec's strategies, as flattened-id groups -------------------------------------------
 
+
 def cross_replica(replica_groups):
     return [[r * P + p for r in group] for group in replica_groups for p in range(P)]
 
@@ -88,6 +89,7 @@ PAIRED = [[15, 0], [1, 14], [2, 13], [3, 12], [4, 11], [5, 10], [6, 9], [7, 8]]
 
 
 # --- tests ----------------------------------------------------------------------------------
+
 
 def test_partition_and_replica_ids(client):
     body = """    %p = stablehlo.partition_id : tensor<ui32>
@@ -126,7 +128,6 @@ def test_all_gather_modes_keep_rank_order(client, mode, attrs, groups):
         np.testing.assert_array_equal(got[d], X[group_of(groups, d)].ravel(), err_msg=mode)
 
 
-
 def test_all_reduce_over_an_inline_mesh_sub_axis_of_64_bit_integers(client):
     """Replica groups named by a sub-axis of an inline mesh (what XLA's HLO-to-StableHLO
     conversion writes): on mesh x=2, y=8 with device d = 8 x + y, the sub-axis "y":(1)2 is
@@ -145,6 +146,7 @@ def test_all_reduce_over_an_inline_mesh_sub_axis_of_64_bit_integers(client):
     for d in range(N):
         partner = d + 4 if d % 8 < 4 else d - 4
         np.testing.assert_array_equal(got[d], x[d] + x[partner])
+
 
 def test_reduce_scatter_flattened_ids(client):
     groups = [[d, d + 8] for d in range(8)]  # replica 0 and 1 of each partition
