@@ -104,3 +104,18 @@ def test_fft_is_listed_and_costed_as_dft_matmuls(z):
     compiled = jax_trn2.jit(jnp.fft.fft).lower(z).compile()
     assert "Tensor.Fft(%" in compiled.as_text() and "fft_type=FFT" in compiled.as_text()
     assert compiled.cost_analysis()["flops"] == 8 * 8 * 8 * 4  # 8 N^2 per row, 4 rows
+
+
+def test_complex_cbrt_is_the_principal_cube_root(z):
+    """StableHLO's cbrt takes complex operands (jax's and XLA's do not): the principal root,
+    whose cube is the operand and whose argument is a third of the operand's."""
+    text = """
+func.func public @main(%z: tensor<4x8xcomplex<f32>>) -> tensor<4x8xcomplex<f32>> {
+  %r = stablehlo.cbrt %z : tensor<4x8xcomplex<f32>>
+  return %r : tensor<4x8xcomplex<f32>>
+}"""
+    (got,) = jax_trn2.client().compile(text).execute([z])
+    got = np.asarray(got)
+    assert got.dtype == np.complex64
+    np.testing.assert_allclose(got, z.astype(np.complex128) ** (1 / 3), rtol=ELEMENTWISE_RTOL)
+    np.testing.assert_allclose(np.angle(got), np.angle(z) / 3, rtol=ELEMENTWISE_RTOL)
