@@ -27,8 +27,10 @@ UNARY = {
     "erfc": lax.erfc, "lgamma": lax.lgamma, "digamma": lax.digamma,
     "bessel_i1e": lax.bessel_i1e, "square": lax.square, "is_inf": lambda x: lax.abs(x) == jnp.inf,
     "is_pos_inf": lambda x: x == jnp.inf, "is_neg_inf": lambda x: x == -jnp.inf,
-    # complex numbers: the parts, and (in BINARY) a complex number from two parts
-    "real": lax.real, "imag": lax.imag,
+    # complex numbers: the parts, and (in BINARY) a complex number from two parts; the
+    # spec also takes a real operand, its own real part with imaginary part 0
+    "real": lambda x: lax.real(x) if _is_complex(x) else x,
+    "imag": lambda x: lax.imag(x) if _is_complex(x) else jnp.zeros_like(x),
 }
 
 BINARY = {
@@ -72,10 +74,14 @@ def _integer_power(x, y):
     return result
 
 
+def _is_complex(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.complexfloating)
+
+
 def _cbrt(x):
     """The cube root; of a complex number the principal one (StableHLO's cbrt accepts
     complex operands, lax.cbrt does not): |x|^(1/3) at a third of x's argument."""
-    if not jnp.issubdtype(x.dtype, jnp.complexfloating):
+    if not _is_complex(x):
         return lax.cbrt(x)
     radius = lax.cbrt(lax.abs(x))
     angle = lax.atan2(lax.imag(x), lax.real(x)) / 3
