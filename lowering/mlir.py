@@ -243,6 +243,8 @@ def _literal_item(token: str, dtype: np.dtype):
         return bits.view(dtype)[0]
     if token in ("true", "false"):
         return token == "true"
+    if dtype.name.startswith(("int", "uint")):
+        return int(token)  # exactly: a float holds only 53 of a 64-bit integer's bits
     return float(token)
 
 

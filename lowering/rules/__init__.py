@@ -1,6 +1,7 @@
 """Lowering rules, one module per op family; importing them fills lowering.registry.RULES."""
 
 from lowering.rules import (  # noqa: F401
+    batch_norm,
     bits,
     callbacks,
     collectives,

@@ -104,3 +104,39 @@ def test_fft_is_listed_and_costed_as_dft_matmuls(z):
     compiled = jax_trn2.jit(jnp.fft.fft).lower(z).compile()
     assert "Tensor.Fft(%" in compiled.as_text() and "fft_type=FFT" in compiled.as_text()
     assert compiled.cost_analysis()["flops"] == 8 * 8 * 8 * 4  # 8 N^2 per row, 4 rows
+
+
+def test_complex_cbrt_is_the_principal_cube_root(z):
+    """StableHLO's cbrt takes complex operands (jax's and XLA's do not): the principal root,
+    whose cube is the operand and whose argument is a third of the operand's."""
+    text = """
+func.func public @main(%z: tensor<4x8xcomplex<f32>>) -> tensor<4x8xcomplex<f32>> {
+  %r = stablehlo.cbrt %z : tensor<4x8xcomplex<f32>>
+  return %r : tensor<4x8xcomplex<f32>>
+}"""
+    (got,) = jax_trn2.client().compile(text).execute([z])
+    got = np.asarray(got)
+    assert got.dtype == np.complex64
+    np.testing.assert_allclose(got, z.astype(np.complex128) ** (1 / 3), rtol=ELEMENTWISE_RTOL)
+    np.testing.assert_allclose(np.angle(got), np.angle(z) / 3, rtol=ELEMENTWISE_RTOL)
+
+
+def test_real_and_imag_of_a_real_operand_are_it_and_zero():
+    """StableHLO's real and imag also take real operands (lax's imag does not)."""
+    text = """
+func.func public @main(%x: tensor<3xf32>, %b: tensor<2xbf16>)
+    -> (tensor<3xf32>, tensor<3xf32>, tensor<2xbf16>, tensor<2xbf16>) {
+  %re = stablehlo.real %x : tensor<3xf32>
+  %im = stablehlo.imag %x : tensor<3xf32>
+  %bre = stablehlo.real %b : tensor<2xbf16>
+  %bim = stablehlo.imag %b : tensor<2xbf16>
+  return %re, %im, %bre, %bim : tensor<3xf32>, tensor<3xf32>, tensor<2xbf16>, tensor<2xbf16>
+}"""
+    x = np.array([1.5, -2.0, np.inf], np.float32)
+    b = np.array([0.25, -3.0], jnp.bfloat16)
+    re, im, bre, bim = (np.asarray(r) for r in jax_trn2.client().compile(text).execute([x, b]))
+    np.testing.assert_array_equal(re, x)
+    np.testing.assert_array_equal(im, np.zeros(3, np.float32))
+    assert bre.dtype == jnp.bfloat16 and bim.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(bre.astype(np.float32), b.astype(np.float32))
+    np.testing.assert_array_equal(bim.astype(np.float32), np.zeros(2, np.float32))

@@ -409,3 +409,49 @@ def test_gradient_of_a_mixture_of_experts_layer(rng):
     bound = 13 * 2.0 ** -24 * 12 * np.abs(lhs).max() * np.abs(rhs).max()
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, np.asarray(w), rtol=0, atol=bound)
+
+
+# --- batch norm ----------------------------------------------------------------------------
+
+def _batch_norm_reference(x, scale, offset, mean, variance, grad, epsilon, feature):
+    """numpy, in float64, of the spec's definitions (feature dimension `feature`)."""
+    others = tuple(d for d in range(x.ndim) if d != feature)
+    along = lambda v: np.expand_dims(v, others)  # noqa: E731  (per feature, broadcast)
+    batch_mean, batch_var = x.mean(others), x.var(others)
+    stddev = np.sqrt(along(variance) + epsilon)
+    normalized = (x - along(mean)) / stddev
+    inference = along(scale) * normalized + along(offset)
+    training = along(scale) * (x - along(batch_mean)) / np.sqrt(along(batch_var) + epsilon) \
+        + along(offset)
+    n = x.size / x.shape[feature]
+    centered = x - along(mean)
+    i6 = grad * n - along(grad.sum(others)) - along((grad * centered).sum(others)) * centered \
+        / (along(variance) + epsilon)
+    grad_operand = along(scale) / stddev / n * i6
+    return (inference, (training, batch_mean, batch_var),
+            (grad_operand, (grad * normalized).sum(others), grad.sum(others)))
+
+
+def test_batch_norm_ops_compute_the_spec_expansions(rng):
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32) * 2 + 1
+    scale, offset, mean = (rng.standard_normal(3).astype(np.float32) for _ in range(3))
+    variance = rng.uniform(0.5, 2, 3).astype(np.float32)
+    grad = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    t, v = "tensor<2x3x4xf32>", "tensor<3xf32>"
+    attrs = "epsilon = 1.0e-03 : f32, feature_index = 1 : i64"
+    text = module(f"%x: {t}, %s: {v}, %o: {v}, %m: {v}, %var: {v}, %g: {t}",
+                  f"{t}, {t}, {v}, {v}, {t}, {v}, {v}", f"""
+    %i = "stablehlo.batch_norm_inference"(%x, %s, %o, %m, %var) {{{attrs}}}
+      : ({t}, {v}, {v}, {v}, {v}) -> {t}
+    %tr:3 = "stablehlo.batch_norm_training"(%x, %s, %o) {{{attrs}}}
+      : ({t}, {v}, {v}) -> ({t}, {v}, {v})
+    %gr:3 = "stablehlo.batch_norm_grad"(%x, %s, %m, %var, %g) {{{attrs}}}
+      : ({t}, {v}, {v}, {v}, {t}) -> ({t}, {v}, {v})
+    return %i, %tr#0, %tr#1, %tr#2, %gr#0, %gr#1, %gr#2 : {t}, {t}, {v}, {v}, {t}, {v}, {v}""")
+    got = run(text, x, scale, offset, mean, variance, grad)
+    inference, training, grads = _batch_norm_reference(
+        *(a.astype(np.float64) for a in (x, scale, offset, mean, variance, grad)), 1e-3, 1)
+    for g, want in zip(got, (inference, *training, *grads), strict=True):
+        assert g.dtype == np.float32 and g.shape == want.shape
+        # FP32 roundings of sums over 8 elements of magnitude ~5: well under 1e-5 relative
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5)

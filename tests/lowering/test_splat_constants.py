@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import jax_trn2
 
@@ -50,3 +51,18 @@ def test_splat_constant_runs_broadcast():
     executable = jax_trn2.client().compile(splat_module(6, "-1.25"))
     (out,) = executable.execute([np.arange(6, dtype=np.float32)])
     np.testing.assert_array_equal(np.asarray(out), np.arange(6, dtype=np.float32) - 1.25)
+
+
+@pytest.mark.parametrize("dtype, value", [
+    (np.uint64, 2**64 - 1), (np.int64, 2**63 - 1), (np.int64, -(2**63) + 1),
+    (np.int32, -(2**31)), (np.uint32, 2**32 - 1)])
+def test_splat_integer_constant_keeps_every_bit(dtype, value):
+    # a float holds 53 bits: reading the literal through one rounds (or overflows) these
+    name = {np.uint64: "ui64", np.int64: "i64", np.int32: "i32", np.uint32: "ui32"}[dtype]
+    executable = jax_trn2.client().compile(f"""
+func.func public @main() -> tensor<3x{name}> {{
+  %c = stablehlo.constant dense<{value}> : tensor<3x{name}>
+  return %c : tensor<3x{name}>
+}}""")
+    (out,) = executable.execute([])
+    np.testing.assert_array_equal(np.asarray(out), np.full(3, value, dtype))

@@ -18,7 +18,7 @@ UNARY = {
     "round_nearest_even": lambda x: lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN),
     "exponential": lax.exp, "exponential_minus_one": lax.expm1, "log": lax.log,
     "log_plus_one": lax.log1p, "logistic": lax.logistic, "tanh": lax.tanh, "sine": lax.sin,
-    "cosine": lax.cos, "tan": lax.tan, "sqrt": lax.sqrt, "rsqrt": lax.rsqrt, "cbrt": lax.cbrt,
+    "cosine": lax.cos, "tan": lax.tan, "sqrt": lax.sqrt, "rsqrt": lax.rsqrt, "cbrt": lambda x: _cbrt(x),
     "erf": lax.erf, "erf_inv": lax.erf_inv, "is_finite": lax.is_finite, "not": lax.bitwise_not,
     "popcnt": lax.population_count, "count_leading_zeros": lax.clz,
     # CHLO (jax's ops above StableHLO): the same functions lax's CPU lowering computes.
@@ -27,11 +27,13 @@ UNARY = {
     "erfc": lax.erfc, "lgamma": lax.lgamma, "digamma": lax.digamma,
     "bessel_i1e": lax.bessel_i1e, "square": lax.square, "is_inf": lambda x: lax.abs(x) == jnp.inf,
     "is_pos_inf": lambda x: x == jnp.inf, "is_neg_inf": lambda x: x == -jnp.inf,
-    # complex numbers: the parts, and (in BINARY) a complex number from two parts
-    "real": lax.real, "imag": lax.imag,
+    # complex numbers: the parts, and (in BINARY) a complex number from two parts; the
+    # spec also takes a real operand, its own real part with imaginary part 0
+    "real": lambda x: lax.real(x) if _is_complex(x) else x,
+    "imag": lambda x: lax.imag(x) if _is_complex(x) else jnp.zeros_like(x),
     # chlo.conj: the complex conjugate (jax emits it in linear algebra's transposes); the
     # identity on real numbers
-    "conj": lambda x: lax.conj(x) if jnp.iscomplexobj(x) else x,
+    "conj": lambda x: lax.conj(x) if _is_complex(x) else x,
 }
 
 BINARY = {
@@ -73,6 +75,20 @@ def _integer_power(x, y):
         reciprocal = jnp.where(x == 1, 1, jnp.where((x == -1) & odd, -1, jnp.where(x == -1, 1, 0)))
         result = jnp.where(y < 0, reciprocal.astype(x.dtype), result)
     return result
+
+
+def _is_complex(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.complexfloating)
+
+
+def _cbrt(x):
+    """The cube root; of a complex number the principal one (StableHLO's cbrt accepts
+    complex operands, lax.cbrt does not): |x|^(1/3) at a third of x's argument."""
+    if not _is_complex(x):
+        return lax.cbrt(x)
+    radius = lax.cbrt(lax.abs(x))
+    angle = lax.atan2(lax.imag(x), lax.real(x)) / 3
+    return lax.complex(radius * lax.cos(angle), radius * lax.sin(angle))
 
 
 _HALF_BITS = 32
