@@ -143,7 +143,10 @@ class ProcessGrid:
             ids = (np.arange(r) * p)[None, :, None] + groups[:, None, :]
             return ids.reshape(-1, groups.shape[1])
         if mode == CROSS_REPLICA_AND_PARTITION:  # a group's replicas in every partition
-            ids = groups[:, None, :] * p + np.arange(p)[None, :, None]  # partition-major
+            # Replica-major: (r0, p0), (r0, p1), ..., (r1, p0), ... as XLA orders the group
+            # (and the StableHLO interpreter since openxla/stablehlo#1933; the spec's formula
+            # lists the partition loop outermost)
+            ids = groups[:, :, None] * p + np.arange(p)[None, None, :]
             return ids.reshape(groups.shape[0], -1)
         return groups
 

@@ -77,7 +77,8 @@ def cross_partition(partition_groups):
 
 
 def cross_replica_and_partition(replica_groups):
-    return [[r * P + p for p in range(P) for r in group] for group in replica_groups]
+    """Replica-major, as XLA and the StableHLO interpreter order it (openxla/stablehlo#1933)."""
+    return [[r * P + p for r in group for p in range(P)] for group in replica_groups]
 
 
 def group_of(groups, d):
@@ -115,7 +116,7 @@ def test_all_reduce_modes(client, mode, attrs, groups):
 @pytest.mark.parametrize("mode, attrs, groups", [
     # Members in the group's order: replica 1 first.
     ("cross_replica", [groups_attr([[1, 0]])], cross_replica([[1, 0]])),
-    # Partition-major: (0, 0), (1, 0), (0, 1), (1, 1), ...
+    # Replica-major: (0, 0), (0, 1), ..., (1, 0), (1, 1), ...
     ("cross_replica_and_partition", [groups_attr([[0, 1]]), CHANNEL],
      cross_replica_and_partition([[0, 1]])),
     ("flattened_ids", [groups_attr(PAIRED), GLOBAL_IDS, CHANNEL], PAIRED),
