@@ -34,9 +34,11 @@ def matmul(instr: isa.Matmul, args, ctx: KernelContext):
     both = [a for a in range(nm) if lhs.shape[a] > 1 and rhs.shape[a] > 1]
     lhs_only = [a for a in range(nm) if lhs.shape[a] > 1 and rhs.shape[a] == 1]
     rhs_only = [a for a in range(nm) if rhs.shape[a] > 1 and lhs.shape[a] == 1]
+    rhs_k_major = _contraction_first(rhs.ndim - nm, instr.rhs_batch, instr.rhs_contract)
     lhs3 = _to_batch_free_k(lhs, nm, both, lhs_only, instr.lhs_batch, instr.lhs_contract)
-    rhs3 = _to_batch_free_k(rhs, nm, both, rhs_only, instr.rhs_batch, instr.rhs_contract)
-    out = _passes(lhs3, rhs3, instr, ctx)
+    rhs3 = _to_batch_free_k(rhs, nm, both, rhs_only, instr.rhs_batch, instr.rhs_contract,
+                            rhs_k_major)
+    out = _passes(lhs3, rhs3, instr, ctx, rhs_k_major=rhs_k_major)
 
     # out dims: (both mesh, local batch, lhs-only mesh, lhs free, rhs-only mesh, rhs free)
     local_batch = tuple(lhs.shape[nm + d] for d in instr.lhs_batch)
@@ -63,82 +65,99 @@ def _free_shape(x, nm, batch, contract) -> tuple[int, ...]:
     return tuple(s for d, s in enumerate(local) if d not in batch and d not in contract)
 
 
-def _to_batch_free_k(x, nm, both, only, batch, contract):
-    """x as [B, F, K]: B = (shared mesh dims, local batch dims), F = (own mesh dims, free dims),
-    K = contraction dims flattened in the dot's order."""
+def _contraction_first(local_rank: int, batch, contract) -> bool:
+    """Whether the right operand's contraction dims all come before its free dims in its
+    own layout (a weight [K, N]): it then goes to the host GEMM as [B, K, N], the layout a
+    host GEMM takes as it is (no transposing copy), and its passes are contiguous blocks of
+    rows. (The left operand goes as [B, M, K] whatever its layout: host GEMMs run slower
+    on a transposed left operand than the copy costs.)"""
+    free = [d for d in range(local_rank) if d not in batch and d not in contract]
+    return bool(free) and bool(contract) and max(contract) < min(free)
+
+
+def _to_batch_free_k(x, nm, both, only, batch, contract, k_major: bool = False):
+    """x as [B, F, K], or [B, K, F] when `k_major`: B = (shared mesh dims, local batch dims),
+    F = (own mesh dims, free dims), K = contraction dims flattened in the dot's order."""
     local_rank = x.ndim - nm
     free = [d for d in range(local_rank) if d not in batch and d not in contract]
-    perm = (both + [nm + d for d in batch] + only + [nm + d for d in free]
-            + [nm + d for d in contract])
+    b_dims = both + [nm + d for d in batch]
+    f_dims = only + [nm + d for d in free]
+    k_dims = [nm + d for d in contract]
     dropped = [a for a in range(nm) if a not in both and a not in only]  # size-1 mesh dims
-    y = lax.transpose(x, tuple(dropped + perm))
-    shape = y.shape[len(dropped):]
-    nb = len(both) + len(batch)
-    nf = len(only) + len(free)
-    return y.reshape((int(np.prod(shape[:nb], dtype=np.int64)),
-                      int(np.prod(shape[nb:nb + nf], dtype=np.int64)),
-                      int(np.prod(shape[nb + nf:], dtype=np.int64))))
+    groups = [b_dims, k_dims, f_dims] if k_major else [b_dims, f_dims, k_dims]
+    y = lax.transpose(x, tuple(dropped + [d for g in groups for d in g]))
+    sizes, start = [], len(dropped)
+    for g in groups:
+        sizes.append(int(np.prod(y.shape[start:start + len(g)], dtype=np.int64)))
+        start += len(g)
+    return y.reshape(tuple(sizes))
 
 
-def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, out_dtype: str | None = None):
-    """[B,M,K] x [B,N,K] -> [B,M,N], K cut into passes accumulated in FP32 in order."""
+def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, out_dtype: str | None = None,
+            rhs_k_major: bool = False):
+    """[B,M,K] x [B,N,K] (or [B,K,N] when `rhs_k_major`) -> [B,M,N], K cut into passes
+    accumulated in FP32 in order."""
     out_dtype = out_dtype or instr.out_dtype
     if out_dtype in dtypes.COMPLEX_PARTS:
-        return _complex_passes(lhs3, rhs3, instr, ctx, dtypes.COMPLEX_PARTS[out_dtype])
-    dims = (((2,), (2,)), ((0,), (0,)))
+        return _complex_passes(lhs3, rhs3, instr, ctx, dtypes.COMPLEX_PARTS[out_dtype],
+                               rhs_k_major)
+    k_axes = [2, 1 if rhs_k_major else 2]
     if not dtypes.is_float(out_dtype):
         acc = dtypes.numpy_dtype(out_dtype)
-        return lax.dot_general(lhs3.astype(acc), rhs3.astype(acc), dims,
+        return lax.dot_general(lhs3.astype(acc), rhs3.astype(acc),
+                               (((k_axes[0],), (k_axes[1],)), ((0,), (0,))),
                                preferred_element_type=acc)
     host = _host_dtype(lhs3.dtype, rhs3.dtype)
-    lhs3, rhs3 = lhs3.astype(host), rhs3.astype(host)
-    batch, k = lhs3.shape[0], lhs3.shape[2]
+    operands = [lhs3.astype(host), rhs3.astype(host)]
+    batch, k = lhs3.shape[0], lhs3.shape[k_axes[0]]
     if batch == 1:  # a plain GEMM is faster on the host than a batch of one
-        lhs3, rhs3, dims = lhs3[0], rhs3[0], (((1,), (1,)), ((), ()))
+        operands, k_axes = [x[0] for x in operands], [a - 1 for a in k_axes]
+    batch_dims = ((), ()) if batch == 1 else ((0,), (0,))
     accumulate = jnp.float64 if host == jnp.float64 else jnp.float32  # PSUM: FP32
 
     def product(lhs, rhs):  # one pass: a host GEMM accumulating in `accumulate`
-        return lax.dot_general(lhs, rhs, dims, precision=lax.Precision.HIGHEST,
+        return lax.dot_general(lhs, rhs, (((k_axes[0],), (k_axes[1],)), batch_dims),
+                               precision=lax.Precision.HIGHEST,
                                preferred_element_type=accumulate)
+
+    def pass_of(x, axis, start, length):
+        return lax.dynamic_slice_in_dim(x, start, length, axis=axis)
 
     size = instr.pass_size
     whole, rest = divmod(k, size)
-    if whole == 0:
-        acc = product(lhs3, rhs3)
-    else:
-        # The whole passes as contiguous [pass, ..., size] blocks, added one after another
-        # by a scan (one host GEMM in the program, each pass's operands read contiguously).
-        # The scan carries the blocks as raw bits: XLA:CPU would otherwise widen BF16 loop
-        # operands to FP32 before the loop (a copy of both operands at twice the size).
-        lhs_passes, rhs_passes = (_split_passes(x, whole, size) for x in (lhs3, rhs3))
-        acc, _ = lax.scan(lambda acc, bits: (acc + product(*map(_from_bits, bits, (host,) * 2)),
-                                             None),
-                          product(lhs_passes[0], rhs_passes[0]),
-                          (_to_bits(lhs_passes[1:]), _to_bits(rhs_passes[1:])))
-        if rest:
-            acc = acc + product(lhs3[..., whole * size:], rhs3[..., whole * size:])
+    acc = product(*(pass_of(x, a, 0, min(size, k)) for x, a in zip(operands, k_axes)))
+    if whole > 1:
+        # The later whole passes, added one after another by a loop (one host GEMM in the
+        # program) that cuts each pass out of the operands. The operands go through the
+        # loop as raw bits: XLA:CPU would otherwise widen BF16 loop operands to FP32
+        # before the loop (a copy of both at twice the size).
+        bits = [_to_bits(x) for x in operands]
+
+        def add_pass(p, acc):
+            return acc + product(*(_from_bits(pass_of(b, a, p * size, size), host)
+                                   for b, a in zip(bits, k_axes)))
+
+        acc = lax.fori_loop(1, whole, add_pass, acc)
+    if rest and whole:
+        acc = acc + product(*(pass_of(x, a, whole * size, rest)
+                              for x, a in zip(operands, k_axes)))
     if batch == 1:
         acc = acc[None]
     return numerics.round_to(acc, out_dtype, ctx.rounding)
 
 
-def _complex_passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, part: str):
+def _complex_passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, part: str,
+                    rhs_k_major: bool):
     """A complex product as 4 real ones on the Tensor Engine (the "4M" method, as BLAS's
     CGEMM): Re = Ar Br - Ai Bi, Im = Ar Bi + Ai Br, each real product accumulated in passes
     like any real matmul and the two combined on the Vector Engine. Gauss's 3-product
     method saves a product but its Im = (Ar + Ai)(Br + Bi) - Ar Br - Ai Bi cancels large
     terms, so its imaginary parts lose accuracy when Ar Br and Ai Bi are large."""
     def product(a, b):
-        return _passes(a, b, instr, ctx, out_dtype=part)
+        return _passes(a, b, instr, ctx, part, rhs_k_major)
 
     ar, ai, br, bi = lax.real(lhs3), lax.imag(lhs3), lax.real(rhs3), lax.imag(rhs3)
     return lax.complex(product(ar, br) - product(ai, bi), product(ar, bi) + product(ai, br))
-
-
-def _split_passes(x, whole: int, size: int):
-    """[..., K] -> [whole, ..., size]: the first whole * size contraction elements by pass."""
-    x = x[..., :whole * size].reshape(x.shape[:-1] + (whole, size))
-    return jnp.moveaxis(x, -2, 0)
 
 
 def _to_bits(x):
