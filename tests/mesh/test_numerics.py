@@ -298,6 +298,30 @@ def test_two_axis_rings_reduce_one_axis_after_the_other(rng, axis_order):
     np.testing.assert_array_equal(got, sequential_fold(partial, orders[second]))
 
 
+@pytest.mark.parametrize("sizes, n", [((4,), 10), ((2, 3), 7), ((4, 4), 3), ((3,), 0)])
+def test_uneven_blocks_and_leading_dims_keep_the_ring_order(rng, sizes, n):
+    """Short last blocks (n not a multiple of the members), owners with nothing to own,
+    and leading dims that are not reduced."""
+    shape = (2,) + sizes + (n,)
+    values = (rng.standard_normal(shape) * 2.0 ** rng.integers(0, 12, shape)
+              ).astype(ml_dtypes.bfloat16)
+    got = np.asarray(ring_reduce(jnp.asarray(values), 1, sizes, lax.add, None))
+    for lead in range(2):
+        partial = values[lead]
+        for order in ring_orders(sizes, n):  # major axis first
+            partial = _fold_axis(partial, order)
+        np.testing.assert_array_equal(got[lead], partial)
+
+
+def _fold_axis(values, order):
+    """Fold the leading member dim of [k, rest..., n] in `order` ([k, n]), rest kept."""
+    k, n = values.shape[0], values.shape[-1]
+    rest = values.shape[1:-1]
+    flat = values.reshape(k, int(np.prod(rest, dtype=np.int64)), n)
+    out = np.stack([sequential_fold(flat[:, r], order) for r in range(flat.shape[1])])
+    return out.reshape(rest + (n,))
+
+
 def test_a_value_replicated_along_the_ring_is_added_to_itself():
     x = np.array([1 + 2.0 ** -7, 3 + 2.0 ** -6], ml_dtypes.bfloat16)  # 3x is inexact
     got = np.asarray(ring_reduce(jnp.asarray(x)[None], 0, (4,), lax.add, None))
