@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -81,11 +81,13 @@ class Topology:
     failed_chips: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
-        shape = tuple(as_int(s, "Topology.shape") for s in self.shape)
+        shape = _per_axis(self.shape, "shape", operator.index)
         object.__setattr__(self, "shape", shape)
-        object.__setattr__(self, "axis_names", tuple(self.axis_names))
-        object.__setattr__(self, "link_bandwidth", tuple(float(b) for b in self.link_bandwidth))
-        object.__setattr__(self, "link_latency", tuple(float(t) for t in self.link_latency))
+        object.__setattr__(self, "axis_names", _per_axis(self.axis_names, "axis_names", str))
+        object.__setattr__(self, "link_bandwidth",
+                           _per_axis(self.link_bandwidth, "link_bandwidth", as_float))
+        object.__setattr__(self, "link_latency",
+                           _per_axis(self.link_latency, "link_latency", as_float))
         if not shape or any(s < 1 for s in shape):
             raise ValueError(f"Topology.shape must be a non-empty tuple of sizes >= 1, got {shape}")
         for name in ("axis_names", "link_bandwidth", "link_latency"):
@@ -314,6 +316,24 @@ class Topology:
     def _check_axis(self, axis: int) -> None:
         if not 0 <= axis < self.ndim:
             raise ValueError(f"axis {axis} is out of range [0, {self.ndim}) for torus {self.shape}")
+
+
+def _per_axis(values: object, field: str, convert: Callable[[object], object]) -> tuple:
+    """A per-torus-axis field as a tuple of converted entries; ValueError naming the field
+    for a lone value (with_overrides(link_bandwidth=100e9)) or an entry of the wrong kind."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise ValueError(f"Topology.{field} needs one entry per torus axis (a tuple), got "
+                         f"{values!r}")
+    try:
+        return tuple(convert(v) for v in values)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"Topology.{field} = {values!r}: {e}") from None
+
+
+def as_float(value: object) -> float:
+    if isinstance(value, (str, bytes)):  # float("1e9") would parse: a string is a mistake
+        raise TypeError(f"entries must be numbers, got {value!r}")
+    return float(value)
 
 
 def as_int(value: object, what: str) -> int:

@@ -181,6 +181,20 @@ def test_invalid_topology_raises_with_numbers():
         Topology("t", (2, 2), ("x", "x"), (1.0, 1.0), (0.0, 0.0))
 
 
+def test_per_axis_fields_need_a_tuple_of_numbers():
+    """A lone number (one bandwidth for every axis) or a non-number entry is named, not a
+    bare "'float' object is not iterable"; a string is not a tuple of axis names."""
+    with pytest.raises(ValueError,
+                       match=r"link_bandwidth needs one entry per torus axis.*got 100000000000.0"):
+        get_topology("trn2").with_overrides(link_bandwidth=100e9)
+    with pytest.raises(ValueError, match=r"link_latency = \(1e-06, 'x'\): entries must be numbers"):
+        get_topology("trn2").with_overrides(link_latency=(1e-6, "x"))
+    with pytest.raises(ValueError, match="axis_names needs one entry per torus axis"):
+        get_topology("trn2").with_overrides(axis_names="xy")
+    with pytest.raises(ValueError, match="shape needs one entry per torus axis"):
+        get_topology("trn2").with_overrides(shape=16)
+
+
 @pytest.mark.parametrize(
     "name,shape", [(name, shape) for name, shapes in PLACEMENT_SHAPES.items() for shape in shapes]
 )
