@@ -47,9 +47,10 @@ class LeafReport:
     want_at_worst: float | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class NumericsReport:
-    """Per-leaf comparison of a result (`got_label`) with a reference (`want_label`)."""
+    """Per-leaf comparison of a result (`got_label`) with a reference (`want_label`); its
+    text (str, and repr, so that a REPL shows `compare(f, x)` as the table) is the table."""
 
     leaves: tuple[LeafReport, ...]
     got_label: str = "trn2"
@@ -63,6 +64,8 @@ class NumericsReport:
         lines = [f"numerics: {self.got_label} vs {self.want_label}"]
         lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
         return "\n".join(lines)
+
+    __repr__ = __str__
 
 
 def _row(leaf: LeafReport) -> tuple[str, ...]:

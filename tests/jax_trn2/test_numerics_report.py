@@ -58,6 +58,7 @@ def test_report_is_per_leaf_and_prints_a_table():
     assert "mine vs theirs" in text
     assert "max ulp err" in text and "bit-exact" in text
     assert "['a']" in text and "int32" in text and "[3]" in text and "66.67%" in text
+    assert repr(report) == text  # a REPL shows compare(f, x) as the table
 
 
 def test_nan_matches_nan_and_not_a_number():
