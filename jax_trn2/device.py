@@ -52,6 +52,20 @@ class Buffer:
     def dtype(self) -> np.dtype:
         return self._array.dtype
 
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return int(np.prod(self.shape))
+
+    @property
+    def nbytes(self) -> int:
+        """Elements x the dtype's item size, as jax.Array.nbytes."""
+        return self.size * np.dtype(self.dtype).itemsize
+
     def to_jax(self) -> jnp.ndarray:
         """The array (a numpy array for the types jax cannot hold, FP6)."""
         return self._array

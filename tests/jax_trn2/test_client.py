@@ -116,6 +116,7 @@ def test_buffer_from_pyval(client):
     device = client.devices()[5]
     buffer = client.buffer_from_pyval(np.arange(6, dtype=np.int32).reshape(2, 3), device)
     assert buffer.device == device and buffer.shape == (2, 3) and buffer.dtype == np.int32
+    assert (buffer.ndim, buffer.size, buffer.nbytes) == (2, 6, 24)  # as a jax.Array's
     np.testing.assert_array_equal(np.asarray(buffer), np.arange(6).reshape(2, 3))
     other = jax_trn2.client("trn2").devices()[0]
     with pytest.raises(ValueError, match="not a device"):
