@@ -119,12 +119,21 @@ def machine(program: str | bytes, args: argparse.Namespace
         return args.topology, None
     mesh = lowering.lower(program, module_name=str(args.program)).mesh
     topology = topology_for(mesh.axis_sizes, mesh.axis_names, args.topology)
-    for a, b in args.fail_link:
-        topology = topology.with_failed_cable(a, b)
-    topology = topology.with_overrides(failed_chips=topology.failed_chips | set(args.fail_chip))
-    if args.origin is None:
-        return topology, None
-    placement = placement_for(topology, mesh.axis_sizes, mesh.axis_names, args.origin)
+    try:
+        for a, b in args.fail_link:
+            topology = topology.with_failed_cable(a, b)
+        topology = topology.with_overrides(
+            failed_chips=topology.failed_chips | set(args.fail_chip))
+        if args.origin is None:
+            return topology, None
+        placement = placement_for(topology, mesh.axis_sizes, mesh.axis_names, args.origin)
+    except ValueError as e:
+        if args.topology is not None:
+            raise
+        # Chip ids and coordinates are the topology's: say it was chosen, not given.
+        raise ValueError(f"{e} ({topology.name} is the smallest topology that holds the "
+                         f"module's {mesh.num_devices}-device mesh; choose another with "
+                         "--topology NAME)") from None
     return topology, placement.device_to_chip
 
 

@@ -207,6 +207,19 @@ def test_cli_offers_an_origin_off_a_failed_chip_that_it_accepts(small_mesh_file,
     assert "chips 1, 5, 17, 21, 33, 37, 49, 53 (8 of 64)" in capsys.readouterr().out
 
 
+def test_cli_fault_on_the_chosen_topology_says_it_was_chosen(small_mesh_file, capsys):
+    """Without --topology an 8-device module runs on trn2 (16 chips), where trn2-ultra's
+    chip 16 does not exist: the error says which topology was chosen and how to pick one."""
+    assert main(["inspect", str(small_mesh_file), "--fail-link", "0,16"]) == 1
+    err = capsys.readouterr().err
+    assert "chip id 16 is out of range [0, 16) for topology 'trn2' (trn2 is the smallest " \
+           "topology that holds the module's 8-device mesh; choose another with --topology" in err
+    command = ["inspect", str(small_mesh_file), "--fail-link", "0,16", "--topology"]
+    assert main(command + ["trn2"]) == 1
+    assert "smallest" not in capsys.readouterr().err  # the user chose trn2
+    assert main(command + ["trn2-ultra"]) == 0
+
+
 def test_cli_origin_for_a_module_without_a_mesh_is_an_error(tmp_path, capsys):
     path = tmp_path / "plain.mlir"
     path.write_text(jax.jit(jnp.sin).lower(jax.ShapeDtypeStruct((4,), jnp.float32)).as_text())
