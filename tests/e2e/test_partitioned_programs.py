@@ -286,3 +286,14 @@ def test_what_xla_cpu_cannot_compile_after_partitioning(rng):
     x = rng.integers(-2, 2, (8, 16)).astype(jnp.int2)
     f = jax_trn2.jit(lambda x: x.max(1), in_shardings=NamedSharding(mesh, P("a", "b")))
     np.testing.assert_array_equal(np.asarray(f(x), np.int8), np.asarray(x, np.int8).max(1))
+
+
+def test_a_function_without_arguments(mesh):
+    """XLA leaves no parameter shardings on a partitioned program without parameters: it is
+    still each chip's program, whose result pieces are assembled (here into 4 x 4 tiles)."""
+    tiles = jax.shard_map(lambda: jnp.full((1, 1), 3.0) + jax.lax.axis_index("fsdp"),
+                          mesh=mesh, in_specs=(), out_specs=P("data", "fsdp"))
+    kwargs = dict(out_shardings=NamedSharding(mesh, P("data", "fsdp")))  # so partitioned
+    got = jax_trn2.jit(tiles, **kwargs)()
+    assert got.shape == (4, 4)
+    assert_matches(got, jax.jit(tiles, **kwargs)())
