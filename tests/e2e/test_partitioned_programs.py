@@ -297,3 +297,24 @@ def test_a_function_without_arguments(mesh):
     got = jax_trn2.jit(tiles, **kwargs)()
     assert got.shape == (4, 4)
     assert_matches(got, jax.jit(tiles, **kwargs)())
+
+
+def test_results_carry_the_shardings_jax_jit_gives(rng, mesh):
+    """A result's sharding is its type's on an explicit mesh, or the out_shardings asked
+    for, as jax.jit's: so a shard_map over an explicit mesh, which wants its arguments'
+    types to match its in_specs, takes the result of one program as the next's argument."""
+    explicit = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Explicit,) * 2,
+                             devices=jax.devices("cpu")[:8])
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    with jax.set_mesh(explicit):
+        x = jax.device_put(x, P("a", "b"))
+        double = jax_trn2.jit(lambda x: x * 2)
+        assert double(x).sharding == jax.jit(lambda x: x * 2)(x).sharding
+        row_sums = jax_trn2.jit(jax.shard_map(lambda x: jax.lax.psum(x, "b"),
+                                              in_specs=P("a", "b"), out_specs=P("a", None)))
+        got = row_sums(double(x))
+        assert jax.typeof(got) == jax.typeof(jax.jit(row_sums)(jax.jit(double)(x)))
+    assert_matches(got, jax.jit(row_sums)(x * 2))
+    sharding = NamedSharding(mesh, P(None, "tensor"))
+    assert jax_trn2.jit(jnp.sin, out_shardings=sharding)(np.ones((8, 8), np.float32)).sharding \
+        == sharding
