@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 from jax import tree_util
+from jax.sharding import NamedSharding
 from jax._src import config as jax_config
 
 from jax_trn2 import compose
@@ -50,6 +51,20 @@ def _typed(result: Any, dtype: Any) -> Any:
     return jax.random.wrap_key_data(result, impl=dtype._impl) if _is_key(dtype) else result
 
 
+def _known_sharding(info: jax.ShapeDtypeStruct) -> NamedSharding | None:
+    """The NamedSharding jax.jit gives a result before compiling: its type's on a mesh
+    with Explicit axes, or the out_shardings asked for. (Where XLA's partitioner chooses,
+    jax only knows after compiling for its devices; such results stay on one device.)"""
+    sharding = getattr(info, "sharding", None)
+    return sharding if isinstance(sharding, NamedSharding) else None
+
+
+def _placed(result: Any, sharding: NamedSharding | None) -> Any:
+    """A result on the mesh's devices as `sharding` lays it out, as jax.jit returns it, so
+    that `.sharding`, `jax.typeof` and the programs it is passed to see it so."""
+    return result if sharding is None else jax.device_put(result, sharding)
+
+
 def _committed_sharding(leaf: Any) -> Any:
     """The sharding a jax Array brings to jax.jit (it steers partitioning), else None."""
     return leaf.sharding if isinstance(leaf, jax.Array) and leaf.committed else None
@@ -80,11 +95,14 @@ class Compiled:
     """A compiled function: call it with the dynamic arguments it was lowered for."""
 
     def __init__(self, executable: LoadedExecutable, in_tree, out_tree,
-                 out_dtypes: Sequence[Any]):
+                 out_dtypes: Sequence[Any], out_shardings: Sequence[Any] | None = None):
+        """`out_shardings`: per result leaf, the NamedSharding jax.jit gives it (its type's
+        on an explicit mesh, or the out_shardings asked for), else None."""
         self.executable = executable
         self.in_tree = in_tree
         self.out_tree = out_tree
         self.out_dtypes = tuple(out_dtypes)
+        self.out_shardings = tuple(out_shardings or (None,) * len(self.out_dtypes))
         program = executable.program
         self._input_types = [program.values[v].type for v in program.inputs]
 
@@ -102,7 +120,8 @@ class Compiled:
                       zip(leaves, self.executable.arg_names, self._input_types)]
         results = self.executable.execute(leaves)
         return tree_util.tree_unflatten(self.out_tree, [
-            _typed(r, dtype) for r, dtype in zip(results, self.out_dtypes, strict=True)])
+            _placed(_typed(r, dtype), sharding) for r, dtype, sharding in
+            zip(results, self.out_dtypes, self.out_shardings, strict=True)])
 
     def as_text(self) -> str:
         """The Trn2 program listing with an estimated start and duration on every line,
@@ -171,8 +190,10 @@ class Lowered:
         them; `check_memory=False` compiles it anyway (it still runs on the simulator)."""
         if check_memory:
             self._executable.check_memory()
-        out_dtypes = [info.dtype for info in tree_util.tree_leaves(self._jax_lowered.out_info)]
-        return Compiled(self._executable.load(), self.in_tree, self.out_tree, out_dtypes)
+        out_info = tree_util.tree_leaves(self._jax_lowered.out_info)
+        return Compiled(self._executable.load(), self.in_tree, self.out_tree,
+                        [info.dtype for info in out_info],
+                        [_known_sharding(info) for info in out_info])
 
 
 class Jitted:

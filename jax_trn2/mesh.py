@@ -27,9 +27,9 @@ _MESH_MACHINES: dict[tuple[tuple[int, ...], tuple[str, ...]],
 
 
 def make_mesh(axis_shapes: Sequence[int] | None = None,
-              axis_names: Sequence[str] | None = None, *,
+              axis_names: Sequence[str] | None = None,
+              axis_types: Sequence[AxisType] | None = None, *,
               topology: str | Topology = DEFAULT_TOPOLOGY,
-              axis_types: Sequence[AxisType] | None = None,
               origin: Sequence[int] | None = None) -> Mesh:
     """A mesh of the chips of `topology`, for `jax.shard_map`, `NamedSharding`s and
     `jax.set_mesh`, as jax.make_mesh's.
@@ -42,8 +42,8 @@ def make_mesh(axis_shapes: Sequence[int] | None = None,
     the block do nothing. `origin` (torus coordinates) moves the block, e.g. off a failed
     chip: `topology` may be a Topology with faults (mesh.machine.get_topology(name,
     failed_links=..., degraded_links=..., failed_chips=...)).
-    `axis_types` as in jax.make_mesh (default: every axis Auto; AxisType.Explicit puts
-    shardings in types). The mesh's devices are host CPU devices standing in for the chips
+    `axis_types` as in jax.make_mesh, positional there too (default: every axis Auto,
+    unlike jax.make_mesh's Explicit; AxisType.Explicit puts shardings in types). The mesh's devices are host CPU devices standing in for the chips
     (device i is logical device i, row-major), so plain jax.jit also runs a program over it,
     on the CPU: no XLA_FLAGS are needed.
     """

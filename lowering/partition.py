@@ -41,8 +41,11 @@ _DUMP_PASS = "spmd-partitioning"
 
 
 def is_partitioned(module: ir.Module) -> bool:
-    """Whether the module is a per-chip program XLA's partitioner made."""
-    return PARAMETER_SHARDINGS_ATTR in module.operation.attributes
+    """Whether the module is a per-chip program XLA's partitioner made. XLA leaves no
+    parameter shardings on a program without parameters (e.g. a shard_map of constants),
+    nor an output sharding on one without results: either attribute says so."""
+    attributes = module.operation.attributes
+    return PARAMETER_SHARDINGS_ATTR in attributes or OUTPUT_SHARDING_ATTR in attributes
 
 
 def needs_partitioning(module: ir.Module) -> bool:

@@ -301,7 +301,7 @@ class Walker:
         builder = ProgramBuilder(self.mesh)
         block = self.function_block("main")
         attrs = mlir.Attributes(self.module.operation)
-        in_shardings = attrs[partition.PARAMETER_SHARDINGS_ATTR]
+        in_shardings = attrs.get(partition.PARAMETER_SHARDINGS_ATTR, ())
         inputs, pieces, input_shardings = [], [], []
         for i, argument in enumerate(block.arguments):
             if mlir.is_token(argument.type):  # made on the chip, not passed (as in `lower`)
@@ -326,7 +326,9 @@ class Walker:
                                                   dim_axes=dim_axes))
         results = self.lower_block(block, pieces, builder)
         outputs, output_shardings = [], []
-        out_texts = hlo_sharding.elements(attrs[partition.OUTPUT_SHARDING_ATTR], len(results))
+        # (XLA leaves no output sharding on a program without results)
+        out_texts = hlo_sharding.elements(attrs[partition.OUTPUT_SHARDING_ATTR], len(results)) \
+            if results else []
         for value, text, returned in zip(results, out_texts, _terminator(block).operands):
             if mlir.is_token(returned.type):  # jax's callers never see tokens
                 continue

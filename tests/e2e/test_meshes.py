@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax.sharding import PartitionSpec as P
+from jax.sharding import AxisType, PartitionSpec as P
 
 import jax_trn2
 from e2e_reference import assert_matches, run_both
@@ -128,3 +128,10 @@ def test_inspect_picks_the_smallest_preset_that_holds_the_mesh():
     assert topology_for((2, 4), ("p", "q"), None).name == "trn2"
     assert topology_for((4, 8), ("p", "q"), None).name == "trn2-ultra"
     assert topology_for((8, 16), ("p", "q"), None).name == "trn2-ultra-max"
+
+
+def test_axis_types_are_the_third_positional_argument_as_in_jax_make_mesh():
+    explicit = (AxisType.Explicit,) * 2
+    mesh = jax_trn2.make_mesh((2, 4), ("data", "model"), explicit)
+    assert mesh.axis_types == explicit
+    assert jax_trn2.make_mesh((2, 4), ("data", "model")).axis_types == (AxisType.Auto,) * 2

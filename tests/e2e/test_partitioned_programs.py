@@ -286,3 +286,35 @@ def test_what_xla_cpu_cannot_compile_after_partitioning(rng):
     x = rng.integers(-2, 2, (8, 16)).astype(jnp.int2)
     f = jax_trn2.jit(lambda x: x.max(1), in_shardings=NamedSharding(mesh, P("a", "b")))
     np.testing.assert_array_equal(np.asarray(f(x), np.int8), np.asarray(x, np.int8).max(1))
+
+
+def test_a_function_without_arguments(mesh):
+    """XLA leaves no parameter shardings on a partitioned program without parameters: it is
+    still each chip's program, whose result pieces are assembled (here into 4 x 4 tiles)."""
+    tiles = jax.shard_map(lambda: jnp.full((1, 1), 3.0) + jax.lax.axis_index("fsdp"),
+                          mesh=mesh, in_specs=(), out_specs=P("data", "fsdp"))
+    kwargs = dict(out_shardings=NamedSharding(mesh, P("data", "fsdp")))  # so partitioned
+    got = jax_trn2.jit(tiles, **kwargs)()
+    assert got.shape == (4, 4)
+    assert_matches(got, jax.jit(tiles, **kwargs)())
+
+
+def test_results_carry_the_shardings_jax_jit_gives(rng, mesh):
+    """A result's sharding is its type's on an explicit mesh, or the out_shardings asked
+    for, as jax.jit's: so a shard_map over an explicit mesh, which wants its arguments'
+    types to match its in_specs, takes the result of one program as the next's argument."""
+    explicit = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Explicit,) * 2,
+                             devices=jax.devices("cpu")[:8])
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    with jax.set_mesh(explicit):
+        x = jax.device_put(x, P("a", "b"))
+        double = jax_trn2.jit(lambda x: x * 2)
+        assert double(x).sharding == jax.jit(lambda x: x * 2)(x).sharding
+        row_sums = jax_trn2.jit(jax.shard_map(lambda x: jax.lax.psum(x, "b"),
+                                              in_specs=P("a", "b"), out_specs=P("a", None)))
+        got = row_sums(double(x))
+        assert jax.typeof(got) == jax.typeof(jax.jit(row_sums)(jax.jit(double)(x)))
+    assert_matches(got, jax.jit(row_sums)(x * 2))
+    sharding = NamedSharding(mesh, P(None, "tensor"))
+    assert jax_trn2.jit(jnp.sin, out_shardings=sharding)(np.ones((8, 8), np.float32)).sharding \
+        == sharding
