@@ -29,7 +29,7 @@ import jax
 
 import lowering
 from jax_trn2.executable import LoadedExecutable
-from jax_trn2.mesh import placement_for, topology_for
+from jax_trn2.mesh import placement_for, smallest_topology
 from jax_trn2.jit import Jitted, jit
 from jax_trn2.numerics import compare
 from mesh.perf import trace
@@ -118,7 +118,9 @@ def machine(program: str | bytes, args: argparse.Namespace
     if not (args.fail_link or args.fail_chip or args.origin is not None):
         return args.topology, None
     mesh = lowering.lower(program, module_name=str(args.program)).mesh
-    topology = topology_for(mesh.axis_sizes, mesh.axis_names, args.topology)
+    # The module's own mesh, not one this process's make_mesh remembers a machine for.
+    topology = get_topology(args.topology) if args.topology is not None else \
+        smallest_topology(mesh.axis_sizes)
     try:
         for a, b in args.fail_link:
             topology = topology.with_failed_cable(a, b)

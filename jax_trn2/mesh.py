@@ -126,14 +126,20 @@ def topology_for(axis_sizes: tuple[int, ...], axis_names: tuple[str, ...],
         topology = _MESH_MACHINES.get((axis_sizes, axis_names), (None, None))[0]
     if isinstance(topology, Topology):
         return topology
-    if topology is None and not axis_sizes:  # a program without a mesh: chip 0
-        topology = DEFAULT_TOPOLOGY
     if topology is None:
-        count = math.prod(axis_sizes)
-        holding = [t for t in TOPOLOGY_NAMES if get_topology(t).num_chips >= count]
-        topology = min(holding, key=lambda t: get_topology(t).num_chips) if holding \
-            else f"{ULTRACLUSTER_PREFIX}{-(-count // ULTRASERVER_CHIPS)}"
+        return smallest_topology(axis_sizes)
     return get_topology(topology)
+
+
+def smallest_topology(axis_sizes: tuple[int, ...]) -> Topology:
+    """The smallest preset that holds a mesh of these sizes (trn2-ultra for a program
+    without a mesh)."""
+    if not axis_sizes:  # a program without a mesh: chip 0
+        return get_topology(DEFAULT_TOPOLOGY)
+    count = math.prod(axis_sizes)
+    holding = [t for t in TOPOLOGY_NAMES if get_topology(t).num_chips >= count]
+    return get_topology(min(holding, key=lambda t: get_topology(t).num_chips) if holding
+                        else f"{ULTRACLUSTER_PREFIX}{-(-count // ULTRASERVER_CHIPS)}")
 
 
 def placement_for(topo: Topology, axis_sizes: tuple[int, ...], axis_names: tuple[str, ...],
