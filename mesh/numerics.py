@@ -33,6 +33,11 @@ The model (sources in brackets; what is assumed is marked "assumed"):
   each partial result travels between chips in the operand's type, so it is rounded to that
   type after every addition. The order is that of the algorithm: a ring reduces each chunk
   starting from the member after its owner and going around the ring (see that module).
+  A reduction applies its reducer to the members' values alone, as StableHLO's all_reduce
+  says (no identity is added in): a psum of -0s is -0, and a max or min with a NaN member is
+  NaN, as `maximum`/`minimum` are. XLA's CPU collectives differ (a psum of -0s is +0; a
+  max/min all-reduce skips NaN, so CPU JAX's jnp.max over a sharded axis holding a NaN returns
+  the largest number, unlike the same jnp.max unsharded); this model keeps the spec.
 - Rounding to a narrower float is round-to-nearest-even (RNE) by default; stochastic
   rounding (SR) is opt-in [AWS Neuron "Rounding Modes" page: RNE on all NeuronCores, SR
   selectable from NeuronCore-v2 on]. SR applies where the hardware rounds: an FP32 value

@@ -1,11 +1,12 @@
 """BF16 collectives on the 4x4x4 mesh add in the order of the ring algorithm, every partial
 sum rounded to BF16 (mesh.isa.kernels.ring_order), checked bit for bit against that order
-written out element by element."""
+written out element by element; reductions across chips treat -0 and NaN as StableHLO says."""
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_trn2
 
@@ -76,3 +77,25 @@ def test_psum_of_a_replicated_value_adds_it_to_itself_around_the_ring(rng):
                                       in_specs=P("x", "y"), out_specs=P("x", "y")))
     want = np.vectorize(lambda v: fold([v] * RING), otypes=[BF16])(a)
     np.testing.assert_array_equal(np.asarray(step(a)), want)
+
+
+def test_max_and_min_over_a_sharded_axis_propagate_nan_as_unsharded():
+    # XLA's CPU all-reduce skips NaN, so the reference is the unsharded reduction.
+    mesh = jax_trn2.make_mesh((2, 2), ("a", "b"))
+    x = np.array([1, 2, np.nan, 3, 5, 9, 0, -1], np.float32)
+    sharded = NamedSharding(mesh, P(("a", "b")))
+    for reduce in (jnp.max, jnp.min, jnp.argmax, jnp.argmin):
+        got = jax_trn2.jit(reduce, in_shardings=sharded)(x)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(reduce)(x)))
+
+
+def test_psum_and_pmax_apply_the_reducer_to_the_members_alone():
+    # StableHLO's all_reduce adds no identity: -0 + -0 is -0 (XLA's CPU collectives give +0).
+    # A NaN member makes the max NaN, as `maximum` does (XLA's CPU collectives skip it).
+    mesh = jax_trn2.make_mesh((4,), ("i",))
+    x = np.array([[-0.0, np.nan], [-0.0, 1.0], [-0.0, 2.0], [-0.0, 3.0]], np.float32)
+    both = lambda a: (jax.lax.psum(a, "i"), jax.lax.pmax(a, "i"))
+    step = jax_trn2.jit(jax.shard_map(both, mesh=mesh, in_specs=P("i"), out_specs=P()))
+    total, largest = (np.asarray(r)[0] for r in step(x))
+    assert np.signbit(total[0]) and total[0] == 0
+    assert np.isnan(total[1]) and np.signbit(largest[0]) and np.isnan(largest[1])
