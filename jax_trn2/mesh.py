@@ -43,9 +43,10 @@ def make_mesh(axis_shapes: Sequence[int] | None = None,
     chip: `topology` may be a Topology with faults (mesh.machine.get_topology(name,
     failed_links=..., degraded_links=..., failed_chips=...)).
     `axis_types` as in jax.make_mesh, positional there too (default: every axis Auto,
-    unlike jax.make_mesh's Explicit; AxisType.Explicit puts shardings in types). The mesh's devices are host CPU devices standing in for the chips
-    (device i is logical device i, row-major), so plain jax.jit also runs a program over it,
-    on the CPU: no XLA_FLAGS are needed.
+    unlike jax.make_mesh's Explicit; AxisType.Explicit puts shardings in types). The mesh's
+    devices are host CPU devices standing in for the chips (device i is logical device i,
+    row-major), so plain jax.jit also runs a program over it, on the CPU: no XLA_FLAGS are
+    needed.
     """
     topo = topology if isinstance(topology, Topology) else get_topology(topology)
     shapes = topo.shape if axis_shapes is None else _axis_sizes(axis_shapes)

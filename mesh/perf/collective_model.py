@@ -61,8 +61,10 @@ KINDS: dict[type, str] = {
 }
 
 # A ragged all-to-all sends only its send_sizes rows, which are data: the plan is that of an
-# all-to-all of the whole operand, an upper bound on the time, and the listing says so.
-RAGGED_BOUND = ("ragged all-to-all (estimated as an all-to-all of the whole operand: balanced send sizes assumed)")
+# all-to-all of the whole operand with every peer sent an equal share (balanced sizes), and
+# the listing says so. Routing skewed towards one peer loads its links more than that.
+RAGGED_BOUND = ("ragged all-to-all (estimated as an all-to-all of the whole operand: "
+                "balanced send sizes assumed)")
 
 
 @dataclass(frozen=True)
