@@ -199,6 +199,8 @@ class _Builder:
                     isinstance(instr, (isa.Shard, isa.Unshard)) and
                     self.stored_type(instr.ins[0]).nbytes == self.stored_type(instr.outs[0]).nbytes):
                 self.root[instr.outs[0]] = self.find(instr.ins[0])
+            for out, operand in _passed_through(instr):
+                self.root[out] = self.find(operand)
 
     def _adds_unit_dims(self, instr: isa.Instruction) -> bool:
         """A BroadcastInDim that keeps its operand's elements in order (as many elements,
@@ -402,6 +404,16 @@ def _fused_everywhere(program: isa.Program, value: int, readers: _Readers,
                 return None
             found |= inner[2]
     return found
+
+
+def _passed_through(instr: isa.Instruction):
+    """(result, operand) pairs of a while loop's state that its body yields unchanged (a
+    scan's stacked inputs, which jax carries through the loop): read-only loop state, which
+    XLA keeps in the operand's buffer, never copied."""
+    if isinstance(instr, control.While):
+        body = instr.body
+        yield from ((out, operand) for k, (out, operand) in enumerate(zip(instr.outs, instr.ins))
+                    if body.outputs[k] == body.inputs[k])
 
 
 def _in_place_pairs(instr: isa.Instruction):

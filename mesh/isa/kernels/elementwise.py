@@ -18,7 +18,8 @@ UNARY = {
     "round_nearest_even": lambda x: lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN),
     "exponential": lax.exp, "exponential_minus_one": lax.expm1, "log": lax.log,
     "log_plus_one": lax.log1p, "logistic": lax.logistic, "tanh": lax.tanh, "sine": lax.sin,
-    "cosine": lax.cos, "tan": lax.tan, "sqrt": lax.sqrt, "rsqrt": lax.rsqrt, "cbrt": lambda x: _cbrt(x),
+    "cosine": lax.cos, "tan": lax.tan, "sqrt": lax.sqrt, "rsqrt": lax.rsqrt,
+    "cbrt": lambda x: _cbrt(x),  # defined below
     "erf": lax.erf, "erf_inv": lax.erf_inv, "is_finite": lax.is_finite, "not": lax.bitwise_not,
     "popcnt": lax.population_count, "count_leading_zeros": lax.clz,
     # CHLO (jax's ops above StableHLO): the same functions lax's CPU lowering computes.
