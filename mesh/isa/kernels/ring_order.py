@@ -34,16 +34,27 @@ from jax import lax
 from mesh import numerics
 
 
-def _ring_positions(ring_sizes: Sequence[int], n: int, xp=np):
+def _ring_positions(ring_sizes: Sequence[int], n: int, xp=np, grid: bool = False):
     """For buffer elements 0..n-1: each one's owner coordinate on every ring and its
-    direction of travel (+1 or -1). `xp` is numpy (host) or jax.numpy (in the program)."""
+    direction of travel (+1 or -1). `xp` is numpy (host) or jax.numpy (in the program).
+
+    With `grid` (n a whole number of blocks, one per owner), the elements are laid out as
+    [owner, position in its block]: owners are then an iota along one dim and positions
+    along the other, which XLA recomputes inside each step's fused pass at no cost, where
+    per-element divisions over a flat buffer are computed once into index arrays as large
+    as the buffer."""
     members = int(np.prod(ring_sizes, dtype=np.int64))
     block = max(-(-n // members), 1)  # elements per owner (the last blocks may be short)
-    element = xp.arange(n)
-    owner = element // block
-    position = element - owner * block
-    block_length = xp.minimum(block, n - owner * block)
-    direction = xp.where(position < (block_length + 1) // 2, 1, -1)
+    if grid:
+        owner = xp.arange(members, dtype=np.int32)[:, None]
+        position = xp.arange(block, dtype=np.int32)[None, :]
+        block_length = block
+    else:
+        element = xp.arange(n)
+        owner = element // block
+        position = element - owner * block
+        block_length = xp.minimum(block, n - owner * block)
+    direction = xp.where(position < (block_length + 1) // 2, 1, -1).astype(owner.dtype)
     return xp.unravel_index(owner, tuple(ring_sizes)), direction
 
 
@@ -62,7 +73,8 @@ SELECT_MAX_RING = 8
 
 
 def _members_in_order(members, dim: int, orders: list) -> list:
-    """For each step, [..., n]: the value of member orders[step][e] at buffer element e."""
+    """For each step, [..., elements]: the value of member orders[step][e] at buffer element
+    e (`elements` are the trailing dims that orders[step] has: [n] or [owner, position])."""
     count = members.shape[dim]
     if count == 1:  # the same value on every member
         value = lax.index_in_dim(members, 0, dim, keepdims=False)
@@ -71,9 +83,10 @@ def _members_in_order(members, dim: int, orders: list) -> list:
         candidates = [lax.index_in_dim(members, m, dim, keepdims=False) for m in range(count)]
         return [lax.select_n(jnp.broadcast_to(order, candidates[0].shape).astype(jnp.int32),
                              *candidates) for order in orders]
-    shape = [1] * members.ndim
-    shape[-1] = members.shape[-1]
-    return [jnp.take_along_axis(members, order.reshape(shape), axis=dim).squeeze(dim)
+    def index(order):  # [element dims] as an index of members' rank (other dims 1)
+        return order.reshape((1,) * (members.ndim - order.ndim) + order.shape)
+
+    return [jnp.take_along_axis(members, index(order), axis=dim).squeeze(dim)
             for order in orders]
 
 
@@ -90,7 +103,11 @@ def ring_reduce(members: jnp.ndarray, lead: int, ring_sizes: Sequence[int], comb
     """
     n = members.shape[-1]
     dtype_name = np.dtype(members.dtype).name
-    coords, direction = _ring_positions(ring_sizes, n, jnp)
+    blocks = int(np.prod(ring_sizes, dtype=np.int64))
+    grid = n > 0 and n % blocks == 0
+    if grid:  # [..., n] as [..., owner, position] (see _ring_positions)
+        members = members.reshape(members.shape[:-1] + (blocks, n // blocks))
+    coords, direction = _ring_positions(ring_sizes, n, jnp, grid)
     remaining = list(range(len(ring_sizes)))  # group axes still in `members`, in dim order
     for axis in (range(len(ring_sizes)) if axis_order is None else axis_order):
         dim = lead + remaining.index(axis)
@@ -103,4 +120,4 @@ def ring_reduce(members: jnp.ndarray, lead: int, ring_sizes: Sequence[int], comb
                                         dtype_name, rounding)
         members = partial
         remaining.remove(axis)
-    return members
+    return members.reshape(members.shape[:lead] + (n,))
