@@ -259,8 +259,9 @@ def _sdy_mesh_devices(module: ir.Module) -> int:
 
 def _distinct_meshes(module: ir.Module) -> set[isa.MeshSpec]:
     """The module's sdy.meshes of at least one axis, each once."""
-    return {mlir.mesh_spec(op.operation) for op in module.body.operations
-            if op.operation.name == "sdy.mesh" and mlir.mesh_spec(op.operation).rank}
+    meshes = {mlir.mesh_spec(op.operation) for op in module.body.operations
+              if op.operation.name == "sdy.mesh"}
+    return {mesh for mesh in meshes if mesh.rank}
 
 
 _SDY_SHARDING = "sdy.sharding"
