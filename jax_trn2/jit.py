@@ -204,7 +204,9 @@ class Jitted:
                  static_argnames: str | Sequence[str] = (), topology: str | Topology | None = None,
                  rounding: numerics.Rounding = numerics.NEAREST,
                  executor_devices: Sequence[jax.Device] | None = None, **jit_options):
-        functools.update_wrapper(self, fun)
+        # name and docstring only: the function's own attributes (a jax.pmap function's
+        # `lower`, say) must not shadow this object's methods
+        functools.update_wrapper(self, fun, updated=())
         self._fun = fun
         self._topology = topology
         self._executor_devices = executor_devices

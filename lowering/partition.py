@@ -50,14 +50,16 @@ def is_partitioned(module: ir.Module) -> bool:
 
 def needs_partitioning(module: ir.Module) -> bool:
     """Whether a module is a global program over a mesh of several devices whose values
-    carry shardings outside shard_map bodies (what XLA's partitioner would split).
+    carry shardings outside shard_map bodies (what XLA's partitioner would split), or
+    whose shard_maps are over several meshes of the same devices (a (2, 4) mesh and its
+    flattening, say): the partitioner makes one per-chip program of them all.
 
-    A program whose shardings are all at shard_map boundaries is already per-chip code
-    inside the bodies and runs as it is (lowering.rules.structure)."""
+    A program whose shardings are all at shard_map boundaries of one mesh is already
+    per-chip code inside the bodies and runs as it is (lowering.rules.structure)."""
     if is_partitioned(module):
         return False
     if _sdy_mesh_devices(module) > 1:
-        return _has_sdy_sharding(module)
+        return _has_sdy_sharding(module) or len(_distinct_meshes(module)) > 1
     return _has_gspmd_tiling(module)
 
 
@@ -253,6 +255,13 @@ def _sdy_mesh_devices(module: ir.Module) -> int:
     sizes = [mlir.mesh_spec(op.operation).num_devices for op in module.body.operations
              if op.operation.name == "sdy.mesh"]
     return max(sizes, default=0)
+
+
+def _distinct_meshes(module: ir.Module) -> set[isa.MeshSpec]:
+    """The module's sdy.meshes of at least one axis, each once."""
+    meshes = {mlir.mesh_spec(op.operation) for op in module.body.operations
+              if op.operation.name == "sdy.mesh"}
+    return {mesh for mesh in meshes if mesh.rank}
 
 
 _SDY_SHARDING = "sdy.sharding"

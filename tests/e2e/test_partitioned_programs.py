@@ -318,3 +318,25 @@ def test_results_carry_the_shardings_jax_jit_gives(rng, mesh):
     sharding = NamedSharding(mesh, P(None, "tensor"))
     assert jax_trn2.jit(jnp.sin, out_shardings=sharding)(np.ones((8, 8), np.float32)).sharding \
         == sharding
+
+
+def test_shard_maps_over_several_meshes_of_the_same_devices(rng):
+    """jax lets shard_maps in one program use different meshes of one device order (here
+    a (2, 4) mesh, its flattening and its (4, 2) reshaping): XLA's partitioner makes one
+    per-chip program of them, whose ppermutes name devices of every mesh."""
+    def program(mesh):
+        devices, auto = mesh.devices, (AxisType.Auto,) * 2
+        flat = jax.sharding.Mesh(devices.reshape(8), ("f",), axis_types=auto[:1])
+        tall = jax.sharding.Mesh(devices.reshape(4, 2), ("a", "b"), axis_types=auto)
+        ring = lambda n: [(i, (i + 1) % n) for i in range(n)]
+        first = jax.shard_map(lambda v: jax.lax.ppermute(v, "b", ring(4)), mesh=mesh,
+                              in_specs=P("a", "b"), out_specs=P("a", "b"))
+        second = jax.shard_map(lambda v: jax.lax.ppermute(v, "f", ring(8)), mesh=flat,
+                               in_specs=P(None, "f"), out_specs=P(None, "f"))
+        third = jax.shard_map(lambda v: jax.lax.psum(v, "a") + jax.lax.axis_index("b"),
+                              mesh=tall, in_specs=P("a", "b"), out_specs=P(None, "b"))
+        return lambda x: third(second(first(x)))
+
+    x = rng.integers(-100, 100, (4, 8)).astype(np.int32)
+    got = jax_trn2.jit(program(jax_trn2.make_mesh((2, 4), ("a", "b"))))(x)
+    assert_matches(got, jax.jit(program(cpu_mesh((2, 4), ("a", "b"))))(x), exact=True)

@@ -65,6 +65,20 @@ def test_decorator_with_options():
     np.testing.assert_array_equal(total(np.ones((2, 3), np.int32), axis=1), [3, 3])
 
 
+
+def test_a_pmapped_function_runs_on_the_mesh():
+    """jax.pmap's function carries attributes of its own (`lower`, ...): jit takes its
+    name and docstring only, as jax.jit does, and runs it like any other function."""
+    def body(v):
+        return jax.lax.ppermute(v, "i", [(j, (j + 3) % 8) for j in range(8)]) + \
+            jax.lax.psum(v, "i") * jax.lax.axis_index("i")
+
+    step = jax.pmap(body, axis_name="i", devices=jax.devices("cpu")[:8])
+    x = np.arange(8 * 3, dtype=np.int32).reshape(8, 3)
+    jitted = jax_trn2.jit(step)
+    assert jitted.__name__ == step.__name__
+    np.testing.assert_array_equal(jitted(x), step(x))
+
 def test_cache_hit_does_not_lower_again(monkeypatch):
     lowerings = []
     original = LoadedExecutable.from_stablehlo.__func__
