@@ -12,11 +12,13 @@ from jax_trn2.executable import LoadedExecutable
 from jax_trn2.jit import Compiled, Jitted, Lowered, jit
 from jax_trn2.mesh import make_mesh
 from lowering import LoweringError, UnsupportedOpError
+from mesh.isa.kernels.participation import SplitCollectiveError
 from mesh.machine import TOPOLOGY_NAMES
 from mesh.memory import MemoryStats, OutOfHBMError
 
 __all__ = [
     "Buffer", "Client", "Compiled", "Device", "Jitted", "LoadedExecutable", "Lowered",
-    "LoweringError", "MemoryStats", "OutOfHBMError", "TOPOLOGY_NAMES", "UnsupportedOpError",
+    "LoweringError", "MemoryStats", "OutOfHBMError", "SplitCollectiveError", "TOPOLOGY_NAMES",
+    "UnsupportedOpError",
     "client", "jit", "make_mesh", "numerics",
 ]

@@ -21,6 +21,7 @@ from mesh.perf import trace
 from mesh.perf.estimate import ProgramEstimate, target_text
 from mesh.emulated_floats import host_to_storage, storage_to_host
 from mesh.executor import compile_program, input_shapes
+from mesh.isa.kernels.participation import SplitGroupCheck
 from mesh.machine import Placement, Topology, place_on
 from mesh.memory import MemoryStats
 
@@ -74,6 +75,7 @@ class LoadedExecutable:
         self.topology = topology
         self.rounding = rounding
         self.executor_devices = tuple(executor_devices) if executor_devices else None
+        self._split_check = SplitGroupCheck()
         mesh = program.mesh
         self.placement: Placement | None = \
             placement_for(topology, mesh.axis_sizes, mesh.axis_names) \
@@ -102,7 +104,14 @@ class LoadedExecutable:
                                       self.program.inputs)]
         with jax.enable_x64(True):  # a module's 64-bit inputs keep their type
             return compile_program(self.program, self.rounding, self.executor_devices,
-                                   global_io).lower(*inputs).compile()
+                                   global_io, self._split_check).lower(*inputs).compile()
+
+    def _raise_if_split(self, outs) -> None:
+        """SplitCollectiveError if the run just made met a collective that only some
+        members of a group reached (possible only where control flow differs by chip)."""
+        if self._split_check.armed:
+            jax.block_until_ready(outs)
+            self._split_check.raise_if_split()
 
     def load(self) -> "LoadedExecutable":
         """Compile the program for the host now (otherwise the first execute does): for
@@ -187,6 +196,7 @@ class LoadedExecutable:
         arrays = self._check_args(args)
         with jax.enable_x64(True):  # 64-bit inputs of a module keep their type
             outs = self._run_global(*[host_to_storage(a) for a in arrays])
+        self._raise_if_split(outs)
         return [storage_to_host(o, self.program.values[v].type.dtype)
                 for o, v in zip(outs, self.program.outputs)]
 
@@ -212,6 +222,7 @@ class LoadedExecutable:
         with jax.enable_x64(True):  # 64-bit inputs and outputs of a module keep their type
             outs = self._run(*[self._device_input(i, [dev_args[i] for dev_args in per_device_args])
                                for i in range(len(self.program.inputs))])
+            self._raise_if_split(outs)
             per_output = [self._device_results(i, o) for i, o in enumerate(outs)]
         return [[Buffer(pieces[d], device) for pieces in per_output]
                 for d, device in enumerate(devices)]

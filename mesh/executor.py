@@ -18,6 +18,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from mesh import dtypes, isa, numerics
 from mesh.isa.kernels import kernel_for
 from mesh.isa.kernels.context import KernelContext
+from mesh.isa.kernels.participation import SplitGroupCheck, meeting_groups
 
 
 class ExecutionError(RuntimeError):
@@ -26,14 +27,19 @@ class ExecutionError(RuntimeError):
 
 def run_program(program: isa.Program, args: Sequence[jnp.ndarray],
                 rounding: Callable | None = None,
-                active: jnp.ndarray | None = None) -> list[jnp.ndarray]:
+                active: jnp.ndarray | None = None,
+                split_check: SplitGroupCheck | None = None) -> list[jnp.ndarray]:
     """Run `program` on arrays in the executor layout (traceable: use under jax.jit);
-    `active`: the chips whose control flow reaches it (KernelContext.active)."""
+    `active`: the chips whose control flow reaches it (KernelContext.active);
+    `split_check`: checks, where `active` is not every chip, that each collective's groups
+    are reached whole (mesh.isa.kernels.participation)."""
     env: dict[int, jnp.ndarray] = dict(zip(program.inputs, args))
-    ctx = KernelContext(program, run=lambda p, a, reached=active: run_program(p, a, rounding,
-                                                                             reached),
-                        rounding=rounding, active=active)
+    ctx = KernelContext(program, run=lambda p, a, reached=active: run_program(
+        p, a, rounding, reached, split_check), rounding=rounding, active=active)
     for instr in program.instructions:
+        groups = meeting_groups(instr) if active is not None and split_check else None
+        if groups is not None:
+            split_check.check(instr, groups, active, program.mesh)
         try:
             results = kernel_for(instr)(instr, [env[i] for i in instr.ins], ctx)
         except Exception as e:  # wrap once, at the innermost level, with the instruction
@@ -72,7 +78,8 @@ EXACT_PRECISION = {"xla_allow_excess_precision": False}
 def compile_program(program: isa.Program,
                     rounding: numerics.Rounding = numerics.NEAREST,
                     devices: Sequence[jax.Device] | None = None,
-                    global_io: bool = False) -> Callable:
+                    global_io: bool = False,
+                    split_check: SplitGroupCheck | None = None) -> Callable:
     """One jax.jit-compiled function of the program's input arrays (executor layout).
 
     With `global_io`, it takes each input as one array of the value's own shape, the same
@@ -91,12 +98,15 @@ def compile_program(program: isa.Program,
     rules out TF32 and other reduced-precision passes), collectives add element by element
     in their stated order, and `xla_allow_excess_precision` is off, so results are
     bit-identical to a run on one device.
+
+    `split_check` (mesh.isa.kernels.participation) records, as the program runs, any
+    collective that only some members of a group reach; call its raise_if_split after.
     """
     def run(*args):
         # StableHLO has 64-bit values even when the user's jax has no jax_enable_x64
         # (jax.random's u64 counters, RNG states): they keep their type in the executor.
         with jax.enable_x64(True):
-            return run_program(program, args, rounding.rounder())
+            return run_program(program, args, rounding.rounder(), split_check=split_check)
 
     def run_global(*args):
         origin = (0,) * program.mesh.rank

@@ -92,6 +92,37 @@ def test_while_loop_whose_trip_count_differs_per_chip(rng):
     assert loop.trip_count is None
 
 
+def test_a_loop_collective_that_part_of_its_group_stops_reaching_is_an_error():
+    """Chips at x coordinate k run 1 + k iterations of a psum over x: from the second
+    iteration on, chip 0 of each x line has left the loop. Trainium2 (and XLA:CPU) would
+    wait forever; the run names the collective and the chips instead of returning numbers."""
+    def body(v):
+        limit = 1 + jax.lax.axis_index("x")
+        step = lambda s: (s[0] + 1, jax.lax.psum(s[1], "x"))  # noqa: E731
+        return jax.lax.while_loop(lambda s: s[0] < limit, step, (0, v))[1]
+
+    step = jax_trn2.jit(jax.shard_map(body, mesh=jax_trn2.make_mesh(*MESH), in_specs=P("x"),
+                                      out_specs=P("x"), check_vma=False))
+    with pytest.raises(jax_trn2.SplitCollectiveError,
+                       match=r"AllReduce at .*test_control_flow.py:\d+.*logical devices "
+                             r"\[16, 32, 48\] of the group \[0, 16, 32, 48\] reached it and "
+                             r"\[0\] did not"):
+        step(np.ones((4, 2), np.float32))
+
+
+def test_a_branch_collective_over_chips_that_took_other_branches_is_an_error():
+    def body(x):
+        return jax.lax.cond(jax.lax.axis_index("y") == 0, lambda x: jax.lax.psum(x, "y"),
+                            lambda x: x * 2.0, x)
+
+    step = jax_trn2.jit(jax.shard_map(body, mesh=jax_trn2.make_mesh(*MESH),
+                                      in_specs=P(("x", "y")), out_specs=P(("x", "y")),
+                                      check_vma=False))
+    with pytest.raises(jax_trn2.SplitCollectiveError, match=r"\[0\] of the group \[0, 4, 8, 12\]"
+                                                            r" reached it and \[4, 8, 12\]"):
+        step(np.ones((16, 2), np.float32))
+
+
 def _per_chip_outputs(state):
     """(trip count [1], value [rows, cols]) of one chip, as blocks of a global output."""
     i, v = state

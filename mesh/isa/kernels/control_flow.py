@@ -7,9 +7,8 @@ a loop runs while any chip goes on and freezes the state of chips that are done,
 conditional runs every branch and keeps, on each chip, the results of its own branch.
 
 A collective in a branch or loop body that only some members of its group reach is not
-defined by StableHLO (the hardware would wait for the others forever); here the members
-that did not reach it still take part with their current values, so programs must keep the
-members of a group together, as shard_map programs do.
+defined by StableHLO (the hardware would wait for the others forever): the run ends with an
+error naming it (mesh.isa.kernels.participation).
 """
 
 from __future__ import annotations
