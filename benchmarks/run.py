@@ -205,7 +205,9 @@ def main(argv=None) -> None:
     calls = 3 if args.quick else args.calls
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"python {platform.python_version()}, jax {jax.__version__}")
+          f"python {platform.python_version()}, jax {jax.__version__}"
+          + (f", GLIBC_TUNABLES={os.environ['GLIBC_TUNABLES']}"
+             if os.environ.get("GLIBC_TUNABLES") else ""))
     rates = host_gemm_rates()
     print(f"host GEMM (2048^3, FP32 accumulation): BF16 {rates['bfloat16'] / 1e9:.0f} GFLOP/s, "
           f"FP32 {rates['float32'] / 1e9:.0f} GFLOP/s")
