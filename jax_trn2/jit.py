@@ -363,8 +363,9 @@ class Jitted:
 
 def jit(fun: Callable | None = None, *, in_shardings: Any = UNSPECIFIED,
         out_shardings: Any = UNSPECIFIED, static_argnums: int | Sequence[int] = (),
-        static_argnames: str | Sequence[str] = (), donate_argnums: int | Sequence[int] = (),
-        donate_argnames: str | Sequence[str] = (), topology: str | Topology | None = None,
+        static_argnames: str | Sequence[str] = (),
+        donate_argnums: int | Sequence[int] | None = None,
+        donate_argnames: str | Sequence[str] | None = None, topology: str | Topology | None = None,
         rounding: str = "nearest", seed: int = 0,
         executor_devices: Sequence[jax.Device] | None = None):
     """Like `jax.jit`, but runs on the simulated Trainium2 mesh.
@@ -375,7 +376,8 @@ def jit(fun: Callable | None = None, *, in_shardings: Any = UNSPECIFIED,
     trn2-ultra for a program without a mesh). Usable as `@jit` or `@jit(...)`.
 
     `in_shardings`, `out_shardings`, `donate_argnums` and `donate_argnames` have jax.jit's
-    meaning (NamedShardings over a make_mesh mesh, PartitionSpecs under
+    meaning (either donation argument alone also donates the same arguments passed the
+    other way, by position or by name; NamedShardings over a make_mesh mesh, PartitionSpecs under
     `jax.set_mesh(mesh)`, pytree prefixes, None to let the partitioner choose). A program
     with shardings outside shard_map bodies (these, `with_sharding_constraint`, sharding in
     types) is partitioned by XLA's SPMD partitioner, and each chip runs its partitioned

@@ -36,6 +36,18 @@ def test_donating_an_argument_lowers_the_peak():
     assert stats.peak_memory_in_bytes == 2 * F and stats.alias_size_in_bytes == F
 
 
+@pytest.mark.parametrize("donation", [dict(donate_argnames="a"), dict(donate_argnums=0)],
+                         ids=["by-name", "by-position"])
+@pytest.mark.parametrize("passed", ["positionally", "by-keyword"])
+def test_donating_by_name_or_position_donates_the_argument_passed_either_way(donation, passed):
+    # As jax.jit: donate_argnames alone also donates `a` passed by position, and
+    # donate_argnums alone `a` passed by keyword.
+    step = jax_trn2.jit(add, **donation)
+    lowered = step.lower(SQUARE, SQUARE) if passed == "positionally" else \
+        step.lower(a=SQUARE, b=SQUARE)
+    assert lowered.memory_analysis().alias_size_in_bytes == F
+
+
 @pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
 @pytest.mark.parametrize("f", [lambda a, b: (a.reshape(512, 2048) * 2, b + 1),
                                lambda a, b: ((a * 2).astype(jnp.int32), b.astype(jnp.bfloat16)),
