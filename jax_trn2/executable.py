@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from functools import cached_property
 from typing import Any, Iterable, Sequence
@@ -50,6 +51,16 @@ def python_scalar(name: str, value: bool | int | float | complex,
                         f"the parameter's type {expected} (the program was compiled for "
                         f"{expected.dtype}); pass a value of that type or recompile for this one")
     return np.asarray(value, dtype=dtype)
+
+
+@contextlib.contextmanager
+def _executor_context():
+    """Where the simulation's own computations are compiled and run: with 64-bit types (a
+    module's 64-bit values keep their type), and on the executor's devices rather than
+    over a mesh the caller set with jax.set_mesh (under which jax would compile and run
+    them replicated on every device of that mesh, each doing all the work)."""
+    with jax.set_mesh(None), jax.enable_x64(True):
+        yield
 
 
 class LoadedExecutable:
@@ -102,7 +113,7 @@ class LoadedExecutable:
         inputs = [jax.ShapeDtypeStruct(shape, dtypes.storage_dtype(values[v].type.dtype))
                   for shape, v in zip(input_shapes(self.program, global_io),
                                       self.program.inputs)]
-        with jax.enable_x64(True):  # a module's 64-bit inputs keep their type
+        with _executor_context():
             return compile_program(self.program, self.rounding, self.executor_devices,
                                    global_io, self._split_check).lower(*inputs).compile()
 
@@ -194,7 +205,7 @@ class LoadedExecutable:
         """Run on global arrays; returns the global results (of an SPMD module: every
         device gets `args`, and the results are device 0's)."""
         arrays = self._check_args(args)
-        with jax.enable_x64(True):  # 64-bit inputs of a module keep their type
+        with _executor_context():
             outs = self._run_global(*[host_to_storage(a) for a in arrays])
         self._raise_if_split(outs)
         return [storage_to_host(o, self.program.values[v].type.dtype)
@@ -219,7 +230,7 @@ class LoadedExecutable:
                         f"execute_sharded: {self.arg_names[i]} at position {d} is a buffer "
                         f"on {arg.device}, but position {d} runs on {devices[d]}: put it there "
                         f"with buffer_from_pyval(array, executable.devices()[{d}])")
-        with jax.enable_x64(True):  # 64-bit inputs and outputs of a module keep their type
+        with _executor_context():
             outs = self._run(*[self._device_input(i, [dev_args[i] for dev_args in per_device_args])
                                for i in range(len(self.program.inputs))])
             self._raise_if_split(outs)

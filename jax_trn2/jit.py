@@ -9,11 +9,12 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 from jax import tree_util
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
 from jax._src import config as jax_config
 
 from jax_trn2 import compose
 from jax_trn2.executable import LoadedExecutable
+from lowering import partition
 from mesh import isa, numerics
 from mesh.machine import Topology
 from mesh.memory import MemoryStats
@@ -53,10 +54,49 @@ def _typed(result: Any, dtype: Any) -> Any:
 
 def _known_sharding(info: jax.ShapeDtypeStruct) -> NamedSharding | None:
     """The NamedSharding jax.jit gives a result before compiling: its type's on a mesh
-    with Explicit axes, or the out_shardings asked for. (Where XLA's partitioner chooses,
-    jax only knows after compiling for its devices; such results stay on one device.)"""
+    with Explicit axes, or the out_shardings asked for."""
     sharding = getattr(info, "sharding", None)
     return sharding if isinstance(sharding, NamedSharding) else None
+
+
+def _recovery_sharding(compile_args: dict) -> tuple[NamedSharding | Mesh | None, int | None]:
+    """What jax.jit names the shardings XLA chose with (pxla.maybe_recover_user_shardings),
+    and the rank of the argument it is of: the first argument sharding that is a
+    NamedSharding (none if it is on one device), else one inside the program (a
+    shard_map's), else an out_shardings given, else the mesh of jax.set_mesh."""
+    avals = compile_args.get("global_in_avals", ())
+    for sharding, aval in zip(compile_args.get("in_shardings", ()), avals):
+        if isinstance(sharding, (NamedSharding, SingleDeviceSharding)):
+            return (sharding if isinstance(sharding, NamedSharding) else None), aval.ndim
+    for group in ("intermediate_shardings", "out_shardings"):
+        for sharding in compile_args.get(group) or ():
+            if isinstance(sharding, NamedSharding):
+                return sharding, None
+    context = compile_args.get("context_mesh")
+    return (context if isinstance(context, Mesh) and not context.empty else None), None
+
+
+def _chosen_sharding(dim_axes: tuple | None, ndim: int, program_mesh: isa.MeshSpec,
+                     recovery: NamedSharding | Mesh | None,
+                     recovery_ndim: int | None) -> NamedSharding | None:
+    """The NamedSharding jax.jit gives a result of rank `ndim` whose sharding XLA's
+    partitioner chose (`dim_axes`: the program's output sharding, mesh axes per dim; None:
+    replicated): a PartitionSpec on the recovery sharding's mesh, or that (argument's)
+    sharding itself when the result has its rank and is laid out alike, as jax does.
+    None (the result stays on one device) without a mesh to name it on, or when the
+    program's mesh is not that mesh (a GSPMD program's axes d0, d1, ...)."""
+    mesh = recovery.mesh if isinstance(recovery, NamedSharding) else recovery
+    if mesh is None or tuple(mesh.axis_names) != program_mesh.axis_names or \
+            tuple(mesh.axis_sizes) != program_mesh.axis_sizes:
+        return None
+    dims = [None if not axes else program_mesh.axis_names[axes[0]] if len(axes) == 1
+            else tuple(program_mesh.axis_names[a] for a in axes) for axes in dim_axes or ()]
+    while dims and dims[-1] is None:  # jax's spelling: P('a'), not P('a', None)
+        dims.pop()
+    chosen = NamedSharding(mesh, P(*dims))
+    if recovery_ndim == ndim and recovery.is_equivalent_to(chosen, ndim):
+        return recovery
+    return chosen
 
 
 def _placed(result: Any, sharding: NamedSharding | None) -> Any:
@@ -97,7 +137,8 @@ class Compiled:
     def __init__(self, executable: LoadedExecutable, in_tree, out_tree,
                  out_dtypes: Sequence[Any], out_shardings: Sequence[Any] | None = None):
         """`out_shardings`: per result leaf, the NamedSharding jax.jit gives it (its type's
-        on an explicit mesh, or the out_shardings asked for), else None."""
+        on an explicit mesh, the out_shardings asked for, or the one XLA's partitioner
+        chose), else None (on one device)."""
         self.executable = executable
         self.in_tree = in_tree
         self.out_tree = out_tree
@@ -151,8 +192,12 @@ class Compiled:
 class Lowered:
     """A function lowered to StableHLO and then to a Trn2 program."""
 
-    def __init__(self, jax_lowered, executable: LoadedExecutable, in_tree, out_tree):
+    def __init__(self, jax_lowered, executable: LoadedExecutable, in_tree, out_tree,
+                 output_shardings_known: bool = False):
+        """`output_shardings_known`: whether the program's output shardings are where XLA
+        would put the results (lowering.partition.output_shardings_known)."""
         self._jax_lowered = jax_lowered
+        self._output_shardings_known = output_shardings_known
         self._executable = executable
         self.in_tree = in_tree
         self.out_tree = out_tree
@@ -192,8 +237,20 @@ class Lowered:
             self._executable.check_memory()
         out_info = tree_util.tree_leaves(self._jax_lowered.out_info)
         return Compiled(self._executable.load(), self.in_tree, self.out_tree,
-                        [info.dtype for info in out_info],
-                        [_known_sharding(info) for info in out_info])
+                        [info.dtype for info in out_info], self._result_shardings(out_info))
+
+    def _result_shardings(self, out_info: list) -> list[NamedSharding | None]:
+        """The NamedSharding jax.jit gives each result leaf: the one known before compiling
+        (out_shardings, sharding in types), else the one XLA's partitioner chose."""
+        program = self._executable.program
+        compile_args = getattr(getattr(self._jax_lowered, "_lowering", None), "compile_args",
+                               None) or {}
+        recovery, recovery_ndim = _recovery_sharding(compile_args) \
+            if self._output_shardings_known else (None, None)
+        chosen = program.output_shardings or (None,) * len(out_info)
+        return [_known_sharding(info) or _chosen_sharding(dim_axes, len(info.shape),
+                                                          program.mesh, recovery, recovery_ndim)
+                for info, dim_axes in zip(out_info, chosen, strict=True)]
 
 
 class Jitted:
@@ -277,12 +334,14 @@ class Jitted:
         """Trace and lower for these arguments (arrays or jax.ShapeDtypeStruct)."""
         jax_lowered = self._jax_jit.trace(*args, **kwargs).lower()
         _, dyn_args, dyn_kwargs = self._split(args, kwargs)
+        module = jax_lowered.compiler_ir("stablehlo")
         executable = LoadedExecutable.from_stablehlo(
-            self._topology, jax_lowered.compiler_ir("stablehlo"),
+            self._topology, module,
             arg_names=self._arg_names(dyn_args, dyn_kwargs, len(args)), rounding=self.rounding,
             executor_devices=self._executor_devices,
             host_callbacks=_host_callbacks(jax_lowered))
-        return Lowered(jax_lowered, executable, jax_lowered.in_tree, jax_lowered.out_tree)
+        return Lowered(jax_lowered, executable, jax_lowered.in_tree, jax_lowered.out_tree,
+                       partition.output_shardings_known(module))
 
     def _arg_names(self, dyn_args: tuple, dyn_kwargs: dict, n_args: int) -> list[str]:
         """A name for every flattened dynamic argument: `argument 'w'`, `argument 'p'['b']`."""
@@ -304,8 +363,9 @@ class Jitted:
 
 def jit(fun: Callable | None = None, *, in_shardings: Any = UNSPECIFIED,
         out_shardings: Any = UNSPECIFIED, static_argnums: int | Sequence[int] = (),
-        static_argnames: str | Sequence[str] = (), donate_argnums: int | Sequence[int] = (),
-        donate_argnames: str | Sequence[str] = (), topology: str | Topology | None = None,
+        static_argnames: str | Sequence[str] = (),
+        donate_argnums: int | Sequence[int] | None = None,
+        donate_argnames: str | Sequence[str] | None = None, topology: str | Topology | None = None,
         rounding: str = "nearest", seed: int = 0,
         executor_devices: Sequence[jax.Device] | None = None):
     """Like `jax.jit`, but runs on the simulated Trainium2 mesh.
@@ -316,7 +376,8 @@ def jit(fun: Callable | None = None, *, in_shardings: Any = UNSPECIFIED,
     trn2-ultra for a program without a mesh). Usable as `@jit` or `@jit(...)`.
 
     `in_shardings`, `out_shardings`, `donate_argnums` and `donate_argnames` have jax.jit's
-    meaning (NamedShardings over a make_mesh mesh, PartitionSpecs under
+    meaning (either donation argument alone also donates the same arguments passed the
+    other way, by position or by name; NamedShardings over a make_mesh mesh, PartitionSpecs under
     `jax.set_mesh(mesh)`, pytree prefixes, None to let the partitioner choose). A program
     with shardings outside shard_map bodies (these, `with_sharding_constraint`, sharding in
     types) is partitioned by XLA's SPMD partitioner, and each chip runs its partitioned

@@ -63,6 +63,22 @@ def needs_partitioning(module: ir.Module) -> bool:
     return _has_gspmd_tiling(module)
 
 
+def output_shardings_known(module: ir.Module) -> bool:
+    """Whether the lowered program's output shardings are how XLA would lay main's results
+    out over the mesh: a partitioned program's are the partitioner's own, and a program
+    with no shardings and no shard_map computes replicated values; the results of a
+    shard_map left unpartitioned are laid out as Shardy would propagate its out_specs,
+    which is not worked out here."""
+    return needs_partitioning(module) or is_partitioned(module) or \
+        not _has_op(module.operation, "sdy.manual_computation")
+
+
+def _has_op(operation, name: str) -> bool:
+    return any(op.operation.name == name or _has_op(op.operation, name)
+               for region in operation.regions for block in region.blocks
+               for op in block.operations)
+
+
 def global_mesh(module: ir.Module) -> isa.MeshSpec:
     """The mesh of a global program: its sdy.mesh, or (GSPMD) the one its tilings are of."""
     meshes = [mlir.mesh_spec(op.operation) for op in module.body.operations

@@ -83,25 +83,33 @@ class MemoryAnalysis:
         self.num_chips = max(num_chips, max(self.running_chips) + 1)
         self.liveness: Liveness = liveness(program, times, input_names)
 
+    def _aliased_outputs(self) -> list[int]:
+        """The outputs written into donated arguments, as XLA pairs them
+        (OptimizeInputOutputBufferAlias): those jax aliased to an argument, then each
+        remaining donor (jax.buffer_donor), in argument order, with the first free output
+        of as many bytes on the chip, whatever its shape and type."""
+        live = self.liveness
+        donations = self.program.donated_inputs
+        aliased = [target for _, target in donations if target is not None]
+        for position, target in donations:
+            if target is None:
+                size = live.input_types[position].nbytes
+                target = next((k for k, out in enumerate(live.output_types)
+                               if k not in aliased and out.nbytes == size), None)
+                if target is not None:
+                    aliased.append(target)
+        return aliased
+
     @cached_property
     def _running(self) -> MemoryStats:
         """The stats every chip running the program shares (chip field: the first)."""
         live = self.liveness
         outputs = live.output_types
-        aliased = 0
-        free_outputs = set(range(len(outputs)))
-        for position, target in self.program.donated_inputs:
-            if target is None:  # XLA may use it for any output of the same type
-                target = next((k for k in sorted(free_outputs)
-                               if outputs[k] == live.input_types[position]), None)
-            if target is not None and target in free_outputs:
-                free_outputs.discard(target)
-                aliased += outputs[target].nbytes
         return MemoryStats(
             chip=self.running_chips[0],
             argument_size_in_bytes=sum(t.nbytes for t in live.input_types),
             output_size_in_bytes=sum(t.nbytes for t in outputs),
-            alias_size_in_bytes=aliased,
+            alias_size_in_bytes=sum(outputs[k].nbytes for k in self._aliased_outputs()),
             temp_size_in_bytes=live.peak_of((TEMPORARY, INSIDE)),
             generated_code_size_in_bytes=0,
             peak_memory_in_bytes=live.peak_bytes,

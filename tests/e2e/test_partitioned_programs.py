@@ -340,3 +340,24 @@ def test_shard_maps_over_several_meshes_of_the_same_devices(rng):
     x = rng.integers(-100, 100, (4, 8)).astype(np.int32)
     got = jax_trn2.jit(program(jax_trn2.make_mesh((2, 4), ("a", "b"))))(x)
     assert_matches(got, jax.jit(program(cpu_mesh((2, 4), ("a", "b"))))(x), exact=True)
+
+
+def test_results_carry_the_shardings_xla_chose(rng, mesh):
+    """Without out_shardings, jax.jit names the sharding XLA's partitioner chose for each
+    result on the mesh of the arguments' (or jax.set_mesh's): so a training loop that feeds
+    a step's results back keeps its parameters sharded, and runs the same program each
+    step, as under jax.jit."""
+    params, x = mlp_data(rng)
+    params = jax.device_put(params, param_shardings(mesh))
+    x = jax.device_put(x, NamedSharding(mesh, P(("data", "fsdp"))))
+    step = jax_trn2.jit(sgd_step)
+    got, want = step(params, x), jax.jit(sgd_step)(params, x)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert g.sharding == w.sharding, (g.sharding, w.sharding)
+    assert got[0]["w1"].sharding == params["w1"].sharding  # a step keeps the layout
+    assert_matches(step(*got[:1], x), jax.jit(sgd_step)(*want[:1], x))
+    assert len(step._cache) == 1  # the second step is the first one's program
+    with jax.set_mesh(mesh):  # a constraint on host arrays: the context mesh names it
+        doubled = jax_trn2.jit(lambda a: jax.lax.with_sharding_constraint(2 * a, P("tensor")))
+        assert doubled(np.ones((8, 4), np.float32)).sharding == \
+            NamedSharding(mesh, P("tensor"))

@@ -110,6 +110,18 @@ def test_cache_is_per_mesh_context():
             step(X)
 
 
+def test_the_simulation_runs_on_its_own_device_under_set_mesh():
+    """The simulator's computation is compiled for its executor device even under
+    jax.set_mesh (not replicated over the caller's 64 host devices, each doing all the
+    work: 100 times slower)."""
+    dense = make_dense(MESH)
+    params = {"w": W, "b": np.zeros(8, np.float32)}
+    with jax.set_mesh(MESH):
+        executable = jax_trn2.jit(dense).lower(params, X, scale=2.0).compile().executable
+        results = executable.execute([params["b"], W, X, np.float32(2.0)])
+    assert all(len(r.sharding.device_set) == 1 for r in results)
+
+
 def test_typed_prng_keys_in_and_out():
     """jax.random.key arrays go in as their key data and come back as key arrays."""
     def f(key, x):

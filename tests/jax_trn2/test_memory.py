@@ -36,6 +36,32 @@ def test_donating_an_argument_lowers_the_peak():
     assert stats.peak_memory_in_bytes == 2 * F and stats.alias_size_in_bytes == F
 
 
+@pytest.mark.parametrize("donation", [dict(donate_argnames="a"), dict(donate_argnums=0)],
+                         ids=["by-name", "by-position"])
+@pytest.mark.parametrize("passed", ["positionally", "by-keyword"])
+def test_donating_by_name_or_position_donates_the_argument_passed_either_way(donation, passed):
+    # As jax.jit: donate_argnames alone also donates `a` passed by position, and
+    # donate_argnums alone `a` passed by keyword.
+    step = jax_trn2.jit(add, **donation)
+    lowered = step.lower(SQUARE, SQUARE) if passed == "positionally" else \
+        step.lower(a=SQUARE, b=SQUARE)
+    assert lowered.memory_analysis().alias_size_in_bytes == F
+
+
+@pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
+@pytest.mark.parametrize("f", [lambda a, b: (a.reshape(512, 2048) * 2, b + 1),
+                               lambda a, b: ((a * 2).astype(jnp.int32), b.astype(jnp.bfloat16)),
+                               lambda a, b: (b * 2, a.T.astype(jnp.int32))],
+                         ids=["reshaped", "same-size-dtype", "after-jax-aliases"])
+def test_donated_buffers_pair_with_outputs_of_as_many_bytes_as_xla_pairs_them(f):
+    # A donated argument jax cannot alias to an output of its own type (jax.buffer_donor)
+    # takes, as in XLA, the first free output of as many bytes, whatever its shape and type
+    # (a bfloat16 result is half a float32 argument: no alias); jax's own aliases come first.
+    want = jax.jit(f, donate_argnums=(0, 1)).lower(SQUARE, SQUARE).compile().memory_analysis()
+    got = jax_trn2.jit(f, donate_argnums=(0, 1)).lower(SQUARE, SQUARE).memory_analysis()
+    assert got.alias_size_in_bytes == want.alias_size_in_bytes
+
+
 def test_shard_map_chips_hold_their_slices():
     # x float32[4096,1024] split over x (4) and y (4) -> [1024,256] per chip; w [1024,1024]
     # replicated; the per-chip product [1024,1024] is assembled into the output.
