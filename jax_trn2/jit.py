@@ -131,15 +131,42 @@ def _check_hashable(static: tuple) -> None:
                 f"The error was:\nTypeError: {e}") from None
 
 
-class Compiled:
+class _StageInfo:
+    """What jax's Lowered and Compiled stages say of the function's arguments and results
+    (the same here: they describe the function, not the machine)."""
+
+    _jax_lowered: Any
+
+    @property
+    def args_info(self) -> Any:
+        """The arguments' pytree of jax ArgInfo (shape, dtype, donated)."""
+        return self._jax_lowered.args_info
+
+    @property
+    def out_info(self) -> Any:
+        """The results' pytree of jax.ShapeDtypeStruct."""
+        return self._jax_lowered.out_info
+
+    @property
+    def in_avals(self) -> Any:
+        return self._jax_lowered.in_avals
+
+    @property
+    def donate_argnums(self) -> tuple[int, ...]:
+        return self._jax_lowered.donate_argnums
+
+
+class Compiled(_StageInfo):
     """A compiled function: call it with the dynamic arguments it was lowered for."""
 
     def __init__(self, executable: LoadedExecutable, in_tree, out_tree,
-                 out_dtypes: Sequence[Any], out_shardings: Sequence[Any] | None = None):
+                 out_dtypes: Sequence[Any], out_shardings: Sequence[Any] | None = None,
+                 jax_lowered: Any = None):
         """`out_shardings`: per result leaf, the NamedSharding jax.jit gives it (its type's
         on an explicit mesh, the out_shardings asked for, or the one XLA's partitioner
         chose), else None (on one device)."""
         self.executable = executable
+        self._jax_lowered = jax_lowered  # jax's stage of the same function (_StageInfo)
         self.in_tree = in_tree
         self.out_tree = out_tree
         self.out_dtypes = tuple(out_dtypes)
@@ -189,7 +216,7 @@ class Compiled:
         self.executable.save_trace(path, chips)
 
 
-class Lowered:
+class Lowered(_StageInfo):
     """A function lowered to StableHLO and then to a Trn2 program."""
 
     def __init__(self, jax_lowered, executable: LoadedExecutable, in_tree, out_tree,
@@ -237,7 +264,8 @@ class Lowered:
             self._executable.check_memory()
         out_info = tree_util.tree_leaves(self._jax_lowered.out_info)
         return Compiled(self._executable.load(), self.in_tree, self.out_tree,
-                        [info.dtype for info in out_info], self._result_shardings(out_info))
+                        [info.dtype for info in out_info], self._result_shardings(out_info),
+                        self._jax_lowered)
 
     def _result_shardings(self, out_info: list) -> list[NamedSharding | None]:
         """The NamedSharding jax.jit gives each result leaf: the one known before compiling

@@ -167,6 +167,20 @@ def test_lower_with_shape_dtype_structs():
     np.testing.assert_array_equal(np.asarray(compiled(X)), X * 2)
 
 
+def test_stages_describe_arguments_and_results_as_jaxs_do():
+    params = {"w": W, "b": np.zeros(8, np.float32)}
+    step = jax_trn2.jit(make_dense(MESH), static_argnames="scale", donate_argnums=0)
+    ours = step.lower(params, X, scale=2.0)
+    theirs = jax.jit(make_dense(MESH), static_argnames="scale",
+                     donate_argnums=0).trace(params, X, scale=2.0).lower()
+    for stage in (ours, ours.compile()):
+        assert stage.out_info == theirs.out_info
+        assert str(stage.args_info) == str(theirs.args_info)
+        assert stage.args_info[0][0]["w"].donated and not stage.args_info[0][1].donated
+        assert stage.in_avals == theirs.in_avals
+        assert stage.donate_argnums == theirs.donate_argnums == (0, 1)  # params' two leaves
+
+
 def test_outputs_that_are_inputs_or_constants():
     f = lambda x, y: (x, jnp.arange(3), y + 1, x)  # noqa: E731
     got = jax_trn2.jit(f)(X, np.int32(4))
