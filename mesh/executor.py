@@ -37,7 +37,8 @@ def run_program(program: isa.Program, args: Sequence[jnp.ndarray],
     ctx = KernelContext(program, run=lambda p, a, reached=active: run_program(
         p, a, rounding, reached, split_check), rounding=rounding, active=active)
     for instr in program.instructions:
-        groups = meeting_groups(instr) if active is not None and split_check else None
+        groups = meeting_groups(instr) \
+            if active is not None and split_check is not None else None
         if groups is not None:
             split_check.check(instr, groups, active, program.mesh)
         try:
