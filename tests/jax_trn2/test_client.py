@@ -118,6 +118,17 @@ def test_execute_sharded_refuses_copies_that_differ(client):
         executable.execute_sharded(per_device)
 
 
+def test_execute_sharded_says_why_an_unsharded_argument_wants_the_whole_array(client):
+    """A piece where main's argument has no sharding: the error says each device takes the
+    whole array, and how to give the argument a sharding."""
+    executable = client.compile(lowered_matmul_psum().as_text())
+    per_device = [[A[:4], B] for _ in range(64)]
+    with pytest.raises(TypeError, match=r"argument 0 of device 0: expected float32\[16,8\], "
+                                        r"got float32\[4,8\] \(main's argument 0 has no "
+                                        r"sharding.*in_shardings"):
+        executable.execute_sharded(per_device)
+
+
 def test_buffer_from_pyval(client):
     device = client.devices()[5]
     buffer = client.buffer_from_pyval(np.arange(6, dtype=np.int32).reshape(2, 3), device)
