@@ -172,6 +172,12 @@ def test_compare_command_names_what_is_missing(tmp_path):
     args.target = f"{script}:g"
     with pytest.raises(ValueError, match="no function 'g'"):
         cli.compare_command(args)
+    # The arguments as a value rather than a function that returns them.
+    script.write_text("def f(x):\n    return x\nexample_args = (1.0,)\n")
+    args.target = f"{script}:f"
+    with pytest.raises(ValueError, match=r"example_args in .*model.py is a tuple, not a "
+                                         r"function: define example_args\(\)"):
+        cli.compare_command(args)
 
 
 # --- rounding options --------------------------------------------------------------------
