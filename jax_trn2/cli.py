@@ -208,6 +208,11 @@ def _example_arguments(module, fun: Callable, args_function: str, target: str):
                              "script, returning them (a tuple, or (args, kwargs)), or name "
                              "another function with --args")
         return (), {}
+    if not callable(builder):
+        raise ValueError(f"{args_function} in {module.__file__} is a "
+                         f"{type(builder).__name__}, not a function: define "
+                         f"{args_function}() returning the arguments (a tuple, or "
+                         "(args, kwargs))")
     made = builder()
     is_args_and_kwargs = (isinstance(made, tuple) and len(made) == 2
                           and isinstance(made[0], (tuple, list)) and isinstance(made[1], dict))

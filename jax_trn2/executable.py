@@ -251,8 +251,15 @@ class LoadedExecutable:
         piece_type = isa.TensorType(sharding.local_shape(expected.shape, dim_axes,
                                                          self.program.mesh.axis_sizes),
                                     expected.dtype)
-        pieces = [np.asarray(self._check_arg(f"{self.arg_names[i]} of device {d}", p,
-                                             piece_type)) for d, p in enumerate(pieces)]
+        try:
+            pieces = [np.asarray(self._check_arg(f"{self.arg_names[i]} of device {d}", p,
+                                                 piece_type)) for d, p in enumerate(pieces)]
+        except TypeError as e:
+            if any(dim_axes):
+                raise
+            raise TypeError(f"{e} (main's argument {i} has no sharding in the module, so "
+                            "every device takes the whole array; for per-device pieces, "
+                            "lower with jax.jit(..., in_shardings=...))") from None
         global_ = self._assemble(i, pieces)
         array = self._check_arg(self.arg_names[i], global_, expected)
         return host_to_storage(array).reshape(self.program.array_shape(value))

@@ -43,8 +43,8 @@ class LeafReport:
     max_ulp_error_at_scale: float
     exact_fraction: float
     worst_index: tuple[int, ...] | None  # None when every element is exact
-    got_at_worst: float | None
-    want_at_worst: float | None
+    got_at_worst: float | complex | None
+    want_at_worst: float | complex | None
 
 
 @dataclass(frozen=True, repr=False)
@@ -80,9 +80,12 @@ def _row(leaf: LeafReport) -> tuple[str, ...]:
 
 def ulp(x: Any, dtype: Any) -> np.ndarray:
     """The spacing of `dtype`'s values at |x| (float64): 2**(max(e, emin) - mantissa bits)
-    for |x| in [2**e, 2**(e+1)), the smallest subnormal at 0; 1 for integers and bools."""
+    for |x| in [2**e, 2**(e+1)), the smallest subnormal at 0; 1 for integers and bools. For
+    a complex type, the spacing of its parts' type at the magnitude |x|."""
     dtype = np.dtype(dtype)
-    x = np.abs(np.asarray(x, np.float64))
+    if np.issubdtype(dtype, np.complexfloating):
+        dtype = np.finfo(dtype).dtype
+    x = np.abs(np.asarray(x)).astype(np.float64)
     if not dtypes.is_float(dtype.name):
         return np.ones_like(x)
     info = ml_dtypes.finfo(dtype)
@@ -110,15 +113,16 @@ def _compare_leaf(path: str, got: np.ndarray, want: np.ndarray) -> LeafReport:
     if got.shape != want.shape:
         raise ValueError(f"output {path or 'out'}: shape {got.shape} differs from the "
                          f"reference's {want.shape}")
-    g, w = got.astype(np.float64), want.astype(np.float64)
+    # complex128 keeps both parts of complex values; float64 holds every other type's values.
+    wide = np.complex128 if np.iscomplexobj(got) or np.iscomplexobj(want) else np.float64
+    g, w = got.astype(wide), want.astype(wide)
     both_nan = np.isnan(g) & np.isnan(w)
     if got.dtype == want.dtype:  # bit patterns, so that -0 against +0 is not exact
-        bits = f"u{got.dtype.itemsize}"
-        exact = (got.view(bits) == want.view(bits)) | both_nan
+        exact = _same_bits(got, want) | both_nan
     else:
         exact = (g == w) | both_nan
     with np.errstate(invalid="ignore", over="ignore"):
-        abs_error = np.where(exact | (g == w), 0.0, np.abs(g - w))
+        abs_error = np.where(exact, 0.0, _abs_difference(got, want, g, w))
         abs_error = np.where(np.isnan(abs_error), np.inf, abs_error)
         ulps = abs_error / ulp(np.where(np.isfinite(w), w, 0.0), got.dtype)
     if not exact.size or exact.all():
@@ -127,10 +131,29 @@ def _compare_leaf(path: str, got: np.ndarray, want: np.ndarray) -> LeafReport:
     finite = np.abs(w[np.isfinite(w)])
     scale_ulp = ulp(finite.max() if finite.size else 0.0, got.dtype)
     worst = np.unravel_index(int(np.argmax(np.where(exact, -1.0, ulps))), got.shape)
+    value = complex if wide is np.complex128 else float
     return LeafReport(path, got.dtype.name, got.shape, float(abs_error.max()),
                       float(ulps.max()), float(abs_error.max() / scale_ulp),
-                      float(exact.mean()), tuple(int(i) for i in worst), float(g[worst]),
-                      float(w[worst]))
+                      float(exact.mean()), tuple(int(i) for i in worst), value(g[worst]),
+                      value(w[worst]))
+
+
+def _same_bits(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Elementwise: the same bit pattern (of each part, for complex values)."""
+    if np.iscomplexobj(got):
+        return _same_bits(got.real, want.real) & _same_bits(got.imag, want.imag)
+    bits = f"u{got.dtype.itemsize}"
+    return got.view(bits) == want.view(bits)
+
+
+def _abs_difference(got: np.ndarray, want: np.ndarray, g: np.ndarray,
+                    w: np.ndarray) -> np.ndarray:
+    """|got - want| as float64: of integers, their exact difference (rounded once; 64-bit
+    integers that differ in their low bits are equal in float64); of complex values, the
+    magnitude of the difference; 0 between equal values (an infinity and itself)."""
+    if np.issubdtype(got.dtype, np.integer) and np.issubdtype(want.dtype, np.integer):
+        return np.abs(got.astype(object) - want.astype(object)).astype(np.float64)
+    return np.where(g == w, 0.0, np.abs(g - w))
 
 
 def compare(fun: Callable, *args, **kwargs) -> NumericsReport:

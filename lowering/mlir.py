@@ -41,18 +41,24 @@ class UnsupportedTypeError(TypeError):
 
 
 def parse_module(program: Any) -> ir.Module:
-    """A jaxlib `ir.Module` from MLIR text, bytecode (bytes) or an `ir.Module`."""
+    """A jaxlib `ir.Module` from MLIR text, bytecode (bytes) or an `ir.Module`; a StableHLO
+    portable artifact (VHLO, as `jax.export`'s `mlir_module_serialized` is) is upgraded to
+    StableHLO, as PJRT's compile does."""
     if isinstance(program, ir.Module):
-        return program
-    if isinstance(program, (str, bytes, bytearray)):
-        context = jax_mlir.make_ir_context()
+        module = program
+    elif isinstance(program, (str, bytes, bytearray)):
         try:
-            return ir.Module.parse(bytes(program) if not isinstance(program, str) else program,
-                                   context)
+            module = ir.Module.parse(bytes(program) if not isinstance(program, str) else program,
+                                     jax_mlir.make_ir_context())
         except ir.MLIRError as e:
             raise ValueError(f"not a StableHLO module: {e}") from None
-    raise TypeError(f"expected StableHLO as MLIR text, bytecode or an ir.Module, "
-                    f"got {type(program).__name__}")
+    else:
+        raise TypeError(f"expected StableHLO as MLIR text, bytecode or an ir.Module, "
+                        f"got {type(program).__name__}")
+    if any(op.operation.name.startswith("vhlo.") for op in module.body):
+        return hlo.deserialize_portable_artifact(module.context,
+                                                 jax_mlir.module_to_bytecode(module))
+    return module
 
 
 def tensor_type(t: ir.Type) -> TensorType:

@@ -21,11 +21,14 @@ def matmul_psum(a, b):
     return jax.lax.psum(a @ b, "y")
 
 
-def lowered_matmul_psum():
-    """jax's lowering of a shard_map over the 4x4x4 mesh: a [x, y] times b [y, -]."""
-    step = jax.jit(jax.shard_map(matmul_psum, mesh=jax_trn2.make_mesh(),
+def jitted_matmul_psum():
+    """jax.jit of a shard_map over the 4x4x4 mesh: a [x, y] times b [y, -]."""
+    return jax.jit(jax.shard_map(matmul_psum, mesh=jax_trn2.make_mesh(),
                                  in_specs=(P("x", "y"), P("y", None)), out_specs=P("x", None)))
-    return step.lower(A, B)
+
+
+def lowered_matmul_psum():
+    return jitted_matmul_psum().lower(A, B)
 
 
 def bytecode(module) -> bytes:
@@ -53,12 +56,15 @@ def test_trn2_client_has_a_4x4_torus():
     assert len(devices) == 16 and {len(d.coords) for d in devices} == {2}
 
 
-@pytest.mark.parametrize("form", ["text", "bytecode", "module"])
+@pytest.mark.parametrize("form", ["text", "bytecode", "module", "portable artifact"])
 def test_compile_stablehlo_in_every_form(client, form):
     lowered = lowered_matmul_psum()
     program = {"text": lambda: lowered.as_text(),
                "bytecode": lambda: bytecode(lowered.compiler_ir("stablehlo")),
-               "module": lambda: lowered.compiler_ir("stablehlo")}[form]()
+               "module": lambda: lowered.compiler_ir("stablehlo"),
+               # VHLO bytecode, as jax.export serializes a module
+               "portable artifact": lambda: jax.export.export(jitted_matmul_psum())(
+                   A, B).mlir_module_serialized}[form]()
     executable = client.compile(program)
     (out,) = executable.execute([A, B])
     # psum over y of the row block times the column block: a plain matmul, summed in
@@ -109,6 +115,17 @@ def test_execute_sharded_refuses_copies_that_differ(client):
     executable = client.compile(lowered_matmul_psum().as_text())
     per_device = [[A, B + d] for d in range(64)]
     with pytest.raises(ValueError, match="argument 1.*equal copies"):
+        executable.execute_sharded(per_device)
+
+
+def test_execute_sharded_says_why_an_unsharded_argument_wants_the_whole_array(client):
+    """A piece where main's argument has no sharding: the error says each device takes the
+    whole array, and how to give the argument a sharding."""
+    executable = client.compile(lowered_matmul_psum().as_text())
+    per_device = [[A[:4], B] for _ in range(64)]
+    with pytest.raises(TypeError, match=r"argument 0 of device 0: expected float32\[16,8\], "
+                                        r"got float32\[4,8\] \(main's argument 0 has no "
+                                        r"sharding.*in_shardings"):
         executable.execute_sharded(per_device)
 
 

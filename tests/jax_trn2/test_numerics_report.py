@@ -70,6 +70,26 @@ def test_nan_matches_nan_and_not_a_number():
     assert leaf.exact_fraction == 0.5
 
 
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+def test_report_compares_both_parts_of_complex_values(dtype):
+    got = np.array([1 + 1j, 2 + 2j, 4 + 0j], dtype)
+    want = np.array([1 + 1j, 2 + 2.5j, 4 + 0j], dtype)
+    (leaf,) = numerics.report(got, want).leaves
+    # Only the imaginary part of element 1 differs, by 0.5 = 0.5 / ulp(|2 + 2.5j|) ulps of
+    # the parts' type (|2 + 2.5j| is in [2, 4): ulp 2**-22 in float32, 2**-51 in float64).
+    parts_ulp = 2.0 ** (1 - np.finfo(dtype).nmant)
+    assert leaf.max_abs_error == 0.5 and leaf.max_ulp_error == 0.5 / parts_ulp
+    assert leaf.exact_fraction == pytest.approx(2 / 3) and leaf.worst_index == (1,)
+    assert (leaf.got_at_worst, leaf.want_at_worst) == (2 + 2j, 2 + 2.5j)
+
+
+def test_report_gives_64_bit_integers_their_exact_difference():
+    # 2**62 and 2**62 + 1 are the same float64: the error must still be 1, not 0.
+    (leaf,) = numerics.report(np.array([2 ** 62 + 1, 7], np.int64),
+                              np.array([2 ** 62, 7], np.int64)).leaves
+    assert (leaf.max_abs_error, leaf.max_ulp_error, leaf.worst_index) == (1.0, 1.0, (0,))
+
+
 def test_report_rejects_different_structures_and_shapes():
     with pytest.raises(ValueError, match="structure"):
         numerics.report((np.zeros(2),), [np.zeros(2)])
@@ -151,6 +171,12 @@ def test_compare_command_names_what_is_missing(tmp_path):
         cli.compare_command(args)
     args.target = f"{script}:g"
     with pytest.raises(ValueError, match="no function 'g'"):
+        cli.compare_command(args)
+    # The arguments as a value rather than a function that returns them.
+    script.write_text("def f(x):\n    return x\nexample_args = (1.0,)\n")
+    args.target = f"{script}:f"
+    with pytest.raises(ValueError, match=r"example_args in .*model.py is a tuple, not a "
+                                         r"function: define example_args\(\)"):
         cli.compare_command(args)
 
 
