@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from functools import cached_property
 from typing import Any, Iterable, Sequence
 
@@ -21,7 +22,7 @@ from mesh.isa import printer
 from mesh.perf import trace
 from mesh.perf.estimate import ProgramEstimate, target_text
 from mesh.emulated_floats import host_to_storage, storage_to_host
-from mesh.executor import compile_program, input_shapes
+from mesh.executor import compile_program, input_shapes, workspace_values
 from mesh.isa.kernels.participation import SplitGroupCheck
 from mesh.machine import Placement, Topology, place_on
 from mesh.memory import MemoryStats
@@ -87,6 +88,8 @@ class LoadedExecutable:
         self.rounding = rounding
         self.executor_devices = tuple(executor_devices) if executor_devices else None
         self._split_check = SplitGroupCheck()
+        self._workspace: list[jax.Array] | None = None  # kept for the next execute
+        self._workspace_lock = threading.Lock()
         mesh = program.mesh
         self.placement: Placement | None = \
             placement_for(topology, mesh.axis_sizes, mesh.axis_names) \
@@ -113,9 +116,41 @@ class LoadedExecutable:
         inputs = [jax.ShapeDtypeStruct(shape, dtypes.storage_dtype(values[v].type.dtype))
                   for shape, v in zip(input_shapes(self.program, global_io),
                                       self.program.inputs)]
+        workspace = self._workspace_values if global_io else ()
         with _executor_context():
             return compile_program(self.program, self.rounding, self.executor_devices,
-                                   global_io, self._split_check).lower(*inputs).compile()
+                                   global_io, self._split_check, workspace).lower(
+                *inputs, *self._workspace_types(workspace)).compile()
+
+    @cached_property
+    def _workspace_values(self) -> tuple[int, ...]:
+        """The values `execute` keeps buffers for from call to call (on one executor
+        device; mesh.executor.workspace_values)."""
+        if self.executor_devices is not None and len(self.executor_devices) > 1:
+            return ()
+        return workspace_values(self.program)
+
+    def _workspace_types(self, workspace: Sequence[int]) -> list[jax.ShapeDtypeStruct]:
+        values = self.program.values
+        return [jax.ShapeDtypeStruct(self.program.array_shape(v),
+                                     dtypes.storage_dtype(values[v].type.dtype))
+                for v in workspace]
+
+    def _take_workspace(self) -> list[jax.Array]:
+        """The buffers the last execute left for this one to write into, or new ones (on
+        the first call, or while another thread's call has them)."""
+        with self._workspace_lock:
+            kept, self._workspace = self._workspace, None
+        return kept if kept is not None else \
+            [jnp.zeros(t.shape, t.dtype) for t in self._workspace_types(self._workspace_values)]
+
+    def _keep_workspace(self, results: list[jax.Array]) -> list[jax.Array]:
+        """The program's outputs; the workspace arrays after them are kept."""
+        n_outputs = len(self.program.outputs)
+        if len(results) > n_outputs:
+            with self._workspace_lock:
+                self._workspace = list(results[n_outputs:])
+        return results[:n_outputs]
 
     def _raise_if_split(self, outs) -> None:
         """SplitCollectiveError if the run just made met a collective that only some
@@ -206,7 +241,8 @@ class LoadedExecutable:
         device gets `args`, and the results are device 0's)."""
         arrays = self._check_args(args)
         with _executor_context():
-            outs = self._run_global(*[host_to_storage(a) for a in arrays])
+            outs = self._keep_workspace(self._run_global(
+                *[host_to_storage(a) for a in arrays], *self._take_workspace()))
         self._raise_if_split(outs)
         return [storage_to_host(o, self.program.values[v].type.dtype)
                 for o, v in zip(outs, self.program.outputs)]

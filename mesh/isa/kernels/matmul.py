@@ -27,13 +27,19 @@ from mesh.isa.kernels import kernel
 from mesh.isa.kernels.context import KernelContext
 
 
+def _mesh_dims(lhs_shape, rhs_shape, nm: int) -> tuple[list[int], list[int], list[int]]:
+    """The mesh axes both operands vary along, only the left one, only the right one."""
+    both = [a for a in range(nm) if lhs_shape[a] > 1 and rhs_shape[a] > 1]
+    lhs_only = [a for a in range(nm) if lhs_shape[a] > 1 and rhs_shape[a] == 1]
+    rhs_only = [a for a in range(nm) if rhs_shape[a] > 1 and lhs_shape[a] == 1]
+    return both, lhs_only, rhs_only
+
+
 @kernel(isa.Matmul)
 def matmul(instr: isa.Matmul, args, ctx: KernelContext):
     lhs, rhs = args
     nm = ctx.nm
-    both = [a for a in range(nm) if lhs.shape[a] > 1 and rhs.shape[a] > 1]
-    lhs_only = [a for a in range(nm) if lhs.shape[a] > 1 and rhs.shape[a] == 1]
-    rhs_only = [a for a in range(nm) if rhs.shape[a] > 1 and lhs.shape[a] == 1]
+    both, lhs_only, rhs_only = _mesh_dims(lhs.shape, rhs.shape, nm)
     rhs_k_major = _contraction_first(rhs.ndim - nm, instr.rhs_batch, instr.rhs_contract)
     lhs3 = _to_batch_free_k(lhs, nm, both, lhs_only, instr.lhs_batch, instr.lhs_contract)
     rhs3 = _to_batch_free_k(rhs, nm, both, rhs_only, instr.rhs_batch, instr.rhs_contract,
@@ -42,26 +48,51 @@ def matmul(instr: isa.Matmul, args, ctx: KernelContext):
 
     # out dims: (both mesh, local batch, lhs-only mesh, lhs free, rhs-only mesh, rhs free)
     local_batch = tuple(lhs.shape[nm + d] for d in instr.lhs_batch)
-    lhs_free = _free_shape(lhs, nm, instr.lhs_batch, instr.lhs_contract)
-    rhs_free = _free_shape(rhs, nm, instr.rhs_batch, instr.rhs_contract)
+    lhs_free = _free_shape(lhs.shape, nm, instr.lhs_batch, instr.lhs_contract)
+    rhs_free = _free_shape(rhs.shape, nm, instr.rhs_batch, instr.rhs_contract)
     mesh_sizes = ctx.mesh.axis_sizes
     out = out.reshape(tuple(mesh_sizes[a] for a in both) + local_batch
                       + tuple(mesh_sizes[a] for a in lhs_only) + lhs_free
                       + tuple(mesh_sizes[a] for a in rhs_only) + rhs_free)
-    groups = [both, list(local_batch), lhs_only, list(lhs_free), rhs_only, list(rhs_free)]
-    starts = np.cumsum([0] + [len(g) for g in groups])
+    out = lax.transpose(out, _result_order(nm, both, lhs_only, rhs_only, len(local_batch),
+                                           len(lhs_free), len(rhs_free)))
+    return [out.reshape(ctx.out_shape(instr))]
+
+
+def _result_order(nm: int, both, lhs_only, rhs_only, n_batch: int, n_lhs_free: int,
+                  n_rhs_free: int) -> tuple[int, ...]:
+    """The transpose from the host GEMM's result dims (both mesh, local batch, lhs-only
+    mesh, lhs free, rhs-only mesh, rhs free) to the executor's (mesh dims in mesh order,
+    then batch, lhs free, rhs free)."""
+    sizes = [len(both), n_batch, len(lhs_only), n_lhs_free, len(rhs_only), n_rhs_free]
+    starts = np.cumsum([0] + sizes)
     mesh_pos = {a: int(starts[0]) + i for i, a in enumerate(both)}
     mesh_pos.update({a: int(starts[2]) + i for i, a in enumerate(lhs_only)})
     mesh_pos.update({a: int(starts[4]) + i for i, a in enumerate(rhs_only)})
     local_order = (list(range(starts[1], starts[2])) + list(range(starts[3], starts[4]))
                    + list(range(starts[5], starts[6])))
-    mesh_order = [mesh_pos[a] for a in range(nm) if a in mesh_pos]
-    out = lax.transpose(out, tuple(mesh_order + local_order))
-    return [out.reshape(ctx.out_shape(instr))]
+    return tuple([mesh_pos[a] for a in range(nm) if a in mesh_pos] + local_order)
 
 
-def _free_shape(x, nm, batch, contract) -> tuple[int, ...]:
-    local = x.shape[nm:]
+def result_is_gemm_output(instr: isa.Matmul, program: isa.Program) -> bool:
+    """Whether the kernel's result array is the host GEMM's output itself, only reshaped
+    (no transposing copy, no broadcast to its layout): XLA then writes the GEMM straight
+    into the result's buffer."""
+    nm = program.mesh.rank
+    lhs, rhs = (program.array_shape(v) for v in instr.ins)
+    both, lhs_only, rhs_only = _mesh_dims(lhs, rhs, nm)
+    out = program.values[instr.outs[0]]
+    if set(out.varying) != set(both + lhs_only + rhs_only):
+        return False
+    free = [len(_free_shape(x, nm, batch, contract)) for x, batch, contract in
+            ((lhs, instr.lhs_batch, instr.lhs_contract), (rhs, instr.rhs_batch,
+                                                          instr.rhs_contract))]
+    order = _result_order(nm, both, lhs_only, rhs_only, len(instr.lhs_batch), *free)
+    return order == tuple(sorted(order))
+
+
+def _free_shape(shape, nm, batch, contract) -> tuple[int, ...]:
+    local = shape[nm:]
     return tuple(s for d, s in enumerate(local) if d not in batch and d not in contract)
 
 
