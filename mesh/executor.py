@@ -151,10 +151,11 @@ def compile_program(program: isa.Program,
 
     def run_global(*args):
         origin = (0,) * program.mesh.rank
+        inputs = args[:len(program.inputs)]  # a workspace after them is not read
         with jax.enable_x64(True):
             layout = [jnp.broadcast_to(a.reshape((1,) * len(origin) + a.shape),
                                        program.array_shape(v))
-                      for a, v in zip(args, program.inputs)]
+                      for a, v in zip(inputs, program.inputs, strict=True)]
             results = run(*layout)
             return [out[origin] for out in results[:n_outputs]] + results[n_outputs:]
 
@@ -163,6 +164,8 @@ def compile_program(program: isa.Program,
         if not global_io or (devices is not None and len(devices) > 1):
             raise ValueError("a workspace is for a global-io program on one device")
         first = len(program.inputs)
+        # keep_unused: jax would drop the workspace arguments (never read) and so their
+        # donation
         return jax.jit(fun, compiler_options=EXACT_PRECISION, keep_unused=True,
                        donate_argnums=tuple(range(first, first + len(workspace))))
     if devices is None or len(devices) <= 1:
