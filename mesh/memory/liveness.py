@@ -25,6 +25,10 @@ so every chip of the mesh holds the same bytes):
   reading it ends. Arguments are live from the start of the step and outputs to its end;
   an argument lives the whole step unless it is donated (jit's donate_argnums), in which
   case it is freed after its last use and an output can take its place.
+- The step's outputs are buffers of their own (XLA's copy insertion): an output that is an
+  argument not donated (or a view of one), or a value already returned at an earlier
+  position, is copied into a new buffer that lives from when the value exists to the end.
+  A loop body's or branch's results are not copied: the enclosing program holds them.
 - Where instructions of the schedule end and start at the same instant, the buffers freed
   by the ones ending are released before the next ones allocate (a chain a -> b -> c never
   holds a and c together), except that an instruction's own inputs and outputs always
@@ -113,26 +117,29 @@ def sequential_times(program: isa.Program) -> list[tuple[float, float]]:
 
 def liveness(program: isa.Program, times: Sequence[tuple[float, float]] | None = None,
              input_names: Sequence[str] | None = None, *,
-             owned_inputs: Iterable[int] = ()) -> Liveness:
+             owned_inputs: Iterable[int] = (), entry: bool = True) -> Liveness:
     """The buffers of one chip running `program`, instruction i from times[i][0] to
     times[i][1] (seconds of a schedule; program order when None).
 
     Donated inputs (`program.donated_inputs`) are freed after their last use. For a
     sub-program, the inputs at positions `owned_inputs` are treated the same way (a loop's
-    carried state, which the body may overwrite)."""
+    carried state, which the body may overwrite). `entry`: the step's own program, whose
+    outputs are copied where they would share a buffer (False for a region's program)."""
     times = list(times) if times is not None else sequential_times(program)
     if len(times) != len(program.instructions):
         raise ValueError(f"{len(times)} times for {len(program.instructions)} instructions")
     names = list(input_names) if input_names is not None else \
         [f"argument {i}" for i in range(len(program.inputs))]
-    return _Builder(program, times, names, owned_inputs).run()
+    return _Builder(program, times, names, owned_inputs, entry).run()
 
 
 class _Builder:
     """One liveness computation: where each value is stored, then when each buffer lives."""
 
-    def __init__(self, program: isa.Program, times, names, owned_inputs: Iterable[int]):
+    def __init__(self, program: isa.Program, times, names, owned_inputs: Iterable[int],
+                 entry: bool):
         self.program = program
+        self.entry = entry
         self.times = times
         self.names = names
         donated = {i for i, _ in program.donated_inputs} | set(owned_inputs)
@@ -229,6 +236,8 @@ class _Builder:
                 if last == position[i] and out != root:
                     self.root[out] = root
                     members[root] += members.pop(out, [out])
+                    if out in self.pinned:  # an output now stored there: nothing overwrites it
+                        self.pinned.add(root)
 
     # --- the run -------------------------------------------------------------------------
 
@@ -271,6 +280,8 @@ class _Builder:
                 continue
             buffer = self._buffer(root, members[root], producer.get(root))
             lifetimes.append(Lifetime(buffer, buffer.nbytes, start, freed[root]))
+        if self.entry:
+            lifetimes += self._output_copies(allocated)
         for i, instr in enumerate(program.instructions):
             inside = self._inside(instr)
             if inside is not None:
@@ -283,6 +294,20 @@ class _Builder:
         return Liveness(tuple(lifetimes), peak, when[0] if lifetimes else 0.0, tuple(live),
                         samples, tuple(self.stored_type(v) for v in program.inputs),
                         tuple(self.stored_type(v) for v in program.outputs))
+
+    def _output_copies(self, allocated: dict[int, tuple[float, int]]) -> list[Lifetime]:
+        """The copies XLA makes so that every output of the step has its own buffer: of an
+        output stored in an argument not donated, and of a buffer returned a second time."""
+        program, copies, returned = self.program, [], set()
+        for v in program.outputs:
+            root = self.find(v)
+            kept_argument = root in program.inputs and root not in self.donated
+            if (kept_argument or root in returned) and root not in self.on_chip:
+                stored = self.stored_type(v)
+                buffer = Buffer((v,), stored, stored.nbytes, OUTPUT, "", "copy of a returned value")
+                copies.append(Lifetime(buffer, stored.nbytes, allocated[root], _AFTER_STEP))
+            returned.add(root)
+        return copies
 
     def _pin(self) -> None:
         """Buffers that live the whole step: outputs and arguments not donated."""
@@ -329,20 +354,20 @@ def _regions_held(instr: isa.Instruction) -> list[tuple[str, Liveness, set[int]]
     where it is also a per-step output."""
     if isinstance(instr, control.While):
         state = range(len(instr.outs))
-        return [("while cond", liveness(instr.cond), set(instr.cond.inputs)),
-                ("while body", liveness(instr.body, owned_inputs=state),
+        return [("while cond", liveness(instr.cond, entry=False), set(instr.cond.inputs)),
+                ("while body", liveness(instr.body, owned_inputs=state, entry=False),
                  set(instr.body.inputs))]
     if isinstance(instr, control.Scan):
         body, outputs = instr.body, len(instr.outs) - instr.num_carries
         carries = range(instr.num_inputs, instr.num_inputs + instr.num_carries)
         stacked = set(body.outputs[:outputs]) - set(body.outputs[outputs:])
-        return [("scan body", liveness(body, owned_inputs=carries), set(body.inputs) | stacked)]
+        return [("scan body", liveness(body, owned_inputs=carries, entry=False), set(body.inputs) | stacked)]
     if isinstance(instr, control.Case):
-        return [(f"case branch {k}", liveness(b), set(b.inputs) | set(b.outputs))
+        return [(f"case branch {k}", liveness(b, entry=False), set(b.inputs) | set(b.outputs))
                 for k, b in enumerate(instr.branches)]
     if isinstance(instr, control.Composite):
         sub = instr.decomposition
-        return [(f"{instr.name} decomposition", liveness(sub), set(sub.inputs) | set(sub.outputs))]
+        return [(f"{instr.name} decomposition", liveness(sub, entry=False), set(sub.inputs) | set(sub.outputs))]
     return []
 
 

@@ -20,7 +20,9 @@ Model, per instruction class (numbers from ChipSpec, i.e. mesh/machine/trn2_fact
 - Elementwise chains are fused: a value made by an elementwise op, broadcast or iota and
   read only by such ops or reductions streams through SBUF tile by tile and never goes to
   HBM; a broadcast read that way is an access pattern over its operand and takes no engine
-  time. Every other value is written to HBM and read back by each consumer.
+  time, and so does a convert read that way (the engines convert on read, computing in FP32:
+  `jnp.sum` of BF16 converts to FP32 into the reduce at no extra pass). Every other value
+  is written to HBM and read back by each consumer.
 
 `flops` counts 2*M*N*K per dot and one per element of other arithmetic; `transcendentals`
 one per element of exp, log, tanh...; `bytes_accessed` is HBM traffic (JAX's keys).
@@ -351,9 +353,13 @@ def _convolution(instr: isa.Convolution, ctx: CostContext) -> Cost:
 
 @cost_rule(isa.Elementwise)
 def _elementwise(instr: isa.Elementwise, ctx: CostContext) -> Cost:
+    """One engine pass over the result's elements; none for a convert fused into its
+    consumers (a dtype of their read), which still reads its operand if that is in HBM."""
     elements = ctx.size(instr.outs)
     transcendental = instr.op in isa.TRANSCENDENTAL_OPS
-    return engine_op(instr.engine, elements, ctx.hbm_bytes(instr.ins + instr.outs), ctx,
+    streamed = instr.op == "convert" and set(instr.outs) <= ctx.on_chip
+    return engine_op(instr.engine, 0 if streamed else elements,
+                     ctx.hbm_bytes(instr.ins + instr.outs), ctx,
                      flops=0 if transcendental else elements,
                      transcendentals=elements if transcendental else 0)
 

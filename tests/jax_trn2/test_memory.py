@@ -62,6 +62,25 @@ def test_donated_buffers_pair_with_outputs_of_as_many_bytes_as_xla_pairs_them(f)
     assert got.alias_size_in_bytes == want.alias_size_in_bytes
 
 
+@pytest.mark.parametrize("f, donate, peak", [
+    (lambda a, b: a, (), 3 * F),               # a, b, and the output copy of a
+    (lambda a, b: a.reshape(-1), (), 3 * F),   # a view of a is copied as well
+    (lambda a, b: (a + b, a + b), (), 4 * F),  # a, b, the sum, and its copy
+    (lambda a, b: (a, a), (0,), 3 * F),        # the first output takes donated a, then a copy
+    (lambda a, b: a, (0,), 2 * F),             # returned into its own donated buffer
+    # exp is written in place into the product, and is returned: x + 1 may not overwrite it
+    (lambda a, b: (jnp.exp(a @ b), jnp.exp(a @ b) + 1), (), 4 * F),
+], ids=["argument", "view-of-argument", "same-value-twice", "donated-twice", "donated",
+        "output-stored-in-a-temporary"])
+def test_every_output_has_a_buffer_of_its_own(f, donate, peak):
+    # XLA's copy insertion gives each output of the step its own buffer: an argument the
+    # caller keeps, or a value returned twice, is copied (as CPU XLA's memory_analysis shows).
+    stats = jax_trn2.jit(f, donate_argnums=donate).lower(SQUARE, SQUARE).memory_analysis()
+    assert stats.peak_memory_in_bytes == peak
+    assert stats.peak_memory_in_bytes >= stats.argument_size_in_bytes + \
+        stats.output_size_in_bytes - stats.alias_size_in_bytes
+
+
 def test_shard_map_chips_hold_their_slices():
     # x float32[4096,1024] split over x (4) and y (4) -> [1024,256] per chip; w [1024,1024]
     # replicated; the per-chip product [1024,1024] is assembled into the output.

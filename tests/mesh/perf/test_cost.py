@@ -66,6 +66,24 @@ def test_fused_chain_keeps_intermediates_on_chip():
     assert instrs[0].engine == isa.SCALAR
 
 
+def test_a_convert_fused_into_a_reduce_takes_no_engine_pass():
+    """sum(convert(x: bf16) -> f32), as jnp.sum of BF16 runs: the engines convert on read,
+    so the convert only streams x from HBM (half the bytes of FP32), with no Vector pass of
+    its own; the reduce's pass follows."""
+    bf16 = isa.TensorType(F32.shape, "bfloat16")
+    scalar, row = isa.TensorType((), "float32"), isa.TensorType((1024,), "float32")
+    instrs = [isa.Elementwise((1,), (0,), op="convert"),
+              isa.Constant((2,), (), value=np.float32(0.0)),
+              isa.Reduce((3,), (1, 2), dimensions=(1,), combiner="add")]
+    program = program_of(instrs, {0: bf16, 1: F32, 2: scalar, 3: row}, (0,), (3,))
+    convert = instruction_cost(instrs[0], program, CHIP)
+    read = bf16.nbytes / CHIP.hbm_bandwidth
+    assert convert.seconds == read and convert.flops == F32.size
+    reduce_pass = math.ceil(F32.size / LANES) / CHIP.vector_clock_hz
+    assert ProgramEstimate(program, TOPOLOGY).step_seconds == pytest.approx(read + reduce_pass,
+                                                                            rel=1e-9)
+
+
 def test_matmul_cost_is_its_tiling():
     lhs = isa.TensorType((512, 256), "bfloat16")
     rhs = isa.TensorType((256, 1024), "bfloat16")
