@@ -26,7 +26,7 @@ from functools import partial
 from typing import Any, Callable
 
 from jax import tree_util
-from jax._src import api_util, core
+from jax._src import api_util, core, dtypes
 from jax._src import linear_util as lu
 from jax._src.interpreters import ad, mlir
 from jax._src.interpreters import partial_eval as pe
@@ -36,6 +36,14 @@ from mesh import numerics
 
 class Trn2CallPrimitive(core.CallPrimitive):
     """A call of a function that runs on the simulated Trainium2 mesh when evaluated."""
+
+    def bind_with_trace(self, trace, args, avals, params, /):
+        # jax.linearize passes the primal inputs a function saves for its linear part on
+        # to the call of that part as the user gave them (NumPy arrays, Python scalars),
+        # and tracing such a call stages them as constants, which must be JAX values.
+        args = [arg if isinstance(arg, core.Tracer) else dtypes.canonicalize_value(arg)
+                for arg in args]
+        return super().bind_with_trace(trace, args, avals, params)
 
 
 trn2_call_p = Trn2CallPrimitive("trn2_call")

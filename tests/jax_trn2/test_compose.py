@@ -69,6 +69,16 @@ def test_jvp(data, mesh_runs):
     assert len(mesh_runs) == 1
 
 
+def test_linearize_of_numpy_arguments(data, mesh_runs):
+    # the linear part takes x and w themselves as residuals: NumPy arrays, as given
+    x, w = data
+    y, f_jvp = jax.linearize(jax_trn2.jit(loss), x, w)
+    want_y, want_jvp = jax.linearize(jax.jit(loss), x, w)
+    np.testing.assert_allclose(y, want_y, rtol=RTOL)
+    np.testing.assert_allclose(f_jvp(x, 2 * w), want_jvp(x, 2 * w), rtol=RTOL)
+    assert len(mesh_runs) == 2  # the primal part, then the linear part
+
+
 def test_vmap_runs_the_batched_function_on_the_mesh(data, mesh_runs):
     x, w = data
     xs = np.stack([x, 2 * x, -x])
