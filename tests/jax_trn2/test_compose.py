@@ -87,6 +87,21 @@ def test_vmap_runs_the_batched_function_on_the_mesh(data, mesh_runs):
     assert len(mesh_runs) == 1
 
 
+def test_vmap_with_an_axis_name_over_a_jitted_function(data, mesh_runs):
+    # the call is evaluated inside vmap's axis environment: the function's psum over the
+    # vmapped axis is traced there, its program runs as at the top level
+    x, w = data
+
+    def normalised(x, w):
+        return loss(x, w) / jax.lax.psum(loss(x, w), "batch")
+
+    got = jax.vmap(jax_trn2.jit(normalised), in_axes=(0, None), axis_name="batch")(
+        x.reshape(2, 4, 16), w)
+    want = jax.vmap(normalised, in_axes=(0, None), axis_name="batch")(x.reshape(2, 4, 16), w)
+    np.testing.assert_allclose(got, want, rtol=RTOL)
+    assert len(mesh_runs) == 1
+
+
 def test_second_derivatives(data):
     x, w = data
     f = jax_trn2.jit(loss)
