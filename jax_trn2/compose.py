@@ -22,11 +22,12 @@ a call primitive); the rules registered here are the ones `core.call_p` has.
 
 from __future__ import annotations
 
+import contextlib
 from functools import partial
 from typing import Any, Callable
 
 from jax import tree_util
-from jax._src import api_util, core
+from jax._src import api_util, core, dtypes
 from jax._src import linear_util as lu
 from jax._src.interpreters import ad, mlir
 from jax._src.interpreters import partial_eval as pe
@@ -36,6 +37,14 @@ from mesh import numerics
 
 class Trn2CallPrimitive(core.CallPrimitive):
     """A call of a function that runs on the simulated Trainium2 mesh when evaluated."""
+
+    def bind_with_trace(self, trace, args, avals, params, /):
+        # jax.linearize passes the primal inputs a function saves for its linear part on
+        # to the call of that part as the user gave them (NumPy arrays, Python scalars),
+        # and tracing such a call stages them as constants, which must be JAX values.
+        args = [arg if isinstance(arg, core.Tracer) else dtypes.canonicalize_value(arg)
+                for arg in args]
+        return super().bind_with_trace(trace, args, avals, params)
 
 
 trn2_call_p = Trn2CallPrimitive("trn2_call")
@@ -90,7 +99,24 @@ def _run_on_mesh(fun: lu.WrappedFun, *args, name: str, topology: str | None,
         return list(fun.call_wrapped(*flat_args))
 
     flat.__name__ = name
-    return Jitted(flat, topology=topology, rounding=rounding)(*args)
+    # Under `jax.vmap` with an `axis_name` the call is evaluated inside the vmap's axis
+    # environment: the function is traced in it (its collectives over the vmapped axis
+    # name it), and the program, which names no outer axis, runs as at the top level
+    # (the simulator's own computations set a mesh, which jax allows only there).
+    lowered = Jitted(flat, topology=topology, rounding=rounding).lower(*args)
+    with _top_level_axis_env():
+        return lowered.compile()(*args)
+
+
+@contextlib.contextmanager
+def _top_level_axis_env():
+    """No axis names bound, as outside every transformation."""
+    outer = core.trace_ctx.axis_env
+    core.trace_ctx.set_axis_env(core.top_axis_env)
+    try:
+        yield
+    finally:
+        core.trace_ctx.set_axis_env(outer)
 
 
 def _lower_inline(ctx, *args, call_jaxpr, name, topology, rounding):

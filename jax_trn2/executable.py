@@ -59,8 +59,10 @@ def _executor_context():
     """Where the simulation's own computations are compiled and run: with 64-bit types (a
     module's 64-bit values keep their type), and on the executor's devices rather than
     over a mesh the caller set with jax.set_mesh (under which jax would compile and run
-    them replicated on every device of that mesh, each doing all the work)."""
-    with jax.set_mesh(None), jax.enable_x64(True):
+    them replicated on every device of that mesh, each doing all the work), and compiled
+    even under jax.disable_jit (which is for stepping through the user's Python; the
+    simulator's computations are not the user's and run only compiled)."""
+    with jax.set_mesh(None), jax.enable_x64(True), jax.disable_jit(False):
         yield
 
 

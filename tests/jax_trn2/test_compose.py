@@ -69,11 +69,36 @@ def test_jvp(data, mesh_runs):
     assert len(mesh_runs) == 1
 
 
+def test_linearize_of_numpy_arguments(data, mesh_runs):
+    # the linear part takes x and w themselves as residuals: NumPy arrays, as given
+    x, w = data
+    y, f_jvp = jax.linearize(jax_trn2.jit(loss), x, w)
+    want_y, want_jvp = jax.linearize(jax.jit(loss), x, w)
+    np.testing.assert_allclose(y, want_y, rtol=RTOL)
+    np.testing.assert_allclose(f_jvp(x, 2 * w), want_jvp(x, 2 * w), rtol=RTOL)
+    assert len(mesh_runs) == 2  # the primal part, then the linear part
+
+
 def test_vmap_runs_the_batched_function_on_the_mesh(data, mesh_runs):
     x, w = data
     xs = np.stack([x, 2 * x, -x])
     got = jax.vmap(jax_trn2.jit(loss), in_axes=(0, None))(xs, w)
     np.testing.assert_allclose(got, jax.vmap(loss, in_axes=(0, None))(xs, w), rtol=RTOL)
+    assert len(mesh_runs) == 1
+
+
+def test_vmap_with_an_axis_name_over_a_jitted_function(data, mesh_runs):
+    # the call is evaluated inside vmap's axis environment: the function's psum over the
+    # vmapped axis is traced there, its program runs as at the top level
+    x, w = data
+
+    def normalised(x, w):
+        return loss(x, w) / jax.lax.psum(loss(x, w), "batch")
+
+    got = jax.vmap(jax_trn2.jit(normalised), in_axes=(0, None), axis_name="batch")(
+        x.reshape(2, 4, 16), w)
+    want = jax.vmap(normalised, in_axes=(0, None), axis_name="batch")(x.reshape(2, 4, 16), w)
+    np.testing.assert_allclose(got, want, rtol=RTOL)
     assert len(mesh_runs) == 1
 
 

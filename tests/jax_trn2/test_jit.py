@@ -122,6 +122,19 @@ def test_the_simulation_runs_on_its_own_device_under_set_mesh():
     assert all(len(r.sharding.device_set) == 1 for r in results)
 
 
+def test_runs_on_the_mesh_under_disable_jit():
+    # jax.disable_jit is for stepping through the user's Python: the simulation's own
+    # computations still run compiled (they raised jax's AOT error under it)
+    mesh = jax_trn2.make_mesh((4,), ("i",))
+    f = jax.shard_map(lambda x: jax.lax.psum(x * x, "i"), mesh=mesh, in_specs=P("i"),
+                      out_specs=P())
+    x = np.arange(8, dtype=np.float32)
+    with jax.disable_jit():
+        got = jax_trn2.jit(f)(x)
+    # small integers: every sum is exact in FP32, in any order
+    np.testing.assert_array_equal(got, (x * x).reshape(4, 2).sum(0))
+
+
 def test_typed_prng_keys_in_and_out():
     """jax.random.key arrays go in as their key data and come back as key arrays."""
     def f(key, x):
