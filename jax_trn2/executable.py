@@ -92,6 +92,7 @@ class LoadedExecutable:
         self._split_check = SplitGroupCheck()
         self._workspace: list[jax.Array] | None = None  # kept for the next execute
         self._workspace_lock = threading.Lock()
+        self._split_lock = threading.Lock()  # see _checked_run
         mesh = program.mesh
         self.placement: Placement | None = \
             placement_for(topology, mesh.axis_sizes, mesh.axis_names) \
@@ -154,11 +155,17 @@ class LoadedExecutable:
                 self._workspace = list(results[n_outputs:])
         return results[:n_outputs]
 
-    def _raise_if_split(self, outs) -> None:
-        """SplitCollectiveError if the run just made met a collective that only some
-        members of a group reached (possible only where control flow differs by chip)."""
-        if self._split_check.armed:
-            jax.block_until_ready(outs)
+    @contextlib.contextmanager
+    def _checked_run(self):
+        """Around a run: SplitCollectiveError after it if it met a collective that only
+        some members of a group reached (possible only where control flow differs by chip).
+        Runs of such a program are serialised, so that each reports its own."""
+        if not self._split_check.armed:  # known once compiled: before the first run
+            yield
+            return
+        with self._split_lock:
+            yield
+            jax.effects_barrier()  # the checks' host callbacks have all run
             self._split_check.raise_if_split()
 
     def load(self) -> "LoadedExecutable":
@@ -242,10 +249,10 @@ class LoadedExecutable:
         """Run on global arrays; returns the global results (of an SPMD module: every
         device gets `args`, and the results are device 0's)."""
         arrays = self._check_args(args)
-        with _executor_context():
-            outs = self._keep_workspace(self._run_global(
-                *[host_to_storage(a) for a in arrays], *self._take_workspace()))
-        self._raise_if_split(outs)
+        run = self._run_global  # compiled first: a program's checks are known after
+        with _executor_context(), self._checked_run():
+            outs = self._keep_workspace(run(*[host_to_storage(a) for a in arrays],
+                                            *self._take_workspace()))
         return [storage_to_host(o, self.program.values[v].type.dtype)
                 for o, v in zip(outs, self.program.outputs)]
 
@@ -269,9 +276,11 @@ class LoadedExecutable:
                         f"on {arg.device}, but position {d} runs on {devices[d]}: put it there "
                         f"with buffer_from_pyval(array, executable.devices()[{d}])")
         with _executor_context():
-            outs = self._run(*[self._device_input(i, [dev_args[i] for dev_args in per_device_args])
-                               for i in range(len(self.program.inputs))])
-            self._raise_if_split(outs)
+            inputs = [self._device_input(i, [dev_args[i] for dev_args in per_device_args])
+                      for i in range(len(self.program.inputs))]
+            run = self._run  # compiled first: a program's checks are known after
+            with self._checked_run():
+                outs = run(*inputs)
             per_output = [self._device_results(i, o) for i, o in enumerate(outs)]
         return [[Buffer(pieces[d], device) for pieces in per_output]
                 for d, device in enumerate(devices)]

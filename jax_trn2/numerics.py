@@ -151,9 +151,14 @@ def _abs_difference(got: np.ndarray, want: np.ndarray, g: np.ndarray,
     """|got - want| as float64: of integers, their exact difference (rounded once; 64-bit
     integers that differ in their low bits are equal in float64); of complex values, the
     magnitude of the difference; 0 between equal values (an infinity and itself)."""
-    if np.issubdtype(got.dtype, np.integer) and np.issubdtype(want.dtype, np.integer):
-        return np.abs(got.astype(object) - want.astype(object)).astype(np.float64)
-    return np.where(g == w, 0.0, np.abs(g - w))
+    wide_ints = np.issubdtype(got.dtype, np.integer) and np.issubdtype(want.dtype, np.integer) \
+        and max(got.dtype.itemsize, want.dtype.itemsize) == 8
+    if not wide_ints:  # narrower integers are exact in float64
+        return np.where(g == w, 0.0, np.abs(g - w))
+    difference = np.zeros(got.shape)  # of the same shape (_compare_leaf checks)
+    differ = got != want  # exactly, in Python integers, where they differ only
+    difference[differ] = np.abs(got[differ].astype(object) - want[differ].astype(object))
+    return difference
 
 
 def compare(fun: Callable, *args, **kwargs) -> NumericsReport:

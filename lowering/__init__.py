@@ -42,7 +42,7 @@ def lower(program: Any, mesh: isa.MeshSpec | None = None,
     try:
         with _cyclic_gc_paused():
             return simplify(Walker(module, mesh, host_callbacks, module_name).lower())
-    except (LoweringError, NotImplementedError, ValueError) as e:
+    except (NotImplementedError, ValueError) as e:  # LoweringError is a ValueError
         if xla_error is None and isinstance(e, LoweringError):
             raise
         error_class = type(e) if isinstance(e, LoweringError) else \

@@ -80,7 +80,7 @@ EXACT_PRECISION = {"xla_allow_excess_precision": False}
 
 # Matmul results of at least this many bytes (the largest block glibc's malloc recycles)
 # are workspace values (workspace_values), up to this many bytes per program: the host
-# memory an executable keeps between calls stays bounded.
+# memory each executable keeps between calls (while it lives, as in jax_trn2.jit's cache).
 WORKSPACE_MIN_BYTES = 32 << 20
 WORKSPACE_LIMIT_BYTES = 1 << 30
 
@@ -100,8 +100,8 @@ def workspace_values(program: isa.Program) -> tuple[int, ...]:
         if not isinstance(instr, isa.Matmul) or not result_is_gemm_output(instr, program):
             continue
         value = instr.outs[0]
-        size = int(np.prod(program.array_shape(value), dtype=np.int64)) * np.dtype(
-            dtypes.storage_dtype(program.values[value].type.dtype)).itemsize
+        size = int(np.prod(program.array_shape(value), dtype=np.int64)) * \
+            dtypes.storage_dtype(program.values[value].type.dtype).itemsize
         if size >= WORKSPACE_MIN_BYTES and total + size <= WORKSPACE_LIMIT_BYTES:
             chosen.append(value)
             total += size
@@ -141,7 +141,8 @@ def compile_program(program: isa.Program,
     (their contents are not read), and returns after the outputs, for the next call.
     """
     n_outputs = len(program.outputs)
-    kept = dataclasses.replace(program, outputs=program.outputs + tuple(workspace))
+    kept = dataclasses.replace(program, outputs=program.outputs + tuple(workspace)) \
+        if workspace else program
 
     def run(*args):
         # StableHLO has 64-bit values even when the user's jax has no jax_enable_x64

@@ -171,5 +171,6 @@ def test_offsets_that_do_not_divide_among_the_group_are_an_error():
     odd = np.zeros(12, np.int32)  # 3 per chip, for a group of 4
     args = [np.zeros((16, 3), np.float32)] * 2 + [odd] * 4
     step = jax_trn2.jit(ragged_program(mesh, ("x",), "x", simulated_body))
-    with pytest.raises(Exception, match="3 offsets do not divide among the 4 members"):
+    with pytest.raises(jax_trn2.LoweringError,
+                       match="3 offsets do not divide among the 4 members"):
         step(*args)

@@ -188,12 +188,15 @@ def test_grad_keeps_in_shardings_and_runs_partitioned(rng, mesh_runs):
         assert "inserted by XLA's SPMD partitioner: all-reduce" in executable.as_text()
 
 
-def test_vmap_and_jit_keep_in_shardings(rng):
+def test_vmap_and_jit_keep_in_shardings(rng, mesh_runs):
     sim_shardings, cpu_shardings, x, w = sharded_loss_setup(rng)
     f = jax_trn2.jit(loss, in_shardings=sim_shardings)
     ws = np.stack([w, 2 * w])
     np.testing.assert_allclose(jax.vmap(f, in_axes=(None, 0))(x, ws),
                                [loss(x, w), loss(x, 2 * w)], rtol=RTOL)
+    (vmapped,) = mesh_runs
+    assert vmapped.program.mesh.axis_sizes == (2, 4)
+    assert "inserted by XLA's SPMD partitioner: all-reduce" in vmapped.as_text()
     text = jax_trn2.jit(lambda x, w: 2 * f(x, w)).lower(x, w).as_text()
     assert "inserted by XLA's SPMD partitioner" in text
 

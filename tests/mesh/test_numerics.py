@@ -298,10 +298,12 @@ def test_two_axis_rings_reduce_one_axis_after_the_other(rng, axis_order):
     np.testing.assert_array_equal(got, sequential_fold(partial, orders[second]))
 
 
-@pytest.mark.parametrize("sizes, n", [((4,), 10), ((2, 3), 7), ((4, 4), 3), ((3,), 0)])
-def test_uneven_blocks_and_leading_dims_keep_the_ring_order(rng, sizes, n):
+@pytest.mark.parametrize("sizes, n", [((4,), 10), ((2, 3), 7), ((4, 4), 3), ((3,), 0),
+                                      ((2, 3), 12), ((16,), 32)])
+def test_blocks_and_leading_dims_keep_the_ring_order(rng, sizes, n):
     """Short last blocks (n not a multiple of the members), owners with nothing to own,
-    and leading dims that are not reduced."""
+    whole blocks (laid out as [owner, position]; a ring of 16 gathers its members), and
+    leading dims that are not reduced."""
     shape = (2,) + sizes + (n,)
     values = (rng.standard_normal(shape) * 2.0 ** rng.integers(0, 12, shape)
               ).astype(ml_dtypes.bfloat16)

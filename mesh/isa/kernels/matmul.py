@@ -76,8 +76,8 @@ def _result_order(nm: int, both, lhs_only, rhs_only, n_batch: int, n_lhs_free: i
 
 def result_is_gemm_output(instr: isa.Matmul, program: isa.Program) -> bool:
     """Whether the kernel's result array is the host GEMM's output itself, only reshaped
-    (no transposing copy, no broadcast to its layout): XLA then writes the GEMM straight
-    into the result's buffer."""
+    (no transposing copy, no broadcast to its layout): XLA then writes the GEMM (or, for
+    a narrower output type, its rounding) straight into the result's buffer."""
     nm = program.mesh.rank
     lhs, rhs = (program.array_shape(v) for v in instr.ins)
     both, lhs_only, rhs_only = _mesh_dims(lhs, rhs, nm)
@@ -91,9 +91,13 @@ def result_is_gemm_output(instr: isa.Matmul, program: isa.Program) -> bool:
     return order == tuple(sorted(order))
 
 
+def _free_dims(local_rank: int, batch, contract) -> list[int]:
+    """An operand's local dims that are neither batch nor contraction dims, in order."""
+    return [d for d in range(local_rank) if d not in batch and d not in contract]
+
+
 def _free_shape(shape, nm, batch, contract) -> tuple[int, ...]:
-    local = shape[nm:]
-    return tuple(s for d, s in enumerate(local) if d not in batch and d not in contract)
+    return tuple(shape[nm + d] for d in _free_dims(len(shape) - nm, batch, contract))
 
 
 def _contraction_first(local_rank: int, batch, contract) -> bool:
@@ -102,15 +106,14 @@ def _contraction_first(local_rank: int, batch, contract) -> bool:
     host GEMM takes as it is (no transposing copy), and its passes are contiguous blocks of
     rows. (The left operand goes as [B, M, K] whatever its layout: host GEMMs run slower
     on a transposed left operand than the copy costs.)"""
-    free = [d for d in range(local_rank) if d not in batch and d not in contract]
+    free = _free_dims(local_rank, batch, contract)
     return bool(free) and bool(contract) and max(contract) < min(free)
 
 
 def _to_batch_free_k(x, nm, both, only, batch, contract, k_major: bool = False):
     """x as [B, F, K], or [B, K, F] when `k_major`: B = (shared mesh dims, local batch dims),
     F = (own mesh dims, free dims), K = contraction dims flattened in the dot's order."""
-    local_rank = x.ndim - nm
-    free = [d for d in range(local_rank) if d not in batch and d not in contract]
+    free = _free_dims(x.ndim - nm, batch, contract)
     b_dims = both + [nm + d for d in batch]
     f_dims = only + [nm + d for d in free]
     k_dims = [nm + d for d in contract]

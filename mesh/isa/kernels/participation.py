@@ -16,6 +16,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from mesh import isa
 
@@ -46,13 +47,16 @@ class SplitGroupCheck:
         """Trace a check of `instr`'s groups against `reached` ([mesh...] bool, size 1
         along axes it does not vary on): which chips' control flow gets to it."""
         self.armed = True
-        flat = jnp.broadcast_to(reached, tuple(mesh.axis_sizes)).reshape(-1)
-        jax.debug.callback(partial(self._record, instr, groups), flat[groups])
+        members = jnp.broadcast_to(reached, tuple(mesh.axis_sizes)).reshape(-1)[groups]
+        split = jnp.any(members, axis=1) & ~jnp.all(members, axis=1)
+        # the host hears of it only when a group is split (not at every loop iteration)
+        lax.cond(jnp.any(split), lambda m: jax.debug.callback(
+            partial(self._record, instr, groups), m), lambda m: None, members)
 
     def _record(self, instr: isa.Instruction, groups: np.ndarray, members) -> None:
         members = np.asarray(members)
         split = members.any(axis=1) & ~members.all(axis=1)
-        if not split.any() or self._found:
+        if self._found:
             return
         g = int(np.argmax(split))
         came = groups[g][members[g]].tolist()
