@@ -22,7 +22,8 @@ from mesh.isa import printer
 from mesh.perf import trace
 from mesh.perf.estimate import ProgramEstimate, target_text
 from mesh.emulated_floats import host_to_storage, storage_to_host
-from mesh.executor import compile_program, input_shapes, workspace_values
+from mesh.executor import as_input, compile_program, input_dtype, input_shapes, \
+    workspace_values
 from mesh.isa.kernels.participation import SplitGroupCheck
 from mesh.machine import Placement, Topology, place_on
 from mesh.memory import MemoryStats
@@ -116,7 +117,7 @@ class LoadedExecutable:
 
     def _compile(self, global_io: bool):
         values = self.program.values
-        inputs = [jax.ShapeDtypeStruct(shape, dtypes.storage_dtype(values[v].type.dtype))
+        inputs = [jax.ShapeDtypeStruct(shape, input_dtype(values[v].type.dtype))
                   for shape, v in zip(input_shapes(self.program, global_io),
                                       self.program.inputs)]
         workspace = self._workspace_values if global_io else ()
@@ -251,8 +252,7 @@ class LoadedExecutable:
         arrays = self._check_args(args)
         run = self._run_global  # compiled first: a program's checks are known after
         with _executor_context(), self._checked_run():
-            outs = self._keep_workspace(run(*[host_to_storage(a) for a in arrays],
-                                            *self._take_workspace()))
+            outs = self._keep_workspace(run(*self._as_inputs(arrays), *self._take_workspace()))
         return [storage_to_host(o, self.program.values[v].type.dtype)
                 for o, v in zip(outs, self.program.outputs)]
 
@@ -292,8 +292,8 @@ class LoadedExecutable:
         if self.program.values[value].varying:  # an SPMD module's per-device argument
             arrays = [self._check_arg(f"{self.arg_names[i]} of device {d}", p, expected)
                       for d, p in enumerate(pieces)]
-            return jnp.stack([host_to_storage(a) for a in arrays]).reshape(
-                self.program.array_shape(value))
+            return as_input(jnp.stack([host_to_storage(a) for a in arrays]).reshape(
+                self.program.array_shape(value)), expected.dtype)
         dim_axes = self._sharding(self.program.input_shardings, i, expected.rank)
         piece_type = isa.TensorType(sharding.local_shape(expected.shape, dim_axes,
                                                          self.program.mesh.axis_sizes),
@@ -309,7 +309,8 @@ class LoadedExecutable:
                             "lower with jax.jit(..., in_shardings=...))") from None
         global_ = self._assemble(i, pieces)
         array = self._check_arg(self.arg_names[i], global_, expected)
-        return host_to_storage(array).reshape(self.program.array_shape(value))
+        return as_input(host_to_storage(array).reshape(self.program.array_shape(value)),
+                        expected.dtype)
 
     def _device_results(self, i: int, result: jnp.ndarray) -> list[np.ndarray]:
         """Each device's piece of output i: split by its sharding, else the device's own."""
@@ -335,6 +336,11 @@ class LoadedExecutable:
     def _sharding(shardings: tuple, i: int, rank: int):
         given = shardings[i] if i < len(shardings) else None
         return given if given is not None else ((),) * rank
+
+    def _as_inputs(self, arrays: Sequence[Any]) -> list[Any]:
+        """Checked arguments as the compiled program takes them (mesh.executor.as_input)."""
+        return [as_input(host_to_storage(a), self.program.values[v].type.dtype)
+                for a, v in zip(arrays, self.program.inputs)]
 
     def _check_args(self, args: Sequence[Any]) -> list[jnp.ndarray]:
         """Arguments as arrays of exactly the program's input types; TypeError naming the

@@ -148,7 +148,9 @@ def compile_program(program: isa.Program,
         # StableHLO has 64-bit values even when the user's jax has no jax_enable_x64
         # (jax.random's u64 counters, RNG states): they keep their type in the executor.
         with jax.enable_x64(True):
-            return run_program(kept, args, rounding.rounder(), split_check=split_check)
+            values = [_from_input(a, v, program)
+                      for a, v in zip(args, program.inputs, strict=True)]
+            return run_program(kept, values, rounding.rounder(), split_check=split_check)
 
     def run_global(*args):
         origin = (0,) * program.mesh.rank
@@ -174,6 +176,38 @@ def compile_program(program: isa.Program,
     return jax.jit(fun, compiler_options=EXACT_PRECISION,
                    in_shardings=tuple(_split_over(devices, shape)
                                       for shape in input_shapes(program, global_io)))
+
+
+def input_dtype(name: str) -> np.dtype:
+    """The dtype compile_program's function takes an input of element type `name` in:
+    a float narrower than FP32 as its bits (an unsigned integer of its width), any other
+    type in its storage dtype. (The function also takes a narrow float as such, at the
+    cost of a copy.) The matmul kernel cuts a narrow-float operand into passes as bits
+    (mesh.isa.kernels.matmul); an input that arrives as bits needs no copy into them, and
+    on the host the bits of an array are a view of it (as_input)."""
+    width = dtypes.bit_width(dtypes.storage_name(name))
+    if name in dtypes.LOW_PRECISION_FLOATS and width in (8, 16):
+        return np.dtype(f"uint{width}")
+    return dtypes.storage_dtype(name)
+
+
+def as_input(array, name: str):
+    """`array` (of type `name`, in its storage dtype) as input_dtype(name): a NumPy array
+    or an array in host memory (a CPU jax.Array) as a view of its bits, an array on an
+    accelerator bitcast there."""
+    want = input_dtype(name)
+    if array.dtype == want:
+        return array
+    if isinstance(array, jax.Array) and \
+            any(d.platform != "cpu" for d in array.sharding.device_set):
+        return jax.lax.bitcast_convert_type(array, want)
+    return np.asarray(array).view(want)  # a CPU jax.Array's buffer, not a copy of it
+
+
+def _from_input(x: jnp.ndarray, value: int, program: isa.Program) -> jnp.ndarray:
+    """An input as compile_program's function got it, in its value's storage dtype."""
+    storage = dtypes.storage_dtype(program.values[value].type.dtype)
+    return x if x.dtype == storage else jax.lax.bitcast_convert_type(x, storage)
 
 
 def input_shapes(program: isa.Program, global_io: bool) -> list[tuple[int, ...]]:

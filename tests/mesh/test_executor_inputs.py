@@ -1,0 +1,61 @@
+"""The executor's inputs: floats narrower than FP32 go in as their bits, which on the host are a
+view of the caller's array (no copy), and give the same results as the floats themselves."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import jax_trn2
+from mesh import executor
+
+RNG = np.random.default_rng(0)
+
+
+@pytest.mark.parametrize("name, bits", [
+    ("bfloat16", "uint16"), ("float16", "uint16"), ("float8_e4m3fn", "uint8"),
+    ("float6_e2m3fn", "uint8"),  # held as FP8 E4M3FN
+    ("float32", "float32"), ("int8", "int8"), ("bool", "bool"),
+    ("float4_e2m1fn", "float4_e2m1fn"),  # 4 bits in a byte: held as it is
+])
+def test_narrow_floats_are_taken_as_bits(name, bits):
+    assert executor.input_dtype(name) == np.dtype(bits)
+
+
+def test_host_arrays_go_in_as_a_view_of_their_bits():
+    values = RNG.standard_normal((64, 32)).astype(ml_dtypes.bfloat16)
+    as_bits = executor.as_input(values, "bfloat16")
+    assert as_bits.dtype == np.uint16 and np.shares_memory(as_bits, values)
+    on_cpu = jnp.asarray(values)
+    as_bits = executor.as_input(on_cpu, "bfloat16")
+    assert np.shares_memory(as_bits, np.asarray(on_cpu))
+    np.testing.assert_array_equal(as_bits, values.view(np.uint16))
+    wide = np.ones(3, np.float32)
+    assert executor.as_input(wide, "float32") is wide
+
+
+def test_bits_and_floats_give_the_same_results():
+    """A BF16 matmul with several passes (K = 384) and an FP8 operand, run from the floats
+    and from their bits: the bits are the same values, so the results are bit-identical."""
+    mesh = jax_trn2.make_mesh((2, 2), ("a", "b"))
+    fn = jax_trn2.jit(jax.shard_map(
+        lambda x, w, s: (x @ w).astype(jnp.float32) * s.astype(jnp.float32),
+        mesh=mesh, in_specs=(P("a"), P(None, "b"), P("a", "b")), out_specs=P("a", "b")))
+    x = RNG.standard_normal((16, 384)).astype(ml_dtypes.bfloat16)
+    w = RNG.standard_normal((384, 8)).astype(ml_dtypes.bfloat16)
+    s = RNG.standard_normal((16, 8)).astype(ml_dtypes.float8_e4m3fn)
+    executable = fn.lower(x, w, s).compile().executable
+    program = executable.program
+    compiled = executor.compile_program(program, global_io=True)
+    from_floats = compiled(x, w, s)
+    from_bits = compiled(*(executor.as_input(a, program.values[v].type.dtype)
+                           for a, v in zip((x, w, s), program.inputs)))
+    np.testing.assert_array_equal(np.asarray(from_bits[0]), np.asarray(from_floats[0]))
+    expected = (x.astype(np.float32) @ w.astype(np.float32)).astype(ml_dtypes.bfloat16)
+    np.testing.assert_allclose(np.asarray(fn(x, w, s)),
+                               expected.astype(np.float32) * s.astype(np.float32),
+                               rtol=2 ** -7)  # the product's BF16 rounding: half an ulp
