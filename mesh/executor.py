@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from mesh import dtypes, isa, numerics
 from mesh.isa.kernels import kernel_for
@@ -124,8 +124,9 @@ def compile_program(program: isa.Program,
     `rounding` is the policy for rounding to narrow floats; each trace gets a fresh rounding
     hook, so a stochastic program's rounding sites are numbered the same way every time.
 
-    `devices` (JAX devices of any backend: several CPU devices, GPUs, the devices of
-    several hosts under jax.distributed) share the simulation: each input is split along
+    `devices`: None for jax's default device; one device to run there; several (JAX
+    devices of any backend: CPU devices, GPUs, the devices of several hosts under
+    jax.distributed) to share the simulation: each input is split along
     its first mesh axis that they divide, and XLA's SPMD partitioner spreads the one
     computation over them. The arithmetic does not change with the devices: every matmul
     and convolution kernel asks for Precision.HIGHEST with FP32 accumulation (on a GPU this
@@ -163,6 +164,10 @@ def compile_program(program: isa.Program,
             return [out[origin] for out in results[:n_outputs]] + results[n_outputs:]
 
     fun = run_global if global_io else run
+    # on one named device: every argument put there, every result left there
+    pinned = {} if devices is None or len(devices) != 1 else \
+        dict(in_shardings=SingleDeviceSharding(devices[0]),
+             out_shardings=SingleDeviceSharding(devices[0]))
     if workspace:
         if not global_io or (devices is not None and len(devices) > 1):
             raise ValueError("a workspace is for a global-io program on one device")
@@ -170,9 +175,9 @@ def compile_program(program: isa.Program,
         # keep_unused: jax would drop the workspace arguments (never read) and so their
         # donation
         return jax.jit(fun, compiler_options=EXACT_PRECISION, keep_unused=True,
-                       donate_argnums=tuple(range(first, first + len(workspace))))
+                       donate_argnums=tuple(range(first, first + len(workspace))), **pinned)
     if devices is None or len(devices) <= 1:
-        return jax.jit(fun, compiler_options=EXACT_PRECISION)
+        return jax.jit(fun, compiler_options=EXACT_PRECISION, **pinned)
     return jax.jit(fun, compiler_options=EXACT_PRECISION,
                    in_shardings=tuple(_split_over(devices, shape)
                                       for shape in input_shapes(program, global_io)))
@@ -192,16 +197,17 @@ def input_dtype(name: str) -> np.dtype:
 
 
 def as_input(array, name: str):
-    """`array` (of type `name`, in its storage dtype) as input_dtype(name): a NumPy array
-    or an array in host memory (a CPU jax.Array) as a view of its bits, an array on an
-    accelerator bitcast there."""
+    """`array` (of type `name`, in its storage dtype) as compile_program's function takes
+    it: an array in host memory (NumPy, or a jax.Array on a CPU device of any client) as a
+    NumPy view of its buffer, of its bits for input_dtype(name); an array on an accelerator
+    as it is (bitcast there to its bits). Views cost no copy: the computation reads the
+    caller's buffer."""
     want = input_dtype(name)
-    if array.dtype == want:
-        return array
-    if isinstance(array, jax.Array) and \
-            any(d.platform != "cpu" for d in array.sharding.device_set):
-        return jax.lax.bitcast_convert_type(array, want)
-    return np.asarray(array).view(want)  # a CPU jax.Array's buffer, not a copy of it
+    if isinstance(array, jax.Array):
+        if any(d.platform != "cpu" for d in array.sharding.device_set):
+            return array if array.dtype == want else jax.lax.bitcast_convert_type(array, want)
+        array = np.asarray(array)
+    return array if array.dtype == want else np.asarray(array).view(want)
 
 
 def _from_input(x: jnp.ndarray, value: int, program: isa.Program) -> jnp.ndarray:

@@ -41,6 +41,23 @@ for a, b in zip(one, many):
     a, b = np.atleast_1d(np.asarray(a)), np.atleast_1d(np.asarray(b))
     assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
 print("bit-identical over", len(used), "devices")
+
+# By default the simulation runs on a CPU client of its own with one device (XLA:CPU runs
+# kernels faster there than on this client of several), and results come back to jax's
+# default device, uncommitted, as a result of jax.jit of host arrays is.
+default_run = jax_trn2.jit(f).lower(x, w).compile().executable._run_global
+(own,) = {{d for s in default_run.input_shardings[0] for d in s.device_set}}
+assert own not in jax.devices() and own.client.device_count() == 1, own
+assert all(r.devices() == {{jax.devices()[0]}} and not r.committed for r in one)
+# One named device: the simulation runs there.
+last = jax.devices()[-1]
+pinned = jax_trn2.jit(f, executor_devices=[last])
+run = pinned.lower(x, w).compile().executable._run_global
+assert {{d for s in run.input_shardings[0] for d in s.device_set}} == {{last}}
+for a, b in zip(one, pinned(x, w)):
+    assert np.array_equal(np.atleast_1d(np.asarray(a)).view(np.uint8),
+                          np.atleast_1d(np.asarray(b)).view(np.uint8))
+print("pinned to", last)
 """
 
 
@@ -50,3 +67,4 @@ def test_simulation_over_several_devices_is_bit_identical(devices):
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"bit-identical over {devices} devices" in result.stdout
+    assert "pinned to" in result.stdout
