@@ -172,8 +172,8 @@ class LoadedExecutable:
         the first call, or while another thread's call has them)."""
         with self._workspace_lock:
             kept, self._workspace = self._workspace, None
-        if kept is not None:
-            return kept
+        if kept is not None or not self._workspace_values:
+            return kept or []
         types = self._workspace_types(self._workspace_values)
         # made on the executor's device (jnp.zeros would make them on jax's default device
         # and put them there, as buffers XLA cannot take over)
@@ -371,7 +371,8 @@ class LoadedExecutable:
 
     def _as_inputs(self, arrays: Sequence[Any]) -> list[Any]:
         """Checked arguments as the compiled program takes them (mesh.executor.as_input)."""
-        return [as_input(host_to_storage(a), self.program.values[v].type.dtype)
+        device = self._devices[0] if self._devices and len(self._devices) == 1 else None
+        return [as_input(host_to_storage(a), self.program.values[v].type.dtype, device)
                 for a, v in zip(arrays, self.program.inputs)]
 
     def _check_args(self, args: Sequence[Any]) -> list[jnp.ndarray]:

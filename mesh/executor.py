@@ -196,18 +196,26 @@ def input_dtype(name: str) -> np.dtype:
     return dtypes.storage_dtype(name)
 
 
-def as_input(array, name: str):
-    """`array` (of type `name`, in its storage dtype) as compile_program's function takes
-    it: an array in host memory (NumPy, or a jax.Array on a CPU device of any client) as a
-    NumPy view of its buffer, of its bits for input_dtype(name); an array on an accelerator
-    as it is (bitcast there to its bits). Views cost no copy: the computation reads the
-    caller's buffer."""
+def as_input(array, name: str, device: jax.Device | None = None):
+    """`array` (of type `name`, in its storage dtype) as compile_program's function on
+    `device` (None: jax's default device) takes it, without copying it where it is in host
+    memory: an array there (NumPy, or a jax.Array on a CPU device of any client) goes in as
+    its buffer, viewed as input_dtype(name), put on `device` as that same memory; an array
+    on an accelerator goes in as it is (bitcast there to its bits)."""
     want = input_dtype(name)
     if isinstance(array, jax.Array):
         if any(d.platform != "cpu" for d in array.sharding.device_set):
             return array if array.dtype == want else jax.lax.bitcast_convert_type(array, want)
-        array = np.asarray(array)
-    return array if array.dtype == want else np.asarray(array).view(want)
+        if array.dtype == want and (device is None or array.sharding.device_set == {device}):
+            return array
+        array = np.asarray(array)  # a view of the buffer
+    view = np.asarray(array)
+    view = view if view.dtype == want else view.view(want)
+    if device is None or dtypes.bit_width(dtypes.storage_name(name)) < 8:
+        return view  # (the jitted function packs sub-byte types as it copies them in)
+    # jax.device_put takes host memory as it is (aligned: any XLA buffer is); a NumPy array
+    # passed to the jitted function would be copied on every call
+    return jax.device_put(view, device)
 
 
 def _from_input(x: jnp.ndarray, value: int, program: isa.Program) -> jnp.ndarray:

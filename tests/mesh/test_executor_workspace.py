@@ -87,3 +87,19 @@ def test_a_workspace_is_donated_to_xla(small_workspace):
     with pytest.raises(ValueError, match="workspace"):
         executor.compile_program(executable.program, global_io=False,
                                  workspace=executor.workspace_values(executable.program))
+
+
+@pytest.mark.parametrize("workspace_from", [1024, executor.WORKSPACE_MIN_BYTES])
+def test_calls_after_the_first_compile_nothing(monkeypatch, workspace_from):
+    """With and without a workspace, a second call runs what the first compiled."""
+    monkeypatch.setattr(executor, "WORKSPACE_MIN_BYTES", workspace_from)
+    x, g = (RNG.standard_normal((16, 32)).astype(np.float32) for _ in range(2))
+    step = weight_gradient_step()
+    step(x, g)
+    compiles = []
+    backend_compile = jax._src.compiler.backend_compile_and_load
+    monkeypatch.setattr(jax._src.compiler, "backend_compile_and_load",
+                        lambda *a, **k: compiles.append(a) or backend_compile(*a, **k))
+    step(x, g)
+    step(2 * x, g)
+    assert compiles == []
