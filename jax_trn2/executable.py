@@ -144,14 +144,19 @@ class LoadedExecutable:
             return None
         return (host_devices(1)[0],)
 
-    def _to_caller(self, result: jax.Array) -> Any:
-        """A result of the simulator's own CPU client on jax's default device (its buffer,
-        not a copy), as a result computed there would be."""
-        if self.executor_devices is None and isinstance(result, jax.Array) and \
-                result.sharding.device_set == {host_devices(1)[0]}:
-            with jax.enable_x64(True):  # a 64-bit result keeps its type, as the run gave it
-                return jax.device_put(np.asarray(result))
-        return result
+    def _to_callers_device(self, results: list[Any]) -> list[Any]:
+        """Results of the simulator's own CPU client on jax's default device (their
+        buffers, not copies), as results computed there would be. (A result donated to
+        jax.jit later is then copied there, not updated in place: XLA does not take over a
+        buffer it shares.)"""
+        own = [i for i, r in enumerate(results) if self.executor_devices is None and
+               isinstance(r, jax.Array) and r.sharding.device_set == {host_devices(1)[0]}]
+        with jax.enable_x64(True):  # a 64-bit result keeps its type, as the run gave it
+            moved = jax.device_put([np.asarray(results[i]) for i in own])
+        placed = list(results)
+        for i, result in zip(own, moved):
+            placed[i] = result
+        return placed
 
     @cached_property
     def _workspace_values(self) -> tuple[int, ...]:
@@ -174,11 +179,15 @@ class LoadedExecutable:
             kept, self._workspace = self._workspace, None
         if kept is not None or not self._workspace_values:
             return kept or []
+        return self._new_workspace()
+
+    @cached_property
+    def _new_workspace(self) -> Any:
+        """Zeroed workspace buffers, made on the executor's device (jnp.zeros would make
+        them on jax's default device and put them there, as buffers XLA cannot take over)."""
         types = self._workspace_types(self._workspace_values)
-        # made on the executor's device (jnp.zeros would make them on jax's default device
-        # and put them there, as buffers XLA cannot take over)
         on = dict(out_shardings=SingleDeviceSharding(self._devices[0])) if self._devices else {}
-        return jax.jit(lambda: [jnp.zeros(t.shape, t.dtype) for t in types], **on)()
+        return jax.jit(lambda: [jnp.zeros(t.shape, t.dtype) for t in types], **on)
 
     def _keep_workspace(self, results: list[jax.Array]) -> list[jax.Array]:
         """The program's outputs; the workspace arrays after them are kept."""
@@ -219,7 +228,7 @@ class LoadedExecutable:
                        module_name: str = lowering.MODULE_TEXT) -> "LoadedExecutable":
         """Lower and compile StableHLO for `topology` (None: the one the mesh was made for),
         rounding to narrow floats as `rounding` says; the simulation runs on the JAX
-        devices `executor_devices` (default: jax's default device; see
+        devices `executor_devices` (default: see LoadedExecutable._devices;
         mesh.executor.compile_program). `device_assignment[d]` is the chip logical device
         d runs on (default: a jax mesh placed on the torus, an SPMD module's processes on
         the first chips). `host_callbacks`: the Python functions of the module's host
@@ -285,8 +294,8 @@ class LoadedExecutable:
         run = self._run_global  # compiled first: a program's checks are known after
         with _executor_context(), self._checked_run():
             outs = self._keep_workspace(run(*self._as_inputs(arrays), *self._take_workspace()))
-        return [self._to_caller(storage_to_host(o, self.program.values[v].type.dtype))
-                for o, v in zip(outs, self.program.outputs)]
+        return self._to_callers_device([storage_to_host(o, self.program.values[v].type.dtype)
+                                        for o, v in zip(outs, self.program.outputs)])
 
     def execute_sharded(self, per_device_args: Sequence[Sequence[Any]]) -> list[list[Buffer]]:
         """Run on one argument list per device (logical device order); returns one result

@@ -176,7 +176,7 @@ def compile_program(program: isa.Program,
         # donation
         return jax.jit(fun, compiler_options=EXACT_PRECISION, keep_unused=True,
                        donate_argnums=tuple(range(first, first + len(workspace))), **pinned)
-    if devices is None or len(devices) <= 1:
+    if devices is None or len(devices) == 1:
         return jax.jit(fun, compiler_options=EXACT_PRECISION, **pinned)
     return jax.jit(fun, compiler_options=EXACT_PRECISION,
                    in_shardings=tuple(_split_over(devices, shape)
@@ -184,37 +184,46 @@ def compile_program(program: isa.Program,
 
 
 def input_dtype(name: str) -> np.dtype:
-    """The dtype compile_program's function takes an input of element type `name` in:
-    a float narrower than FP32 as its bits (an unsigned integer of its width), any other
-    type in its storage dtype. (The function also takes a narrow float as such, at the
-    cost of a copy.) The matmul kernel cuts a narrow-float operand into passes as bits
-    (mesh.isa.kernels.matmul); an input that arrives as bits needs no copy into them, and
-    on the host the bits of an array are a view of it (as_input)."""
+    """The dtype an input of element type `name` goes into compile_program's function in
+    (as_input): a float narrower than FP32 as its bits (an unsigned integer of its width),
+    any other type in its storage dtype. The matmul kernel cuts a narrow-float operand into
+    passes as bits (mesh.isa.kernels.matmul); an input that arrives as bits needs no copy
+    into them, and on the host the bits of an array are a view of it."""
     width = dtypes.bit_width(dtypes.storage_name(name))
     if name in dtypes.LOW_PRECISION_FLOATS and width in (8, 16):
         return np.dtype(f"uint{width}")
     return dtypes.storage_dtype(name)
 
 
+# Inputs in host memory of at least this many bytes go to the executor's device as the same
+# memory (as_input): below it, a copy costs less than the explicit transfer's overhead
+# (about 50 us a call).
+ZERO_COPY_MIN_BYTES = 1 << 20
+
+
 def as_input(array, name: str, device: jax.Device | None = None):
     """`array` (of type `name`, in its storage dtype) as compile_program's function on
-    `device` (None: jax's default device) takes it, without copying it where it is in host
-    memory: an array there (NumPy, or a jax.Array on a CPU device of any client) goes in as
-    its buffer, viewed as input_dtype(name), put on `device` as that same memory; an array
-    on an accelerator goes in as it is (bitcast there to its bits)."""
+    `device` (None: jax's default device) takes it: in input_dtype(name), by a view of its
+    bits where it is a narrow float. An array in host memory (NumPy, or a jax.Array on a CPU
+    device of any client) of ZERO_COPY_MIN_BYTES or more is put on `device` as that same
+    memory when it is 64-byte aligned (as XLA's buffers are; NumPy's often are not, and are
+    copied); smaller ones the function copies in. An array on an accelerator goes in as it
+    is (bitcast there to its bits)."""
     want = input_dtype(name)
     if isinstance(array, jax.Array):
         if any(d.platform != "cpu" for d in array.sharding.device_set):
             return array if array.dtype == want else jax.lax.bitcast_convert_type(array, want)
-        if array.dtype == want and (device is None or array.sharding.device_set == {device}):
+        if array.dtype == want and (device is None or array.sharding.device_set == {device}
+                                    or array.nbytes < ZERO_COPY_MIN_BYTES):
             return array
         array = np.asarray(array)  # a view of the buffer
     view = np.asarray(array)
+    if not view.dtype.isnative:  # a view of its bits would read the bytes the wrong way
+        view = view.astype(view.dtype.newbyteorder("="))
     view = view if view.dtype == want else view.view(want)
-    if device is None or dtypes.bit_width(dtypes.storage_name(name)) < 8:
+    if device is None or view.nbytes < ZERO_COPY_MIN_BYTES or \
+            dtypes.bit_width(dtypes.storage_name(name)) < 8:
         return view  # (the jitted function packs sub-byte types as it copies them in)
-    # jax.device_put takes host memory as it is (aligned: any XLA buffer is); a NumPy array
-    # passed to the jitted function would be copied on every call
     return jax.device_put(view, device)
 
 

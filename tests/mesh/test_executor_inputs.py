@@ -38,6 +38,30 @@ def test_host_arrays_go_in_as_a_view_of_their_bits():
     assert executor.as_input(wide, "float32") is wide
 
 
+def test_large_arrays_go_to_the_executors_device_as_the_same_memory():
+    from lowering.host import host_devices
+    device = host_devices(1)[0]
+    rows = executor.ZERO_COPY_MIN_BYTES // (2 * 256)
+    values = jnp.asarray(RNG.standard_normal((rows, 256)), jnp.bfloat16)  # an XLA buffer
+    moved = executor.as_input(values, "bfloat16", device)
+    assert moved.devices() == {device} and moved.dtype == np.uint16
+    assert moved.unsafe_buffer_pointer() == np.asarray(values).ctypes.data
+    small = np.ones(4, np.float32)
+    assert executor.as_input(small, "float32", device) is small  # copied in by the call
+
+
+@pytest.mark.parametrize("dtype", [">f4", ">f2", ">i4"])
+def test_inputs_in_the_other_byte_order_are_read_by_value(dtype):
+    """A NumPy array in non-native byte order has the same values, not the same bytes."""
+    values = np.arange(1, 5).astype(dtype)
+    native = values.astype(np.dtype(dtype).newbyteorder("="))
+    assert np.array_equal(executor.as_input(values, native.dtype.name),
+                          executor.as_input(native, native.dtype.name))
+    executable = jax_trn2.client("trn2").compile(
+        jax.jit(lambda a: a * 2).lower(native).as_text())
+    np.testing.assert_array_equal(np.asarray(executable.execute([values])[0]), native * 2)
+
+
 def test_bits_and_floats_give_the_same_results():
     """A BF16 matmul with several passes (K = 384) and an FP8 operand, run from the floats
     and from their bits: the bits are the same values, so the results are bit-identical."""

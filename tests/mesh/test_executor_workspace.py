@@ -103,3 +103,13 @@ def test_calls_after_the_first_compile_nothing(monkeypatch, workspace_from):
     step(x, g)
     step(2 * x, g)
     assert compiles == []
+
+
+def test_new_workspaces_come_from_one_compiled_computation(small_workspace):
+    """While another call holds the kept workspace, a call makes new buffers: with the
+    computation compiled for the first."""
+    x, g = (RNG.standard_normal((16, 32)).astype(np.float32) for _ in range(2))
+    executable = weight_gradient_step().lower(x, g).compile().executable
+    first, second = executable._take_workspace(), executable._take_workspace()
+    assert first and second and first[0] is not second[0]
+    assert executable._new_workspace._cache_size() == 1
