@@ -149,8 +149,9 @@ class LoadedExecutable:
         buffers, not copies), as results computed there would be. (A result donated to
         jax.jit later is then copied there, not updated in place: XLA does not take over a
         buffer it shares.)"""
-        own = [i for i, r in enumerate(results) if self.executor_devices is None and
-               isinstance(r, jax.Array) and r.sharding.device_set == {host_devices(1)[0]}]
+        if self.executor_devices is not None or self._devices is None:
+            return results  # computed where the caller asked, or on jax's default device
+        own = [i for i, r in enumerate(results) if isinstance(r, jax.Array)]
         with jax.enable_x64(True):  # a 64-bit result keeps its type, as the run gave it
             moved = jax.device_put([np.asarray(results[i]) for i in own])
         placed = list(results)
