@@ -109,8 +109,11 @@ def run(small: bool = True, layouts=tuple(LAYOUTS)) -> dict:
         print("\n".join(collectives_table(compiled.executable.program)))
         print(compiled.executable.estimate.summary())
         if small:
-            new_params, loss = compiled(params, tokens)
-            ref_params, ref_loss = jax.jit(step_fn, **shardings)(params, tokens)
+            # Both steps donate (delete) the parameters they are given: each gets a copy,
+            # and `params` stays for the next layout.
+            new_params, loss = compiled(jax.tree.map(jnp.copy, params), tokens)
+            ref_params, ref_loss = jax.jit(step_fn, **shardings)(
+                jax.tree.map(jnp.copy, params), tokens)
             # BF16 weights and activations: the simulator's matmuls sum 128-long passes in
             # FP32 PSUM, XLA:CPU's in another order; after one step the weights agree to a
             # few BF16 ulps (2^-8 relative) at most.

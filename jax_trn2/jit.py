@@ -52,6 +52,15 @@ def _typed(result: Any, dtype: Any) -> Any:
     return jax.random.wrap_key_data(result, impl=dtype._impl) if _is_key(dtype) else result
 
 
+def _delete_donated(leaves: Sequence[Any]) -> None:
+    """Delete the donated arguments that are jax arrays, as jax.jit does: using one after
+    the call raises jax's "Array has been deleted" error. The run has finished by now (its
+    results were read), and the memory stays alive for any view of it."""
+    for leaf in leaves:
+        if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+            leaf.delete()
+
+
 def _known_sharding(info: jax.ShapeDtypeStruct) -> NamedSharding | None:
     """The NamedSharding jax.jit gives a result before compiling: its type's on a mesh
     with Explicit axes, or the out_shardings asked for."""
@@ -173,6 +182,9 @@ class Compiled(_StageInfo):
         self.out_shardings = tuple(out_shardings or (None,) * len(self.out_dtypes))
         program = executable.program
         self._input_types = [program.values[v].type for v in program.inputs]
+        # the leaves jax.jit would hand to XLA to reuse (aliased to a result, or a buffer
+        # donor): deleted after each call, as jax.jit deletes them
+        self._donated = tuple(position for position, _ in program.donated_inputs)
 
     def __call__(self, *args, **kwargs) -> Any:
         leaves, tree = tree_util.tree_flatten((args, kwargs))
@@ -187,6 +199,7 @@ class Compiled(_StageInfo):
             leaves = [_canonical(leaf, name, t) for leaf, name, t in
                       zip(leaves, self.executable.arg_names, self._input_types)]
         results = self.executable.execute(leaves)
+        _delete_donated([leaves[i] for i in self._donated])
         return tree_util.tree_unflatten(self.out_tree, [
             _placed(_typed(r, dtype), sharding) for r, dtype, sharding in
             zip(results, self.out_dtypes, self.out_shardings, strict=True)])

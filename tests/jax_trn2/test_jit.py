@@ -194,6 +194,25 @@ def test_stages_describe_arguments_and_results_as_jaxs_do():
         assert stage.donate_argnums == theirs.donate_argnums == (0, 1)  # params' two leaves
 
 
+@pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
+@pytest.mark.parametrize("f, donate", [
+    (lambda a, b: a + b, (0, 1)),           # one aliased to the result, one not usable
+    (lambda a, b: (a * b).astype(jnp.int32), 0),  # a buffer donor (no result of its type)
+    (lambda a, b: jnp.sum(a * b), 0),       # not usable: kept
+    (lambda a, b: (a, b), 1),               # returned as it is
+])
+def test_donated_arguments_are_deleted_as_jax_deletes_them(f, donate):
+    def arrays():
+        return [jnp.asarray(X), jnp.asarray(X) + 1]
+
+    ours, theirs = arrays(), arrays()
+    got = jax_trn2.jit(f, donate_argnums=donate)(*ours)
+    want = jax.jit(f, donate_argnums=donate)(*theirs)
+    assert [a.is_deleted() for a in ours] == [a.is_deleted() for a in theirs]
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):  # results intact
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
 def test_outputs_that_are_inputs_or_constants():
     f = lambda x, y: (x, jnp.arange(3), y + 1, x)  # noqa: E731
     got = jax_trn2.jit(f)(X, np.int32(4))
