@@ -9,7 +9,8 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 from jax import tree_util
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding, \
+    SingleDeviceSharding
 from jax._src import config as jax_config
 
 from jax_trn2 import compose
@@ -61,11 +62,18 @@ def _delete_donated(leaves: Sequence[Any]) -> None:
             leaf.delete()
 
 
-def _known_sharding(info: jax.ShapeDtypeStruct) -> NamedSharding | None:
-    """The NamedSharding jax.jit gives a result before compiling: its type's on a mesh
-    with Explicit axes, or the out_shardings asked for."""
+def _known_sharding(info: jax.ShapeDtypeStruct) -> Sharding | None:
+    """The sharding jax.jit gives a result before compiling: its type's on a mesh with
+    Explicit axes, or the out_shardings asked for."""
     sharding = getattr(info, "sharding", None)
-    return sharding if isinstance(sharding, NamedSharding) else None
+    return sharding if isinstance(sharding, Sharding) else None
+
+
+def _committed_device(compile_args: dict) -> SingleDeviceSharding | None:
+    """The device of the arguments committed to one device, where jax.jit runs the
+    program and commits its results."""
+    return next((s for s in compile_args.get("in_shardings", ())
+                 if isinstance(s, SingleDeviceSharding)), None)
 
 
 def _recovery_sharding(compile_args: dict) -> tuple[NamedSharding | Mesh | None, int | None]:
@@ -93,10 +101,15 @@ def _chosen_sharding(dim_axes: tuple | None, ndim: int, program_mesh: isa.MeshSp
     replicated): a PartitionSpec on the recovery sharding's mesh, or that (argument's)
     sharding itself when the result has its rank and is laid out alike, as jax does.
     None (the result stays on one device) without a mesh to name it on, or when the
-    program's mesh is not that mesh (a GSPMD program's axes d0, d1, ...)."""
+    program's mesh is not that mesh (a GSPMD program's axes d0, d1, ...) and the result
+    is split over it (a replicated one is P() on any mesh of as many devices)."""
     mesh = recovery.mesh if isinstance(recovery, NamedSharding) else recovery
-    if mesh is None or tuple(mesh.axis_names) != program_mesh.axis_names or \
-            tuple(mesh.axis_sizes) != program_mesh.axis_sizes:
+    if mesh is None:
+        return None
+    replicated = not any(dim_axes or ())
+    if not (replicated and mesh.size == program_mesh.num_devices) and (
+            tuple(mesh.axis_names) != program_mesh.axis_names or
+            tuple(mesh.axis_sizes) != program_mesh.axis_sizes):
         return None
     dims = [None if not axes else program_mesh.axis_names[axes[0]] if len(axes) == 1
             else tuple(program_mesh.axis_names[a] for a in axes) for axes in dim_axes or ()]
@@ -108,7 +121,7 @@ def _chosen_sharding(dim_axes: tuple | None, ndim: int, program_mesh: isa.MeshSp
     return chosen
 
 
-def _placed(result: Any, sharding: NamedSharding | None) -> Any:
+def _placed(result: Any, sharding: Sharding | None) -> Any:
     """A result on the mesh's devices as `sharding` lays it out, as jax.jit returns it, so
     that `.sharding`, `jax.typeof` and the programs it is passed to see it so."""
     return result if sharding is None else jax.device_put(result, sharding)
@@ -233,11 +246,11 @@ class Lowered(_StageInfo):
     """A function lowered to StableHLO and then to a Trn2 program."""
 
     def __init__(self, jax_lowered, executable: LoadedExecutable, in_tree, out_tree,
-                 output_shardings_known: bool = False):
-        """`output_shardings_known`: whether the program's output shardings are where XLA
-        would put the results (lowering.partition.output_shardings_known)."""
+                 result_layouts: Sequence[tuple | None]):
+        """`result_layouts`: how XLA lays each result leaf out over the mesh, as dim_axes
+        (lowering.partition.result_layouts)."""
         self._jax_lowered = jax_lowered
-        self._output_shardings_known = output_shardings_known
+        self._result_layouts = tuple(result_layouts)
         self._executable = executable
         self.in_tree = in_tree
         self.out_tree = out_tree
@@ -281,17 +294,18 @@ class Lowered(_StageInfo):
                         self._jax_lowered)
 
     def _result_shardings(self, out_info: list) -> list[NamedSharding | None]:
-        """The NamedSharding jax.jit gives each result leaf: the one known before compiling
-        (out_shardings, sharding in types), else the one XLA's partitioner chose."""
+        """The sharding jax.jit gives each result leaf: the one known before compiling
+        (out_shardings, sharding in types), else the one XLA chose, else (a program on one
+        device) the device its committed arguments are on."""
         program = self._executable.program
         compile_args = getattr(getattr(self._jax_lowered, "_lowering", None), "compile_args",
                                None) or {}
-        recovery, recovery_ndim = _recovery_sharding(compile_args) \
-            if self._output_shardings_known else (None, None)
-        chosen = program.output_shardings or (None,) * len(out_info)
+        recovery, recovery_ndim = _recovery_sharding(compile_args)
+        device = _committed_device(compile_args)
+        chosen = self._result_layouts or (None,) * len(out_info)
         return [_known_sharding(info) or _chosen_sharding(dim_axes, len(info.shape),
                                                           program.mesh, recovery, recovery_ndim)
-                for info, dim_axes in zip(out_info, chosen, strict=True)]
+                or device for info, dim_axes in zip(out_info, chosen, strict=True)]
 
 
 class Jitted:
@@ -382,7 +396,7 @@ class Jitted:
             executor_devices=self._executor_devices,
             host_callbacks=_host_callbacks(jax_lowered))
         return Lowered(jax_lowered, executable, jax_lowered.in_tree, jax_lowered.out_tree,
-                       partition.output_shardings_known(module))
+                       partition.result_layouts(module, executable.program))
 
     def _arg_names(self, dyn_args: tuple, dyn_kwargs: dict, n_args: int) -> list[str]:
         """A name for every flattened dynamic argument: `argument 'w'`, `argument 'p'['b']`."""

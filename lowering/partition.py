@@ -25,7 +25,7 @@ import numpy as np
 from jax._src.interpreters import mlir as jax_mlir
 from jax._src.lib import _jax
 from jax._src.lib import xla_client
-from jaxlib.mlir import ir
+from jaxlib.mlir import ir, passmanager
 from jaxlib.mlir.dialects import sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 
@@ -63,14 +63,15 @@ def needs_partitioning(module: ir.Module) -> bool:
     return _has_gspmd_tiling(module)
 
 
-def output_shardings_known(module: ir.Module) -> bool:
-    """Whether the lowered program's output shardings are how XLA would lay main's results
-    out over the mesh: a partitioned program's are the partitioner's own, and a program
-    with no shardings and no shard_map computes replicated values; the results of a
-    shard_map left unpartitioned are laid out as Shardy would propagate its out_specs,
-    which is not worked out here."""
-    return needs_partitioning(module) or is_partitioned(module) or \
-        not _has_op(module.operation, "sdy.manual_computation")
+def result_layouts(module: ir.Module, program: isa.Program) -> tuple:
+    """How XLA lays main's results out over the mesh, as dim_axes per result leaf (None:
+    replicated): a partitioned program's are the partitioner's own, as are those of a
+    program with no shard_map (its results are replicated); the results of shard_maps left
+    unpartitioned are laid out as Shardy propagates their out_specs."""
+    if needs_partitioning(module) or is_partitioned(module) or \
+            not _has_op(module.operation, "sdy.manual_computation"):
+        return program.output_shardings
+    return propagated_result_shardings(module)
 
 
 def _has_op(operation, name: str) -> bool:
@@ -343,3 +344,32 @@ def _has_gspmd_tiling(module: ir.Module) -> bool:
                         hlo_sharding.parse(entry[hlo_sharding.SHARDING_ATTR]) is not None:
                     return True
     return False
+
+
+def propagated_result_shardings(module: ir.Module) -> tuple:
+    """How XLA lays main's results out over the mesh when the module's shardings are all
+    at shard_map boundaries (no partitioning needed): Shardy's own propagation pipeline
+    (`sdy-propagation-pipeline`, the first thing XLA runs on the module) carries each
+    shard_map's out_specs on to the results, through the ops after it. One entry per
+    result that is not a token: dim_axes (mesh axis indices per dim), None where
+    replicated."""
+    mesh = global_mesh(module)
+    with module.context:
+        copy = ir.Module.parse(module.operation.get_asm(enable_debug_info=False))
+        passmanager.PassManager.parse("builtin.module(sdy-propagation-pipeline)").run(
+            copy.operation)
+    main = next(op.operation for op in copy.body.operations
+                if op.operation.name == "func.func" and
+                ir.StringAttr(op.operation.attributes["sym_name"]).value == "main")
+    attrs = mlir.Attributes(main).get("res_attrs", ())
+    returned = main.regions[0].blocks[0].operations[-1].operands
+    shardings = []
+    for i, value in enumerate(returned):
+        if mlir.is_token(value.type):
+            continue
+        entry = attrs[i] if i < len(attrs) and isinstance(attrs[i], dict) else {}
+        sharding = entry.get(_SDY_SHARDING)
+        dim_axes = () if sharding is None else \
+            tuple(tuple(mesh.axis_index(a) for a in dim) for dim in sharding.dims)
+        shardings.append(dim_axes if any(dim_axes) else None)
+    return tuple(shardings)

@@ -214,8 +214,9 @@ def as_input(array, name: str, device: jax.Device | None = None):
         if any(d.platform != "cpu" for d in array.sharding.device_set):
             return array if array.dtype == want else jax.lax.bitcast_convert_type(array, want)
         if array.dtype == want and (device is None or array.sharding.device_set == {device}
-                                    or array.nbytes < ZERO_COPY_MIN_BYTES):
-            return array
+                                    or array.nbytes < ZERO_COPY_MIN_BYTES
+                                    and not array.committed):
+            return array  # (jax moves an uncommitted array; a committed one must be moved)
         array = np.asarray(array)  # a view of the buffer
     view = np.asarray(array)
     if not view.dtype.isnative:  # a view of its bits would read the bytes the wrong way

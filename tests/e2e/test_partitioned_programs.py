@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
 import jax_trn2
 import lowering.partition
@@ -361,3 +361,41 @@ def test_results_carry_the_shardings_xla_chose(rng, mesh):
         doubled = jax_trn2.jit(lambda a: jax.lax.with_sharding_constraint(2 * a, P("tensor")))
         assert doubled(np.ones((8, 4), np.float32)).sharding == \
             NamedSharding(mesh, P("tensor"))
+
+
+def test_shard_map_results_of_host_arrays_are_laid_out_as_shardy_propagates(rng):
+    """With host arrays in, jax.jit lays a shard_map's results out by its out_specs, and
+    the results of the ops after it as Shardy's propagation carries them on (an add keeps
+    the layout, a transpose swaps it, a total is replicated): so do these results."""
+    mesh = cpu_mesh((2, 4), ("a", "b"))
+
+    def f(x):
+        y = jax.shard_map(lambda v: v * 2, mesh=mesh, in_specs=P("a", "b"),
+                          out_specs=P("a", "b"))(x)
+        return y, y + 1, y.sum(), y.T
+
+    x = rng.standard_normal((8, 8)).astype(np.float32)
+    got, want = jax_trn2.jit(f)(x), jax.jit(f)(x)
+    for g, w in zip(got, want):
+        assert (g.sharding, g.committed) == (w.sharding, w.committed)
+    assert_matches(got, want)  # (the total is summed in another order)
+
+
+@pytest.mark.parametrize("size", [4, 512])  # copied in by the call; the same memory (1 MiB)
+def test_results_go_to_the_device_of_arguments_committed_to_one(rng, size):
+    x = rng.standard_normal((size, size)).astype(np.float32)
+    for device in (jax.devices()[0], jax.devices()[3]):
+        got = jax_trn2.jit(lambda a: a + 1)(jax.device_put(x, device))
+        assert got.sharding == SingleDeviceSharding(device) and got.committed
+        np.testing.assert_array_equal(got, x + 1)
+
+
+def test_results_go_where_out_shardings_or_the_context_mesh_put_them(rng, mesh):
+    x = rng.standard_normal((8, 8)).astype(np.float32)
+    pinned = SingleDeviceSharding(jax.devices()[2])
+    assert jax_trn2.jit(lambda a: a * 2, out_shardings=pinned)(x).sharding == pinned
+    made_before = jnp.asarray(x)
+    with jax.set_mesh(mesh):  # a program without shardings runs replicated over the mesh
+        got = jax_trn2.jit(lambda a: a * 2)(made_before)
+        want = jax.jit(lambda a: a * 2)(made_before)
+    assert (got.sharding, got.committed) == (want.sharding, want.committed)

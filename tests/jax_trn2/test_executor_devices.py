@@ -43,12 +43,13 @@ for a, b in zip(one, many):
 print("bit-identical over", len(used), "devices")
 
 # By default the simulation runs on a CPU client of its own with one device (XLA:CPU runs
-# kernels faster there than on this client of several), and results come back to jax's
-# default device, uncommitted, as a result of jax.jit of host arrays is.
+# kernels faster there than on this client of several), and results come back laid out on
+# the mesh as jax.jit lays them out: by the shard_map's out_specs, committed.
 default_run = jax_trn2.jit(f).lower(x, w).compile().executable._run_global
 (own,) = {{d for s in default_run.input_shardings[0] for d in s.device_set}}
 assert own not in jax.devices() and own.client.device_count() == 1, own
-assert all(r.devices() == {{jax.devices()[0]}} and not r.committed for r in one)
+assert [r.sharding.spec for r in one] == [P(("x", "z")), P("x"), P("x"), P()], one
+assert all(r.committed and r.sharding.mesh == mesh for r in one)
 # One named device: the simulation runs there.
 last = jax.devices()[-1]
 pinned = jax_trn2.jit(f, executor_devices=[last])
