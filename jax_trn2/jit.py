@@ -12,6 +12,7 @@ from jax import tree_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding, \
     SingleDeviceSharding
 from jax._src import config as jax_config
+from jax._src.lax import lax as lax_internal
 
 from jax_trn2 import compose
 from jax_trn2.executable import LoadedExecutable
@@ -51,6 +52,15 @@ def _typed(result: Any, dtype: Any) -> Any:
     """A result as jax.jit returns it: key data back into a typed PRNG key array (of the
     key type's implementation; jax has no public accessor for a key dtype's)."""
     return jax.random.wrap_key_data(result, impl=dtype._impl) if _is_key(dtype) else result
+
+
+def _weakly_typed(result: Any, weak: bool) -> Any:
+    """`result` with jax's weak type when jax.jit's would have it (a result of Python
+    scalars only, as `lambda x: x * 2` of 3): it then promotes as a Python scalar does
+    (a weak FP32 learning rate times BF16 parameters stays BF16)."""
+    if not weak or not isinstance(result, jax.Array):
+        return result
+    return lax_internal._convert_element_type(result, result.dtype, weak_type=True)
 
 
 def _delete_donated(leaves: Sequence[Any]) -> None:
@@ -182,7 +192,7 @@ class Compiled(_StageInfo):
     """A compiled function: call it with the dynamic arguments it was lowered for."""
 
     def __init__(self, executable: LoadedExecutable, in_tree, out_tree,
-                 out_dtypes: Sequence[Any], out_shardings: Sequence[Any] | None = None,
+                 out_avals: Sequence[Any], out_shardings: Sequence[Any] | None = None,
                  jax_lowered: Any = None):
         """`out_shardings`: per result leaf, the NamedSharding jax.jit gives it (its type's
         on an explicit mesh, the out_shardings asked for, or the one XLA's partitioner
@@ -191,8 +201,8 @@ class Compiled(_StageInfo):
         self._jax_lowered = jax_lowered  # jax's stage of the same function (_StageInfo)
         self.in_tree = in_tree
         self.out_tree = out_tree
-        self.out_dtypes = tuple(out_dtypes)
-        self.out_shardings = tuple(out_shardings or (None,) * len(self.out_dtypes))
+        self.out_avals = tuple(out_avals)  # each result leaf's dtype and weak type
+        self.out_shardings = tuple(out_shardings or (None,) * len(self.out_avals))
         program = executable.program
         self._input_types = [program.values[v].type for v in program.inputs]
         # the leaves jax.jit would hand to XLA to reuse (aliased to a result, or a buffer
@@ -214,8 +224,9 @@ class Compiled(_StageInfo):
         results = self.executable.execute(leaves)
         _delete_donated([leaves[i] for i in self._donated])
         return tree_util.tree_unflatten(self.out_tree, [
-            _placed(_typed(r, dtype), sharding) for r, dtype, sharding in
-            zip(results, self.out_dtypes, self.out_shardings, strict=True)])
+            _weakly_typed(_placed(_typed(r, aval.dtype), sharding), aval.weak_type)
+            for r, aval, sharding in zip(results, self.out_avals, self.out_shardings,
+                                         strict=True)])
 
     def as_text(self) -> str:
         """The Trn2 program listing with an estimated start and duration on every line,
@@ -246,10 +257,12 @@ class Lowered(_StageInfo):
     """A function lowered to StableHLO and then to a Trn2 program."""
 
     def __init__(self, jax_lowered, executable: LoadedExecutable, in_tree, out_tree,
-                 result_layouts: Sequence[tuple | None]):
+                 result_layouts: Sequence[tuple | None], out_avals: Sequence[Any]):
         """`result_layouts`: how XLA lays each result leaf out over the mesh, as dim_axes
-        (lowering.partition.result_layouts)."""
+        (lowering.partition.result_layouts); `out_avals`: each result leaf's abstract value
+        in jax's trace (its dtype and weak type)."""
         self._jax_lowered = jax_lowered
+        self._out_avals = tuple(out_avals)
         self._result_layouts = tuple(result_layouts)
         self._executable = executable
         self.in_tree = in_tree
@@ -290,7 +303,7 @@ class Lowered(_StageInfo):
             self._executable.check_memory()
         out_info = tree_util.tree_leaves(self._jax_lowered.out_info)
         return Compiled(self._executable.load(), self.in_tree, self.out_tree,
-                        [info.dtype for info in out_info], self._result_shardings(out_info),
+                        self._out_avals, self._result_shardings(out_info),
                         self._jax_lowered)
 
     def _result_shardings(self, out_info: list) -> list[NamedSharding | None]:
@@ -387,7 +400,8 @@ class Jitted:
 
     def lower(self, *args, **kwargs) -> Lowered:
         """Trace and lower for these arguments (arrays or jax.ShapeDtypeStruct)."""
-        jax_lowered = self._jax_jit.trace(*args, **kwargs).lower()
+        traced = self._jax_jit.trace(*args, **kwargs)
+        jax_lowered = traced.lower()
         _, dyn_args, dyn_kwargs = self._split(args, kwargs)
         module = jax_lowered.compiler_ir("stablehlo")
         executable = LoadedExecutable.from_stablehlo(
@@ -396,7 +410,8 @@ class Jitted:
             executor_devices=self._executor_devices,
             host_callbacks=_host_callbacks(jax_lowered))
         return Lowered(jax_lowered, executable, jax_lowered.in_tree, jax_lowered.out_tree,
-                       partition.result_layouts(module, executable.program))
+                       partition.result_layouts(module, executable.program),
+                       traced.jaxpr.out_avals)
 
     def _arg_names(self, dyn_args: tuple, dyn_kwargs: dict, n_args: int) -> list[str]:
         """A name for every flattened dynamic argument: `argument 'w'`, `argument 'p'['b']`."""

@@ -213,6 +213,23 @@ def test_donated_arguments_are_deleted_as_jax_deletes_them(f, donate):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
+@pytest.mark.parametrize("f, args", [
+    (lambda x: x * 2, (3,)),                      # Python scalars in: weak results
+    (lambda x: (x * 0.5, jnp.float32(2)), (3.0,)),  # one weak, one not
+    (lambda: (2.0, jnp.arange(3)), ()),           # constants
+    (lambda x, s: x * s, (np.ones(3, np.float32), 2.0)),  # an array makes it strong
+])
+def test_results_keep_jaxs_weak_types(f, args):
+    """A weak result promotes as a Python scalar does: a learning rate computed by a
+    jitted schedule, times BF16 parameters, stays BF16."""
+    got, want = jax_trn2.jit(f)(*args), jax.jit(f)(*args)
+    assert [jax.typeof(g) for g in jax.tree.leaves(got)] == \
+        [jax.typeof(w) for w in jax.tree.leaves(want)]
+    params = jnp.ones(3, jnp.bfloat16)
+    assert [(params * g).dtype for g in jax.tree.leaves(got)] == \
+        [(params * w).dtype for w in jax.tree.leaves(want)]
+
+
 def test_outputs_that_are_inputs_or_constants():
     f = lambda x, y: (x, jnp.arange(3), y + 1, x)  # noqa: E731
     got = jax_trn2.jit(f)(X, np.int32(4))
