@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
 from typing import Any, Callable, Sequence
 
 import jax
@@ -346,6 +347,11 @@ class Jitted:
                                 static_argnames=self._static_argnames, keep_unused=True,
                                 **jit_options)
         self._cache: dict[Any, Compiled] = {}
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        """As a method (`@jax_trn2.jit` on a `def f(self, x)`), bound to the instance, as
+        jax.jit's functions are (self is then a static or array argument like any other)."""
+        return self if instance is None else types.MethodType(self, instance)
 
     def _statics(self, argnums, argnames) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """Static positions and names, each completed from the other through the signature

@@ -3,6 +3,8 @@ lower()/compile(), programs without a shard_map."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -254,3 +256,22 @@ def test_unhashable_static_argument_has_jaxs_message():
     with pytest.raises(ValueError, match=r"Non-hashable static arguments are not supported.*"
                                          r"<class 'list'>, \[1, 2\] \(static argument 1\)"):
         f(1.0, [1, 2])
+
+
+def test_a_jitted_method_is_bound_to_its_instance():
+    class Scaled:
+        def __init__(self, scale):
+            self.scale = scale
+
+        @jax_trn2.jit
+        def apply(self, x):  # self: a pytree-less object, so static through partial below
+            return x * 2
+
+        @functools.partial(jax_trn2.jit, static_argnums=0)
+        def scaled(self, x):
+            return x * self.scale
+
+    model = Scaled(3.0)
+    np.testing.assert_array_equal(model.scaled(X), X * 3)
+    with pytest.raises(TypeError, match="Scaled"):  # self is an argument like any other
+        model.apply(X)
