@@ -80,6 +80,12 @@ def _known_sharding(info: jax.ShapeDtypeStruct) -> Sharding | None:
     return sharding if isinstance(sharding, Sharding) else None
 
 
+def _on_a_device(shardings: Sequence[Sharding | None]) -> list[Sharding]:
+    """Each sharding, None as jax's default device (where such a leaf is, uncommitted)."""
+    default = SingleDeviceSharding(jax.devices()[0])
+    return [default if s is None else s for s in shardings]
+
+
 def _committed_device(compile_args: dict) -> SingleDeviceSharding | None:
     """The device of the arguments committed to one device, where jax.jit runs the
     program and commits its results."""
@@ -194,7 +200,7 @@ class Compiled(_StageInfo):
 
     def __init__(self, executable: LoadedExecutable, in_tree, out_tree,
                  out_avals: Sequence[Any], out_shardings: Sequence[Any] | None = None,
-                 jax_lowered: Any = None):
+                 jax_lowered: Any = None, in_shardings: Sequence[Any] | None = None):
         """`out_shardings`: per result leaf, the NamedSharding jax.jit gives it (its type's
         on an explicit mesh, the out_shardings asked for, or the one XLA's partitioner
         chose), else None (on one device)."""
@@ -204,6 +210,7 @@ class Compiled(_StageInfo):
         self.out_tree = out_tree
         self.out_avals = tuple(out_avals)  # each result leaf's dtype and weak type
         self.out_shardings = tuple(out_shardings or (None,) * len(self.out_avals))
+        self._in_shardings = tuple(in_shardings or ())
         program = executable.program
         self._input_types = [program.values[v].type for v in program.inputs]
         # the leaves jax.jit would hand to XLA to reuse (aliased to a result, or a buffer
@@ -228,6 +235,17 @@ class Compiled(_StageInfo):
             _weakly_typed(_placed(_typed(r, aval.dtype), sharding), aval.weak_type)
             for r, aval, sharding in zip(results, self.out_avals, self.out_shardings,
                                          strict=True)])
+
+    @property
+    def input_shardings(self) -> Any:
+        """The arguments' pytree of the shardings jax.jit's compiled function takes them
+        in (a device of its own where it runs on one)."""
+        return tree_util.tree_unflatten(self.in_tree, _on_a_device(self._in_shardings))
+
+    @property
+    def output_shardings(self) -> Any:
+        """The results' pytree of the shardings they come back with."""
+        return tree_util.tree_unflatten(self.out_tree, _on_a_device(self.out_shardings))
 
     def as_text(self) -> str:
         """The Trn2 program listing with an estimated start and duration on every line,
@@ -258,13 +276,13 @@ class Lowered(_StageInfo):
     """A function lowered to StableHLO and then to a Trn2 program."""
 
     def __init__(self, jax_lowered, executable: LoadedExecutable, in_tree, out_tree,
-                 result_layouts: Sequence[tuple | None], out_avals: Sequence[Any]):
-        """`result_layouts`: how XLA lays each result leaf out over the mesh, as dim_axes
-        (lowering.partition.result_layouts); `out_avals`: each result leaf's abstract value
-        in jax's trace (its dtype and weak type)."""
+                 layouts: tuple[tuple, tuple], out_avals: Sequence[Any]):
+        """`layouts`: how XLA lays each argument and result leaf out over the mesh, as
+        dim_axes (lowering.partition.layouts); `out_avals`: each result leaf's abstract
+        value in jax's trace (its dtype and weak type)."""
         self._jax_lowered = jax_lowered
         self._out_avals = tuple(out_avals)
-        self._result_layouts = tuple(result_layouts)
+        self._layouts = layouts
         self._executable = executable
         self.in_tree = in_tree
         self.out_tree = out_tree
@@ -303,23 +321,33 @@ class Lowered(_StageInfo):
         if check_memory:
             self._executable.check_memory()
         out_info = tree_util.tree_leaves(self._jax_lowered.out_info)
-        return Compiled(self._executable.load(), self.in_tree, self.out_tree,
-                        self._out_avals, self._result_shardings(out_info),
-                        self._jax_lowered)
+        in_avals = tree_util.tree_leaves(self.in_avals)
+        compile_args = getattr(getattr(self._jax_lowered, "_lowering", None), "compile_args",
+                               None) or {}
+        in_given = compile_args.get("in_shardings") or (None,) * len(in_avals)
+        in_layouts, out_layouts = self._layouts
+        return Compiled(self._executable.load(), self.in_tree, self.out_tree, self._out_avals,
+                        self._shardings([len(i.shape) for i in out_info], out_layouts,
+                                        [getattr(i, "sharding", None) for i in out_info]),
+                        self._jax_lowered,
+                        self._shardings([a.ndim for a in in_avals], in_layouts, in_given))
 
-    def _result_shardings(self, out_info: list) -> list[NamedSharding | None]:
-        """The sharding jax.jit gives each result leaf: the one known before compiling
-        (out_shardings, sharding in types), else the one XLA chose, else (a program on one
-        device) the device its committed arguments are on."""
+    def _shardings(self, ndims: Sequence[int], layouts: tuple,
+                   given: Sequence[Any]) -> list[Sharding | None]:
+        """The sharding jax.jit gives each leaf (of ranks `ndims`): the one `given` (the
+        out_shardings asked for or a result type's, an argument's committed sharding or
+        in_shardings), else the one XLA chose (`layouts`: dim_axes per leaf), else (a
+        program on one device) the device its committed arguments are on, else None (jax's
+        default device, uncommitted)."""
         program = self._executable.program
         compile_args = getattr(getattr(self._jax_lowered, "_lowering", None), "compile_args",
                                None) or {}
         recovery, recovery_ndim = _recovery_sharding(compile_args)
         device = _committed_device(compile_args)
-        chosen = self._result_layouts or (None,) * len(out_info)
-        return [_known_sharding(info) or _chosen_sharding(dim_axes, len(info.shape),
-                                                          program.mesh, recovery, recovery_ndim)
-                or device for info, dim_axes in zip(out_info, chosen, strict=True)]
+        layouts = layouts or (None,) * len(ndims)
+        return [(g if isinstance(g, Sharding) else None) or
+                _chosen_sharding(dim_axes, ndim, program.mesh, recovery, recovery_ndim) or device
+                for ndim, dim_axes, g in zip(ndims, layouts, given, strict=True)]
 
 
 class Jitted:
@@ -375,6 +403,15 @@ class Jitted:
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_argnames}
         return static, dyn_args, dyn_kwargs
 
+    def eval_shape(self, *args, **kwargs) -> Any:
+        """The results' pytree of jax.ShapeDtypeStruct, without lowering (jax.jit's)."""
+        return self._jax_jit.eval_shape(*args, **kwargs)
+
+    def clear_cache(self) -> None:
+        """Forget the programs compiled so far (the next call lowers and compiles again)."""
+        self._cache.clear()
+        self._jax_jit.clear_cache()
+
     @property
     def jax_function(self) -> Callable:
         """`jax.jit` of the same function with the same static arguments (for references)."""
@@ -416,7 +453,7 @@ class Jitted:
             executor_devices=self._executor_devices,
             host_callbacks=_host_callbacks(jax_lowered))
         return Lowered(jax_lowered, executable, jax_lowered.in_tree, jax_lowered.out_tree,
-                       partition.result_layouts(module, executable.program),
+                       partition.layouts(module, executable.program),
                        traced.jaxpr.out_avals)
 
     def _arg_names(self, dyn_args: tuple, dyn_kwargs: dict, n_args: int) -> list[str]:

@@ -63,15 +63,15 @@ def needs_partitioning(module: ir.Module) -> bool:
     return _has_gspmd_tiling(module)
 
 
-def result_layouts(module: ir.Module, program: isa.Program) -> tuple:
-    """How XLA lays main's results out over the mesh, as dim_axes per result leaf (None:
-    replicated): a partitioned program's are the partitioner's own, as are those of a
-    program with no shard_map (its results are replicated); the results of shard_maps left
-    unpartitioned are laid out as Shardy propagates their out_specs."""
+def layouts(module: ir.Module, program: isa.Program) -> tuple[tuple, tuple]:
+    """How XLA lays main's arguments and results out over the mesh, as dim_axes per leaf
+    (None: replicated): a partitioned program's are the partitioner's own, as are those of
+    a program with no shard_map (replicated); the arguments and results of shard_maps left
+    unpartitioned are laid out as Shardy propagates their in_specs and out_specs."""
     if needs_partitioning(module) or is_partitioned(module) or \
             not _has_op(module.operation, "sdy.manual_computation"):
-        return program.output_shardings
-    return propagated_result_shardings(module)
+        return program.input_shardings, program.output_shardings
+    return propagated_layouts(module)
 
 
 def _has_op(operation, name: str) -> bool:
@@ -346,13 +346,13 @@ def _has_gspmd_tiling(module: ir.Module) -> bool:
     return False
 
 
-def propagated_result_shardings(module: ir.Module) -> tuple:
-    """How XLA lays main's results out over the mesh when the module's shardings are all
-    at shard_map boundaries (no partitioning needed): Shardy's own propagation pipeline
-    (`sdy-propagation-pipeline`, the first thing XLA runs on the module) carries each
-    shard_map's out_specs on to the results, through the ops after it. One entry per
-    result that is not a token: dim_axes (mesh axis indices per dim), None where
-    replicated."""
+def propagated_layouts(module: ir.Module) -> tuple[tuple, tuple]:
+    """How XLA lays main's arguments and results out over the mesh when the module's
+    shardings are all at shard_map boundaries (no partitioning needed): Shardy's own
+    propagation pipeline (`sdy-propagation-pipeline`, the first thing XLA runs on the
+    module) carries each shard_map's in_specs back to the arguments and its out_specs on to
+    the results, through the ops between. dim_axes (mesh axis indices per dim) per argument
+    and per result that is not a token, None where replicated."""
     mesh = global_mesh(module)
     with module.context:
         copy = ir.Module.parse(module.operation.get_asm(enable_debug_info=False))
@@ -361,15 +361,20 @@ def propagated_result_shardings(module: ir.Module) -> tuple:
     main = next(op.operation for op in copy.body.operations
                 if op.operation.name == "func.func" and
                 ir.StringAttr(op.operation.attributes["sym_name"]).value == "main")
-    attrs = mlir.Attributes(main).get("res_attrs", ())
-    returned = main.regions[0].blocks[0].operations[-1].operands
-    shardings = []
-    for i, value in enumerate(returned):
-        if mlir.is_token(value.type):
-            continue
-        entry = attrs[i] if i < len(attrs) and isinstance(attrs[i], dict) else {}
-        sharding = entry.get(_SDY_SHARDING)
-        dim_axes = () if sharding is None else \
-            tuple(tuple(mesh.axis_index(a) for a in dim) for dim in sharding.dims)
-        shardings.append(dim_axes if any(dim_axes) else None)
-    return tuple(shardings)
+    block = main.regions[0].blocks[0]
+
+    def dim_axes(attrs: tuple, values) -> tuple:
+        layouts = []
+        for i, value in enumerate(values):
+            if mlir.is_token(value.type):
+                continue
+            entry = attrs[i] if i < len(attrs) and isinstance(attrs[i], dict) else {}
+            sharding = entry.get(_SDY_SHARDING)
+            axes = () if sharding is None else \
+                tuple(tuple(mesh.axis_index(a) for a in dim) for dim in sharding.dims)
+            layouts.append(axes if any(axes) else None)
+        return tuple(layouts)
+
+    attrs = mlir.Attributes(main)
+    return (dim_axes(attrs.get("arg_attrs", ()), block.arguments),
+            dim_axes(attrs.get("res_attrs", ()), block.operations[-1].operands))

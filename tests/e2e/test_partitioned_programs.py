@@ -399,3 +399,28 @@ def test_results_go_where_out_shardings_or_the_context_mesh_put_them(rng, mesh):
         got = jax_trn2.jit(lambda a: a * 2)(made_before)
         want = jax.jit(lambda a: a * 2)(made_before)
     assert (got.sharding, got.committed) == (want.sharding, want.committed)
+
+
+def test_compiled_input_and_output_shardings_are_jax_jits(rng, mesh):
+    """Compiled.input_shardings and output_shardings: the layouts jax.jit's compiled
+    function takes and gives (equivalent shardings: jax names the ones XLA chose for host
+    arguments as GSPMDShardings)."""
+    small = cpu_mesh((2, 4), ("a", "b"))
+    sm = jax.shard_map(lambda v, w: (v * 2, w), mesh=small, in_specs=(P("a", "b"), P()),
+                       out_specs=(P("a", "b"), P()))
+
+    def shard_mapped(x, d):
+        y, w = sm(x, d["w"])
+        return {"y": y + 1, "total": y.sum()}, w
+
+    x = rng.standard_normal((8, 8)).astype(np.float32)
+    cases = [(shard_mapped, (x, {"w": np.ones(4, np.float32)})),
+             (lambda a: a * 2, (jax.device_put(x, NamedSharding(mesh, P("data"))),)),
+             (lambda a: a * 2, (x,))]
+    for f, args in cases:
+        ours, theirs = (j(f).lower(*args).compile() for j in (jax_trn2.jit, jax.jit))
+        for got, want in ((ours.input_shardings, theirs.input_shardings),
+                          (ours.output_shardings, theirs.output_shardings)):
+            assert jax.tree.structure(got) == jax.tree.structure(want)
+            for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+                assert g.is_equivalent_to(w, 2), (g, w)  # (every split array is 2-D)

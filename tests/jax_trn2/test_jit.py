@@ -275,3 +275,13 @@ def test_a_jitted_method_is_bound_to_its_instance():
     np.testing.assert_array_equal(model.scaled(X), X * 3)
     with pytest.raises(TypeError, match="Scaled"):  # self is an argument like any other
         model.apply(X)
+
+
+def test_eval_shape_and_clear_cache_as_jax_jits():
+    double = jax_trn2.jit(lambda x: {"y": x * 2})
+    assert double.eval_shape(X) == jax.jit(lambda x: {"y": x * 2}).eval_shape(X)
+    double(X)
+    assert len(double._cache) == 1
+    double.clear_cache()
+    assert not double._cache
+    np.testing.assert_array_equal(np.asarray(double(X)["y"]), X * 2)
