@@ -140,8 +140,19 @@ def _chosen_sharding(dim_axes: tuple | None, ndim: int, program_mesh: isa.MeshSp
 
 def _placed(result: Any, sharding: Sharding | None) -> Any:
     """A result on the mesh's devices as `sharding` lays it out, as jax.jit returns it, so
-    that `.sharding`, `jax.typeof` and the programs it is passed to see it so."""
-    return result if sharding is None else jax.device_put(result, sharding)
+    that `.sharding`, `jax.typeof` and the programs it is passed to see it so.
+
+    A result in host memory goes as a NumPy view of its buffer: jax puts a NumPy array on
+    the devices by slicing it on the host (8 ms for 4 MiB over 64 devices), where it moves
+    a jax array with a computation compiled for each sharding (0.1 s, then 0.04 s)."""
+    if sharding is None or (isinstance(result, jax.Array) and result.committed
+                            and result.sharding == sharding):
+        return result
+    if isinstance(result, jax.Array) and not _is_key(result.dtype) and \
+            all(d.platform == "cpu" for d in result.sharding.device_set):
+        with jax.enable_x64(True):  # a 64-bit result keeps its type, as the run gave it
+            return jax.device_put(np.asarray(result), sharding)
+    return jax.device_put(result, sharding)
 
 
 def _committed_sharding(leaf: Any) -> Any:
