@@ -364,7 +364,7 @@ def propagated_layouts(module: ir.Module) -> tuple[tuple, tuple]:
     block = main.regions[0].blocks[0]
 
     def dim_axes(attrs: tuple, values) -> tuple:
-        layouts = []
+        found = []
         for i, value in enumerate(values):
             if mlir.is_token(value.type):
                 continue
@@ -372,8 +372,8 @@ def propagated_layouts(module: ir.Module) -> tuple[tuple, tuple]:
             sharding = entry.get(_SDY_SHARDING)
             axes = () if sharding is None else \
                 tuple(tuple(mesh.axis_index(a) for a in dim) for dim in sharding.dims)
-            layouts.append(axes if any(axes) else None)
-        return tuple(layouts)
+            found.append(axes if any(axes) else None)
+        return tuple(found)
 
     attrs = mlir.Attributes(main)
     return (dim_axes(attrs.get("arg_attrs", ()), block.arguments),
