@@ -13,7 +13,7 @@ from jax import tree_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding, \
     SingleDeviceSharding
 from jax._src import config as jax_config
-from jax._src.lax import lax as lax_internal
+from jax._src.array import ArrayImpl
 
 from jax_trn2 import compose
 from jax_trn2.executable import LoadedExecutable
@@ -59,9 +59,11 @@ def _weakly_typed(result: Any, weak: bool) -> Any:
     """`result` with jax's weak type when jax.jit's would have it (a result of Python
     scalars only, as `lambda x: x * 2` of 3): it then promotes as a Python scalar does
     (a weak FP32 learning rate times BF16 parameters stays BF16)."""
-    if not weak or not isinstance(result, jax.Array):
+    if not weak or not isinstance(result, jax.Array) or result.weak_type:
         return result
-    return lax_internal._convert_element_type(result, result.dtype, weak_type=True)
+    # the same buffers under the weak type (a conversion would run a computation per call)
+    return ArrayImpl(result.aval.update(weak_type=True), result.sharding, result._arrays,
+                     committed=result.committed)
 
 
 def _delete_donated(leaves: Sequence[Any]) -> None:
@@ -71,13 +73,6 @@ def _delete_donated(leaves: Sequence[Any]) -> None:
     for leaf in leaves:
         if isinstance(leaf, jax.Array) and not leaf.is_deleted():
             leaf.delete()
-
-
-def _known_sharding(info: jax.ShapeDtypeStruct) -> Sharding | None:
-    """The sharding jax.jit gives a result before compiling: its type's on a mesh with
-    Explicit axes, or the out_shardings asked for."""
-    sharding = getattr(info, "sharding", None)
-    return sharding if isinstance(sharding, Sharding) else None
 
 
 def _on_a_device(shardings: Sequence[Sharding | None]) -> list[Sharding]:
@@ -148,7 +143,7 @@ def _placed(result: Any, sharding: Sharding | None) -> Any:
     if sharding is None or (isinstance(result, jax.Array) and result.committed
                             and result.sharding == sharding):
         return result
-    if isinstance(result, jax.Array) and not _is_key(result.dtype) and \
+    if isinstance(result, jax.Array) and \
             all(d.platform == "cpu" for d in result.sharding.device_set):
         with jax.enable_x64(True):  # a 64-bit result keeps its type, as the run gave it
             return jax.device_put(np.asarray(result), sharding)
@@ -164,8 +159,13 @@ def _host_callbacks(jax_lowered) -> list:
     """The Python functions of the lowered module's host callbacks (jax.debug.print,
     pure_callback, ...), by the index their custom calls carry. jax keeps them in its
     lowering's compile arguments; there is no public accessor."""
-    compile_args = getattr(getattr(jax_lowered, "_lowering", None), "compile_args", None)
-    return list((compile_args or {}).get("host_callbacks", ()))
+    return list(_compile_args(jax_lowered).get("host_callbacks", ()))
+
+
+def _compile_args(jax_lowered) -> dict:
+    """jax's lowering's compile arguments (shardings, meshes, host callbacks); there is no
+    public accessor."""
+    return getattr(getattr(jax_lowered, "_lowering", None), "compile_args", None) or {}
 
 
 def _check_hashable(static: tuple) -> None:
@@ -243,7 +243,7 @@ class Compiled(_StageInfo):
         results = self.executable.execute(leaves)
         _delete_donated([leaves[i] for i in self._donated])
         return tree_util.tree_unflatten(self.out_tree, [
-            _weakly_typed(_placed(_typed(r, aval.dtype), sharding), aval.weak_type)
+            _weakly_typed(_typed(_placed(r, sharding), aval.dtype), aval.weak_type)
             for r, aval, sharding in zip(results, self.out_avals, self.out_shardings,
                                          strict=True)])
 
@@ -287,13 +287,13 @@ class Lowered(_StageInfo):
     """A function lowered to StableHLO and then to a Trn2 program."""
 
     def __init__(self, jax_lowered, executable: LoadedExecutable, in_tree, out_tree,
-                 layouts: tuple[tuple, tuple], out_avals: Sequence[Any]):
-        """`layouts`: how XLA lays each argument and result leaf out over the mesh, as
-        dim_axes (lowering.partition.layouts); `out_avals`: each result leaf's abstract
-        value in jax's trace (its dtype and weak type)."""
+                 module: Any, out_avals: Sequence[Any]):
+        """`module`: jax's StableHLO module (how XLA lays arguments and results out is
+        worked out from it on compiling: lowering.partition.layouts); `out_avals`: each
+        result leaf's abstract value in jax's trace (its dtype and weak type)."""
         self._jax_lowered = jax_lowered
+        self._module = module
         self._out_avals = tuple(out_avals)
-        self._layouts = layouts
         self._executable = executable
         self.in_tree = in_tree
         self.out_tree = out_tree
@@ -333,17 +333,18 @@ class Lowered(_StageInfo):
             self._executable.check_memory()
         out_info = tree_util.tree_leaves(self._jax_lowered.out_info)
         in_avals = tree_util.tree_leaves(self.in_avals)
-        compile_args = getattr(getattr(self._jax_lowered, "_lowering", None), "compile_args",
-                               None) or {}
+        compile_args = _compile_args(self._jax_lowered)
         in_given = compile_args.get("in_shardings") or (None,) * len(in_avals)
-        in_layouts, out_layouts = self._layouts
+        in_layouts, out_layouts = partition.layouts(self._module, self._executable.program)
         return Compiled(self._executable.load(), self.in_tree, self.out_tree, self._out_avals,
-                        self._shardings([len(i.shape) for i in out_info], out_layouts,
+                        self._shardings(compile_args, [len(i.shape) for i in out_info],
+                                        out_layouts,
                                         [getattr(i, "sharding", None) for i in out_info]),
                         self._jax_lowered,
-                        self._shardings([a.ndim for a in in_avals], in_layouts, in_given))
+                        self._shardings(compile_args, [a.ndim for a in in_avals], in_layouts,
+                                        in_given))
 
-    def _shardings(self, ndims: Sequence[int], layouts: tuple,
+    def _shardings(self, compile_args: dict, ndims: Sequence[int], layouts: tuple,
                    given: Sequence[Any]) -> list[Sharding | None]:
         """The sharding jax.jit gives each leaf (of ranks `ndims`): the one `given` (the
         out_shardings asked for or a result type's, an argument's committed sharding or
@@ -351,8 +352,6 @@ class Lowered(_StageInfo):
         program on one device) the device its committed arguments are on, else None (jax's
         default device, uncommitted)."""
         program = self._executable.program
-        compile_args = getattr(getattr(self._jax_lowered, "_lowering", None), "compile_args",
-                               None) or {}
         recovery, recovery_ndim = _recovery_sharding(compile_args)
         device = _committed_device(compile_args)
         layouts = layouts or (None,) * len(ndims)
@@ -464,7 +463,7 @@ class Jitted:
             executor_devices=self._executor_devices,
             host_callbacks=_host_callbacks(jax_lowered))
         return Lowered(jax_lowered, executable, jax_lowered.in_tree, jax_lowered.out_tree,
-                       partition.layouts(module, executable.program),
+                       module,
                        traced.jaxpr.out_avals)
 
     def _arg_names(self, dyn_args: tuple, dyn_kwargs: dict, n_args: int) -> list[str]:

@@ -20,6 +20,7 @@ import glob
 import os
 import re
 import tempfile
+from typing import Any
 
 import numpy as np
 from jax._src.interpreters import mlir as jax_mlir
@@ -284,6 +285,13 @@ def _distinct_meshes(module: ir.Module) -> set[isa.MeshSpec]:
 _SDY_SHARDING = "sdy.sharding"
 
 
+def sdy_dim_axes(sharding: Any, mesh: isa.MeshSpec) -> tuple:
+    """dim_axes (mesh axis indices per dim) of a decoded sdy.sharding attribute (None:
+    none, ())."""
+    return () if sharding is None else \
+        tuple(tuple(mesh.axis_index(a) for a in dim) for dim in sharding.dims)
+
+
 def _has_sdy_sharding(module: ir.Module) -> bool:
     """A sharding that splits some dim (or is unreduced), on main's arguments or results or
     on an op outside shard_map bodies (sdy.manual_computation), or an explicit constraint
@@ -355,10 +363,9 @@ def propagated_layouts(module: ir.Module) -> tuple[tuple, tuple]:
     and per result that is not a token, None where replicated."""
     mesh = global_mesh(module)
     with module.context:
-        copy = ir.Module.parse(module.operation.get_asm(enable_debug_info=False))
-        passmanager.PassManager.parse("builtin.module(sdy-propagation-pipeline)").run(
-            copy.operation)
-    main = next(op.operation for op in copy.body.operations
+        copy = module.operation.clone()
+        passmanager.PassManager.parse("builtin.module(sdy-propagation-pipeline)").run(copy)
+    main = next(op.operation for op in copy.regions[0].blocks[0].operations
                 if op.operation.name == "func.func" and
                 ir.StringAttr(op.operation.attributes["sym_name"]).value == "main")
     block = main.regions[0].blocks[0]
@@ -369,9 +376,7 @@ def propagated_layouts(module: ir.Module) -> tuple[tuple, tuple]:
             if mlir.is_token(value.type):
                 continue
             entry = attrs[i] if i < len(attrs) and isinstance(attrs[i], dict) else {}
-            sharding = entry.get(_SDY_SHARDING)
-            axes = () if sharding is None else \
-                tuple(tuple(mesh.axis_index(a) for a in dim) for dim in sharding.dims)
+            axes = sdy_dim_axes(entry.get(_SDY_SHARDING), mesh)
             found.append(axes if any(axes) else None)
         return tuple(found)
 

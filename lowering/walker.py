@@ -377,8 +377,7 @@ class Walker:
             sharding = attrs[i].get("sdy.sharding") if i < len(attrs) and \
                 isinstance(attrs[i], dict) else None
             result.append(None if sharding is None else
-                          tuple(tuple(self.mesh.axis_index(a) for a in dim)
-                                for dim in sharding.dims))
+                          partition.sdy_dim_axes(sharding, self.mesh))
         return tuple(result)
 
     def lower_block(self, block, args: Sequence[int], builder: ProgramBuilder,

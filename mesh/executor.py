@@ -217,8 +217,7 @@ def as_input(array, name: str, device: jax.Device | None = None):
                                     or array.nbytes < ZERO_COPY_MIN_BYTES
                                     and not array.committed):
             return array  # (jax moves an uncommitted array; a committed one must be moved)
-        array = np.asarray(array)  # a view of the buffer
-    view = np.asarray(array)
+    view = np.asarray(array)  # of a jax array on a CPU: a view of its buffer
     if not view.dtype.isnative:  # a view of its bits would read the bytes the wrong way
         view = view.astype(view.dtype.newbyteorder("="))
     view = view if view.dtype == want else view.view(want)

@@ -82,4 +82,7 @@ def test_bits_and_floats_give_the_same_results():
     expected = (x.astype(np.float32) @ w.astype(np.float32)).astype(ml_dtypes.bfloat16)
     np.testing.assert_allclose(np.asarray(fn(x, w, s)),
                                expected.astype(np.float32) * s.astype(np.float32),
-                               rtol=2 ** -7)  # the product's BF16 rounding: half an ulp
+                               # two BF16 roundings the reference lacks (the scaled
+                               # result's, and its sum's in another order), each at most
+                               # half an ulp: one ulp, at most 2^-7 relative
+                               rtol=2 ** -7)
