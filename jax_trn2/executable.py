@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import threading
@@ -57,6 +58,11 @@ def python_scalar(name: str, value: bool | int | float | complex,
     return np.asarray(value, dtype=dtype)
 
 
+# Makes a program's first workspace while its executor compiles (LoadedExecutable._compile).
+_BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                    thread_name_prefix="jax_trn2-workspace")
+
+
 @contextlib.contextmanager
 def _executor_context():
     """Where the simulation's own computations are compiled and run: with 64-bit types (a
@@ -94,6 +100,7 @@ class LoadedExecutable:
         self.executor_devices = tuple(executor_devices) if executor_devices else None
         self._split_check = SplitGroupCheck()
         self._workspace: list[jax.Array] | None = None  # kept for the next execute
+        self._workspace_made: concurrent.futures.Future | None = None  # the first one
         self._workspace_lock = threading.Lock()
         self._split_lock = threading.Lock()  # see _checked_run
         mesh = program.mesh
@@ -123,6 +130,8 @@ class LoadedExecutable:
                   for shape, v in zip(input_shapes(self.program, global_io),
                                       self.program.inputs)]
         workspace = self._workspace_values if global_io else ()
+        if workspace:  # made meanwhile: XLA compiles the executor on threads of its own
+            self._workspace_made = _BACKGROUND.submit(self._make_workspace)
         with _executor_context():
             return compile_program(self.program, self.rounding, self._devices,
                                    global_io, self._split_check, workspace).lower(
@@ -178,9 +187,15 @@ class LoadedExecutable:
         the first call, or while another thread's call has them)."""
         with self._workspace_lock:
             kept, self._workspace = self._workspace, None
+            made, self._workspace_made = self._workspace_made, None
         if kept is not None or not self._workspace_values:
             return kept or []
-        return self._new_workspace()
+        return made.result() if made is not None else self._make_workspace()
+
+    def _make_workspace(self) -> list[jax.Array]:
+        """New workspace buffers (from any thread: in the executor's context)."""
+        with _executor_context():
+            return jax.block_until_ready(self._new_workspace())
 
     @cached_property
     def _new_workspace(self) -> Any:

@@ -233,10 +233,34 @@ class Compiled(_StageInfo):
         if tree != self.in_tree:
             raise TypeError(f"arguments have structure {tree}, the function was compiled for "
                             f"{self.in_tree}")
+        self._check_shardings(leaves)
         return self.call_flat(leaves)
+
+    def _check_shardings(self, leaves: Sequence[Any]) -> None:
+        """jax.jit's error for an argument committed to a sharding other than the one the
+        function was compiled for (uncommitted arrays are moved, as jax moves them)."""
+        if not self._in_shardings:
+            return
+        expected = _on_a_device(self._in_shardings)
+        mismatches = [(i, leaf.sharding, want) for i, (leaf, want) in
+                      enumerate(zip(leaves, expected)) if isinstance(leaf, jax.Array)
+                      and leaf.committed and not leaf.sharding.is_equivalent_to(want, leaf.ndim)]
+        if mismatches:
+            lines = [f"  {self.executable.arg_names[i]}: got {got}, expected {want}"
+                     for i, got, want in mismatches]
+            raise ValueError(
+                "Compiled object called with input sharding(s) that do not match the "
+                "sharding(s) the computation was compiled with (put the arguments there with "
+                "jax.device_put, or call the jax_trn2.jit function, which compiles for "
+                "them):\n" + "\n".join(lines))
+
+    def runtime_executable(self) -> LoadedExecutable:
+        """The executable that runs the program (as jax's is XLA's LoadedExecutable)."""
+        return self.executable
 
     def call_flat(self, leaves: Sequence[Any]) -> Any:
         """Run on the flattened dynamic arguments; returns the output pytree."""
+        self._check_donations(leaves)
         if len(leaves) == len(self._input_types):  # else execute names what is missing
             leaves = [_canonical(leaf, name, t) for leaf, name, t in
                       zip(leaves, self.executable.arg_names, self._input_types)]
@@ -246,6 +270,21 @@ class Compiled(_StageInfo):
             _weakly_typed(_typed(_placed(r, sharding), aval.dtype), aval.weak_type)
             for r, aval, sharding in zip(results, self.out_avals, self.out_shardings,
                                          strict=True)])
+
+    def _check_donations(self, leaves: Sequence[Any]) -> None:
+        """jax.jit's error for an array donated and also passed again in the same call (its
+        buffer would be both overwritten and read)."""
+        for position in self._donated:
+            if position >= len(leaves) or not isinstance(leaves[position], jax.Array):
+                continue
+            for other, leaf in enumerate(leaves):
+                if other != position and leaf is leaves[position]:
+                    first, again = sorted((position, other))
+                    raise ValueError(
+                        f"{self.executable.arg_names[position]} is donated, and the same array "
+                        f"is passed again as {self.executable.arg_names[other]} (flattened "
+                        f"arguments {first} and {again}): a donated buffer can be used once "
+                        "per call (pass a copy, jnp.copy(x))")
 
     @property
     def input_shardings(self) -> Any:
@@ -304,11 +343,12 @@ class Lowered(_StageInfo):
         return self._executable.program
 
     def as_text(self, dialect: str = "trn2") -> str:
-        """The Trn2 program listing, or with dialect="stablehlo" the StableHLO jax emitted."""
-        if dialect == "stablehlo":
-            return self._jax_lowered.as_text()
+        """The Trn2 program listing, or the module jax emitted: dialect="stablehlo", or
+        "hlo" (XLA's HLO text of it)."""
+        if dialect in ("stablehlo", "hlo"):
+            return self._jax_lowered.as_text(dialect)
         if dialect != "trn2":
-            raise ValueError(f"dialect must be 'trn2' or 'stablehlo', got {dialect!r}")
+            raise ValueError(f"dialect must be 'trn2', 'stablehlo' or 'hlo', got {dialect!r}")
         return self._executable.as_text()
 
     def compiler_ir(self, dialect: str = "stablehlo"):
@@ -358,6 +398,41 @@ class Lowered(_StageInfo):
         return [(g if isinstance(g, Sharding) else None) or
                 _chosen_sharding(dim_axes, ndim, program.mesh, recovery, recovery_ndim) or device
                 for ndim, dim_axes, g in zip(ndims, layouts, given, strict=True)]
+
+
+class Traced:
+    """A traced function (jax.jit's `Traced` stage): its jaxpr and what it takes and gives;
+    `lower()` lowers it for the simulated mesh."""
+
+    def __init__(self, jitted: "Jitted", jax_traced: Any, args: tuple, kwargs: dict):
+        self._jitted = jitted
+        self._jax_traced = jax_traced
+        self._args, self._kwargs = args, kwargs
+
+    @property
+    def jaxpr(self) -> Any:
+        """The function's jax.core.ClosedJaxpr."""
+        return self._jax_traced.jaxpr
+
+    @property
+    def args_info(self) -> Any:
+        return self._jax_traced.args_info
+
+    @property
+    def out_info(self) -> Any:
+        return self._jax_traced.out_info
+
+    @property
+    def in_avals(self) -> Any:
+        return self._jax_traced.in_avals
+
+    @property
+    def fun_name(self) -> str:
+        return self._jax_traced.fun_name
+
+    def lower(self) -> Lowered:
+        """Lower to a Trn2 program (mesh.isa) for the simulated mesh."""
+        return self._jitted._lower_traced(self._jax_traced, self._args, self._kwargs)
 
 
 class Jitted:
@@ -451,9 +526,16 @@ class Jitted:
             self._cache[key] = compiled
         return compiled.call_flat(leaves)
 
+    def trace(self, *args, **kwargs) -> "Traced":
+        """Trace for these arguments (arrays or jax.ShapeDtypeStruct), as jax.jit's `trace`:
+        the jaxpr, without lowering."""
+        return Traced(self, self._jax_jit.trace(*args, **kwargs), args, kwargs)
+
     def lower(self, *args, **kwargs) -> Lowered:
         """Trace and lower for these arguments (arrays or jax.ShapeDtypeStruct)."""
-        traced = self._jax_jit.trace(*args, **kwargs)
+        return self.trace(*args, **kwargs).lower()
+
+    def _lower_traced(self, traced, args: tuple, kwargs: dict) -> Lowered:
         jax_lowered = traced.lower()
         _, dyn_args, dyn_kwargs = self._split(args, kwargs)
         module = jax_lowered.compiler_ir("stablehlo")
@@ -488,8 +570,10 @@ def jit(fun: Callable | None = None, *, in_shardings: Any = UNSPECIFIED,
         out_shardings: Any = UNSPECIFIED, static_argnums: int | Sequence[int] = (),
         static_argnames: str | Sequence[str] = (),
         donate_argnums: int | Sequence[int] | None = None,
-        donate_argnames: str | Sequence[str] | None = None, topology: str | Topology | None = None,
-        rounding: str = "nearest", seed: int = 0,
+        donate_argnames: str | Sequence[str] | None = None, keep_unused: bool = False,
+        device: jax.Device | None = None, backend: str | None = None, inline: bool = False,
+        compiler_options: dict[str, Any] | None = None,
+        topology: str | Topology | None = None, rounding: str = "nearest", seed: int = 0,
         executor_devices: Sequence[jax.Device] | None = None):
     """Like `jax.jit`, but runs on the simulated Trainium2 mesh.
 
@@ -514,10 +598,22 @@ def jit(fun: Callable | None = None, *, in_shardings: Any = UNSPECIFIED,
     `executor_devices` (e.g. `jax.devices()`: several GPUs, or the devices of several hosts
     joined with jax.distributed) run the one simulation together, its arrays split along
     the mesh axes; results are bit-identical to a run on one device.
+
+    jax.jit's other keywords: `inline` and `device`/`backend` (deprecated in jax: the device
+    the results are committed to) have jax.jit's meaning; `keep_unused` changes nothing, as
+    the program takes every argument; `compiler_options` are options of XLA's compiler,
+    which does not compile the program here, so any raise ValueError.
     """
+    if compiler_options:
+        raise ValueError(
+            f"jax_trn2.jit: compiler_options {sorted(compiler_options)} are options of XLA's "
+            "compiler, which does not compile the program here (it is lowered to Trainium2 "
+            "instructions); pass rounding/seed/topology for the simulated machine instead")
+    del keep_unused  # every argument is kept: the program's inputs are all the leaves
     policy = numerics.Rounding(rounding, seed)
     jit_options = dict(in_shardings=in_shardings, out_shardings=out_shardings,
-                       donate_argnums=donate_argnums, donate_argnames=donate_argnames)
+                       donate_argnums=donate_argnums, donate_argnames=donate_argnames,
+                       inline=inline, device=device, backend=backend)
     if fun is None:
         return functools.partial(jit, static_argnums=static_argnums,
                                  static_argnames=static_argnames, topology=topology,

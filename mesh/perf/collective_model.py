@@ -410,6 +410,7 @@ class _Network:
                     self.link_bandwidth[link] = topology.link_bandwidth[axis] * \
                         topology.bandwidth_factor(a, b)
                     self.failed[link] = not topology.link_usable(a, b)
+        self._healthy = topology.healthy()  # the machine templates route on (_template)
         self._templates: dict[int, tuple] = {}
         self._detours: dict[tuple[int, int], tuple] = {}
 
@@ -467,7 +468,7 @@ class _Network:
         if offset not in self._templates:
             # the healthy route: transfers whose translated route meets a fault are
             # detoured one by one in loads()
-            ways = {self.topology.healthy().route(0, offset, tie) for tie in (1, -1)}
+            ways = {self._healthy.route(0, offset, tie) for tie in (1, -1)}
             links = [l for way in ways for l in way]
             way = next(iter(ways))
             self._templates[offset] = (

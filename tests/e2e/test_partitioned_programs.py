@@ -424,3 +424,18 @@ def test_compiled_input_and_output_shardings_are_jax_jits(rng, mesh):
             assert jax.tree.structure(got) == jax.tree.structure(want)
             for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
                 assert g.is_equivalent_to(w, 2), (g, w)  # (every split array is 2-D)
+
+
+def test_a_compiled_function_refuses_arguments_committed_elsewhere(rng, mesh):
+    """As jax.jit's compiled functions: an argument committed to another sharding is an
+    error naming it (an uncommitted one is moved)."""
+    x = rng.standard_normal((8, 8)).astype(np.float32)
+    xa = jax.device_put(x, NamedSharding(mesh, P("data")))
+    xb = jax.device_put(x, NamedSharding(mesh, P("fsdp")))
+    compiled = jax_trn2.jit(lambda v: v * 2).lower(xa).compile()
+    np.testing.assert_array_equal(np.asarray(compiled(xa)), x * 2)
+    np.testing.assert_array_equal(np.asarray(compiled(x)), x * 2)
+    with pytest.raises(ValueError, match=r"argument 'v': got NamedSharding.*'fsdp'"):
+        compiled(xb)
+    with pytest.raises(ValueError, match="disagree"):
+        jax.jit(lambda v: v * 2).lower(xa).compile()(xb)

@@ -169,7 +169,7 @@ def test_lower_as_text_and_compile():
     stablehlo = lowered.as_text(dialect="stablehlo")
     assert "stablehlo.all_reduce" in stablehlo and "sdy.manual_computation" in stablehlo
     with pytest.raises(ValueError, match="dialect"):
-        lowered.as_text(dialect="hlo")
+        lowered.as_text(dialect="mhlo")
     compiled = lowered.compile()
     # A sum of 4 FP32 values, in the ring's order rather than numpy's.
     np.testing.assert_allclose(np.asarray(compiled(X)), X.reshape(4, 4, 8).sum(0),
@@ -286,3 +286,40 @@ def test_eval_shape_and_clear_cache_as_jax_jits():
     double.clear_cache()
     assert not double._cache
     np.testing.assert_array_equal(np.asarray(double(X)["y"]), X * 2)
+
+
+def test_trace_then_lower_as_jax_jits():
+    f = lambda x, s: x * s  # noqa: E731
+    traced = jax_trn2.jit(f, static_argnums=1).trace(X, 3.0)
+    theirs = jax.jit(f, static_argnums=1).trace(X, 3.0)
+    assert str(traced.jaxpr) == str(theirs.jaxpr)
+    assert traced.out_info == theirs.out_info and traced.fun_name == theirs.fun_name
+    compiled = traced.lower().compile()
+    np.testing.assert_array_equal(np.asarray(compiled(X)), X * 3)
+    assert compiled.runtime_executable() is compiled.executable
+    assert traced.lower().as_text("hlo") == theirs.lower().as_text("hlo")
+
+
+def test_jaxs_other_jit_keywords():
+    x = jnp.asarray(X)
+    for options in ({"keep_unused": True}, {"inline": True}):
+        np.testing.assert_array_equal(
+            np.asarray(jax_trn2.jit(lambda a, unused: a * 2, **options)(x, x)), X * 2)
+    with pytest.warns(DeprecationWarning, match="backend and device argument"):
+        on_2 = jax_trn2.jit(lambda a: a * 2, device=jax.devices()[2])
+    got = on_2(x)
+    assert got.sharding == jax.sharding.SingleDeviceSharding(jax.devices()[2]) and got.committed
+    with pytest.raises(ValueError, match=r"compiler_options \['xla_cpu_enable_fast_math'\] are "
+                                         "options of XLA's compiler"):
+        jax_trn2.jit(lambda a: a, compiler_options={"xla_cpu_enable_fast_math": True})
+
+
+def test_an_array_donated_and_passed_again_is_refused_as_jax_refuses_it():
+    x = jnp.asarray(X)
+    add = jax_trn2.jit(lambda a, b: a + b, donate_argnums=0)
+    with pytest.raises(ValueError, match="argument 'a' is donated, and the same array is "
+                                         "passed again as argument 'b'"):
+        add(x, x)
+    assert not x.is_deleted()
+    with pytest.raises(Exception, match="donated"):  # jax refuses it too
+        jax.jit(lambda a, b: a + b, donate_argnums=0)(x, x)

@@ -113,3 +113,14 @@ def test_new_workspaces_come_from_one_compiled_computation(small_workspace):
     first, second = executable._take_workspace(), executable._take_workspace()
     assert first and second and first[0] is not second[0]
     assert executable._new_workspace._cache_size() == 1
+
+
+def test_the_first_workspace_is_made_while_the_executor_compiles(small_workspace):
+    """Compiling starts making the first call's workspace on a thread of its own (its
+    compile and page faults then overlap the executor's compile); the first call takes it."""
+    x, g = (RNG.standard_normal((16, 32)).astype(np.float32) for _ in range(2))
+    executable = weight_gradient_step().lower(x, g).compile().executable
+    made = executable._workspace_made
+    assert made is not None
+    assert executable._take_workspace() is made.result()
+    assert executable._workspace_made is None

@@ -45,17 +45,31 @@ def _ring_positions(ring_sizes: Sequence[int], n: int, xp=np, grid: bool = False
     as the buffer."""
     members = int(np.prod(ring_sizes, dtype=np.int64))
     block = max(-(-n // members), 1)  # elements per owner (the last blocks may be short)
+    index = np.int32 if n < 2 ** 31 else np.int64
     if grid:
-        owner = xp.arange(members, dtype=np.int32)[:, None]
-        position = xp.arange(block, dtype=np.int32)[None, :]
+        owner = xp.arange(members, dtype=index)[:, None]
+        position = xp.arange(block, dtype=index)[None, :]
         block_length = block
     else:
-        element = xp.arange(n)
-        owner = element // block
+        element = xp.arange(n, dtype=index)
+        owner = _div(element, block)
         position = element - owner * block
         block_length = xp.minimum(block, n - owner * block)
     direction = xp.where(position < (block_length + 1) // 2, 1, -1).astype(owner.dtype)
-    return xp.unravel_index(owner, tuple(ring_sizes)), direction
+    strides = np.cumprod((1,) + tuple(ring_sizes[:0:-1]))[::-1]  # row-major, per ring
+    return [_rem(_div(owner, int(stride)), size)
+            for stride, size in zip(strides, ring_sizes)], direction
+
+
+def _div(a, b: int):
+    """a // b of non-negative integers: in the program a plain division (jnp's // corrects
+    for signs with selects that XLA keeps in every fused pass)."""
+    return lax.div(a, np.asarray(b, a.dtype)) if isinstance(a, jnp.ndarray) else a // b
+
+
+def _rem(a, b: int):
+    """a % b of non-negative integers (as _div)."""
+    return lax.rem(a, np.asarray(b, a.dtype)) if isinstance(a, jnp.ndarray) else a % b
 
 
 def ring_orders(ring_sizes: Sequence[int], n: int) -> list:
@@ -112,7 +126,8 @@ def ring_reduce(members: jnp.ndarray, lead: int, ring_sizes: Sequence[int], comb
     for axis in (range(len(ring_sizes)) if axis_order is None else axis_order):
         dim = lead + remaining.index(axis)
         size = ring_sizes[axis]
-        orders = [(coords[axis] + direction * s) % size for s in range(1, size + 1)]
+        # c + d s >= -size: adding size keeps the remainder's operand non-negative
+        orders = [_rem(coords[axis] + direction * s + size, size) for s in range(1, size + 1)]
         steps = _members_in_order(members, dim, orders)
         partial = steps[0]
         for value in steps[1:]:
