@@ -14,6 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding, \
     SingleDeviceSharding
 from jax._src import config as jax_config
 from jax._src.array import ArrayImpl
+from jax.experimental.layout import Format, Layout
 
 from jax_trn2 import compose
 from jax_trn2.executable import LoadedExecutable
@@ -79,6 +80,12 @@ def _on_a_device(shardings: Sequence[Sharding | None]) -> list[Sharding]:
     """Each sharding, None as jax's default device (where such a leaf is, uncommitted)."""
     default = SingleDeviceSharding(jax.devices()[0])
     return [default if s is None else s for s in shardings]
+
+
+def _formats(avals: Sequence[Any], shardings: Sequence[Sharding]) -> list[Format]:
+    """jax Formats of row-major layouts on `shardings`, one per aval."""
+    return [Format(Layout(major_to_minor=tuple(range(len(aval.shape))), tiling=()), sharding)
+            for aval, sharding in zip(avals, shardings, strict=True)]
 
 
 def _committed_device(compile_args: dict) -> SingleDeviceSharding | None:
@@ -166,6 +173,14 @@ def _compile_args(jax_lowered) -> dict:
     """jax's lowering's compile arguments (shardings, meshes, host callbacks); there is no
     public accessor."""
     return getattr(getattr(jax_lowered, "_lowering", None), "compile_args", None) or {}
+
+
+def _refuse_compiler_options(options: dict | None, where: str) -> None:
+    if options:
+        raise ValueError(
+            f"{where}: compiler_options {sorted(options)} are options of XLA's compiler, which "
+            "does not compile the program here (it is lowered to Trainium2 instructions); pass "
+            "rounding/seed/topology to jax_trn2.jit for the simulated machine instead")
 
 
 def _check_hashable(static: tuple) -> None:
@@ -297,6 +312,19 @@ class Compiled(_StageInfo):
         """The results' pytree of the shardings they come back with."""
         return tree_util.tree_unflatten(self.out_tree, _on_a_device(self.out_shardings))
 
+    @property
+    def input_formats(self) -> Any:
+        """The arguments' pytree of jax Formats: row-major layouts (what the executor
+        takes), with input_shardings."""
+        return tree_util.tree_unflatten(self.in_tree, _formats(
+            tree_util.tree_leaves(self.in_avals), _on_a_device(self._in_shardings)))
+
+    @property
+    def output_formats(self) -> Any:
+        """The results' pytree of jax Formats: row-major layouts, with output_shardings."""
+        return tree_util.tree_unflatten(self.out_tree, _formats(
+            tree_util.tree_leaves(self.out_info), _on_a_device(self.out_shardings)))
+
     def as_text(self) -> str:
         """The Trn2 program listing with an estimated start and duration on every line,
         and the estimated step time, MFU and engine busy times."""
@@ -342,11 +370,12 @@ class Lowered(_StageInfo):
         """The Trn2 program (mesh.isa.Program)."""
         return self._executable.program
 
-    def as_text(self, dialect: str = "trn2") -> str:
-        """The Trn2 program listing, or the module jax emitted: dialect="stablehlo", or
-        "hlo" (XLA's HLO text of it)."""
+    def as_text(self, dialect: str = "trn2", *, debug_info: bool = False) -> str:
+        """The Trn2 program listing (with each instruction's source line), or the module jax
+        emitted: dialect="stablehlo", or "hlo" (XLA's HLO text of it), with its locations
+        when `debug_info`."""
         if dialect in ("stablehlo", "hlo"):
-            return self._jax_lowered.as_text(dialect)
+            return self._jax_lowered.as_text(dialect, debug_info=debug_info)
         if dialect != "trn2":
             raise ValueError(f"dialect must be 'trn2', 'stablehlo' or 'hlo', got {dialect!r}")
         return self._executable.as_text()
@@ -363,12 +392,15 @@ class Lowered(_StageInfo):
         a program too large for the chip."""
         return self._executable.memory_analysis(chip)
 
-    def compile(self, check_memory: bool = True) -> Compiled:
+    def compile(self, compiler_options: dict | None = None,
+                check_memory: bool = True) -> Compiled:
         """Compile the Trn2 program's executor for the host (one XLA computation).
 
         Raises jax_trn2.OutOfHBMError when the program needs more HBM on some chip than the
         chip has (as XLA fails with RESOURCE_EXHAUSTED), saying which chips and what fills
-        them; `check_memory=False` compiles it anyway (it still runs on the simulator)."""
+        them; `check_memory=False` compiles it anyway (it still runs on the simulator).
+        `compiler_options` (XLA's) are refused, as by jax_trn2.jit."""
+        _refuse_compiler_options(compiler_options, "Lowered.compile")
         if check_memory:
             self._executable.check_memory()
         out_info = tree_util.tree_leaves(self._jax_lowered.out_info)
@@ -430,8 +462,15 @@ class Traced:
     def fun_name(self) -> str:
         return self._jax_traced.fun_name
 
-    def lower(self) -> Lowered:
-        """Lower to a Trn2 program (mesh.isa) for the simulated mesh."""
+    def lower(self, **jax_options) -> Any:
+        """Lower to a Trn2 program (mesh.isa) for the simulated mesh.
+
+        With jax's lowering options (`lowering_platforms`, as jax.export passes), jax's own
+        Lowered of the function instead: so `jax.export.export(jax_trn2.jit(f))` exports the
+        function's StableHLO, which this simulator (jax_trn2.client().compile) or any other
+        backend can run."""
+        if jax_options:
+            return self._jax_traced.lower(**jax_options)
         return self._jitted._lower_traced(self._jax_traced, self._args, self._kwargs)
 
 
@@ -604,11 +643,7 @@ def jit(fun: Callable | None = None, *, in_shardings: Any = UNSPECIFIED,
     the program takes every argument; `compiler_options` are options of XLA's compiler,
     which does not compile the program here, so any raise ValueError.
     """
-    if compiler_options:
-        raise ValueError(
-            f"jax_trn2.jit: compiler_options {sorted(compiler_options)} are options of XLA's "
-            "compiler, which does not compile the program here (it is lowered to Trainium2 "
-            "instructions); pass rounding/seed/topology for the simulated machine instead")
+    _refuse_compiler_options(compiler_options, "jax_trn2.jit")
     del keep_unused  # every argument is kept: the program's inputs are all the leaves
     policy = numerics.Rounding(rounding, seed)
     jit_options = dict(in_shardings=in_shardings, out_shardings=out_shardings,

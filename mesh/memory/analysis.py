@@ -64,6 +64,11 @@ class MemoryStats:
     def fits(self) -> bool:
         return self.peak_memory_in_bytes <= self.hbm_bytes
 
+    # jax's fields for buffers in host memory (memory_kind="pinned_host"): the model places
+    # every buffer in HBM, so there are none.
+    host_argument_size_in_bytes = host_output_size_in_bytes = host_alias_size_in_bytes = \
+        host_temp_size_in_bytes = host_generated_code_size_in_bytes = 0
+
 
 class MemoryAnalysis:
     """HBM use on every chip of a topology running `program`.

@@ -323,3 +323,27 @@ def test_an_array_donated_and_passed_again_is_refused_as_jax_refuses_it():
     assert not x.is_deleted()
     with pytest.raises(Exception, match="donated"):  # jax refuses it too
         jax.jit(lambda a, b: a + b, donate_argnums=0)(x, x)
+
+
+def test_compiled_formats_and_memory_fields_as_jax_jits():
+    f = lambda x, s: (x * 2, s)  # noqa: E731
+    ours = jax_trn2.jit(f).lower(X, 1.0).compile()
+    theirs = jax.jit(f).lower(X, 1.0).compile()
+    assert ours.input_formats == theirs.input_formats
+    assert ours.output_formats == theirs.output_formats
+    stats = ours.memory_analysis()
+    assert stats.host_temp_size_in_bytes == stats.host_argument_size_in_bytes == 0
+    with pytest.raises(ValueError, match="Lowered.compile: compiler_options"):
+        jax_trn2.jit(f).lower(X, 1.0).compile({"xla_cpu_enable_fast_math": True})
+    lowered = jax_trn2.jit(f).lower(X, 1.0)
+    assert "loc(" in lowered.as_text("stablehlo", debug_info=True)
+
+
+def test_jax_export_of_a_jitted_function_runs_on_the_simulator():
+    """jax.export exports the function's StableHLO (jax's lowering of it), which the
+    simulator's client compiles and runs."""
+    exported = jax.export.export(jax_trn2.jit(lambda x: jnp.sin(x) * 2))(X)
+    executable = jax_trn2.client().compile(exported.mlir_module_serialized)
+    (got,) = executable.execute([X])
+    # XLA's FP32 sin and NumPy's may differ by an ulp or two (about 1e-7 relative)
+    np.testing.assert_allclose(np.asarray(got), np.sin(X) * 2, rtol=1e-6)
