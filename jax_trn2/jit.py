@@ -14,6 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding, \
     SingleDeviceSharding
 from jax._src import config as jax_config
 from jax._src.array import ArrayImpl
+from jax._src.literals import TypedNdArray
 from jax.experimental.layout import Format, Layout
 
 from jax_trn2 import compose
@@ -40,6 +41,8 @@ def _canonical(leaf: Any, name: str, expected: isa.TensorType) -> Any:
         return jax.random.key_data(leaf)
     if not isinstance(leaf, (np.ndarray, np.generic)):
         return leaf
+    if leaf.dtype == jax.dtypes.float0:  # a zero tangent has no data: jax passes bools
+        return np.zeros(leaf.shape, bool)
     canonical = jax.dtypes.canonicalize_dtype(leaf.dtype)
     if canonical == leaf.dtype:
         return leaf
@@ -50,29 +53,52 @@ def _canonical(leaf: Any, name: str, expected: isa.TensorType) -> Any:
     return leaf.astype(canonical)
 
 
+def _check_values(leaves: Sequence[Any]) -> None:
+    """jax.jit's error for an argument that describes a value rather than being one."""
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, jax.ShapeDtypeStruct):
+            raise TypeError(
+                f"Argument {i} of shape {leaf.dtype.name}{list(leaf.shape)} of type "
+                f"{type(leaf)} is not a valid JAX type: a ShapeDtypeStruct describes an "
+                "argument for .trace() or .lower(); a call needs arrays")
+
+
+def _result(result: Any, aval: Any, sharding: Sharding | None) -> Any:
+    """A result of the run as jax.jit returns it: placed, typed and weakly typed as jax's."""
+    if aval.dtype == jax.dtypes.float0:  # a zero tangent has no data: host zeros, as jax's
+        return TypedNdArray(np.zeros(aval.shape, jax.dtypes.float0), aval=aval)
+    return _as_traced(_typed(_placed(result, sharding), aval.dtype), aval)
+
+
 def _typed(result: Any, dtype: Any) -> Any:
     """A result as jax.jit returns it: key data back into a typed PRNG key array (of the
     key type's implementation; jax has no public accessor for a key dtype's)."""
     return jax.random.wrap_key_data(result, impl=dtype._impl) if _is_key(dtype) else result
 
 
-def _weakly_typed(result: Any, weak: bool) -> Any:
-    """`result` with jax's weak type when jax.jit's would have it (a result of Python
-    scalars only, as `lambda x: x * 2` of 3): it then promotes as a Python scalar does
-    (a weak FP32 learning rate times BF16 parameters stays BF16)."""
-    if not weak or not isinstance(result, jax.Array) or result.weak_type:
+def _as_traced(result: Any, aval: Any) -> Any:
+    """`result` with the weak type and memory space of jax's trace, as jax.jit's results
+    have them: a result of Python scalars only is weak (`lambda x: x * 2` of 3: a weak FP32
+    learning rate times BF16 parameters then stays BF16); one placed in host memory by
+    out_shardings alone keeps the device memory space of its type, as in jax."""
+    if not isinstance(result, ArrayImpl):
         return result
-    # the same buffers under the weak type (a conversion would run a computation per call)
-    return ArrayImpl(result.aval.update(weak_type=True), result.sharding, result._arrays,
-                     committed=result.committed)
+    want = result.aval.update(weak_type=aval.weak_type, memory_space=aval.memory_space)
+    if want == result.aval:
+        return result
+    # the same buffers under that type (a conversion would run a computation per call)
+    return ArrayImpl(want, result.sharding, result._arrays, committed=result.committed)
 
 
-def _delete_donated(leaves: Sequence[Any]) -> None:
-    """Delete the donated arguments that are jax arrays, as jax.jit does: using one after
-    the call raises jax's "Array has been deleted" error. The run has finished by now (its
-    results were read), and the memory stays alive for any view of it."""
-    for leaf in leaves:
-        if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+def _delete_donated(leaves: Sequence[Any], shardings: Sequence[Sharding]) -> None:
+    """Delete the donated arguments that are jax arrays where the program takes them
+    (`shardings`), as jax.jit does: using one after the call raises jax's "Array has been
+    deleted" error. One elsewhere jax copies there and donates the copy, so the caller's
+    stays. The run has finished by now (its results were read), and the memory stays alive
+    for any view of it."""
+    for leaf, sharding in zip(leaves, shardings, strict=True):
+        if isinstance(leaf, jax.Array) and not leaf.is_deleted() and \
+                leaf.sharding.is_equivalent_to(sharding, leaf.ndim):
             leaf.delete()
 
 
@@ -110,6 +136,31 @@ def _recovery_sharding(compile_args: dict) -> tuple[NamedSharding | Mesh | None,
                 return sharding, None
     context = compile_args.get("context_mesh")
     return (context if isinstance(context, Mesh) and not context.empty else None), None
+
+
+def _fully_given(sharding: Any) -> bool:
+    """Whether `sharding` says where every dim goes: a result type's on a mesh with Auto
+    axes leaves dims UNCONSTRAINED, for the partitioner to choose (as it is then chosen)."""
+    return isinstance(sharding, Sharding) and not (
+        isinstance(sharding, NamedSharding) and P.UNCONSTRAINED in sharding.spec)
+
+
+def _completed(sharding: NamedSharding, chosen: NamedSharding | None,
+               ndim: int) -> NamedSharding:
+    """A result type's sharding with its UNCONSTRAINED dims as the partitioner chose them
+    (jax's spelling: an entry per dim)."""
+    picked = tuple(chosen.spec) if chosen is not None else ()
+    spec = [(picked[d] if d < len(picked) else None) if entry is P.UNCONSTRAINED else entry
+            for d, entry in enumerate(tuple(sharding.spec) + (None,) * ndim)][:ndim]
+    return NamedSharding(sharding.mesh, P(*spec), memory_kind=sharding.memory_kind)
+
+
+def _in_memory(sharding: Sharding | None, kind: str | None) -> Sharding | None:
+    """`sharding` (None: jax's default device) in memory `kind` when the program placed the
+    result there (jax.device_put to pinned_host); as it is otherwise."""
+    if kind in (None, "device") or (sharding is not None and sharding.memory_kind == kind):
+        return sharding
+    return (sharding or SingleDeviceSharding(jax.devices()[0])).with_memory_kind(kind)
 
 
 def _chosen_sharding(dim_axes: tuple | None, ndim: int, program_mesh: isa.MeshSpec,
@@ -226,10 +277,12 @@ class Compiled(_StageInfo):
 
     def __init__(self, executable: LoadedExecutable, in_tree, out_tree,
                  out_avals: Sequence[Any], out_shardings: Sequence[Any] | None = None,
-                 jax_lowered: Any = None, in_shardings: Sequence[Any] | None = None):
+                 jax_lowered: Any = None, in_shardings: Sequence[Any] | None = None,
+                 kept: Sequence[int] | None = None):
         """`out_shardings`: per result leaf, the NamedSharding jax.jit gives it (its type's
         on an explicit mesh, the out_shardings asked for, or the one XLA's partitioner
-        chose), else None (on one device)."""
+        chose), else None (on one device). `kept`: the argument leaves the program takes
+        (jax.jit drops those the function does not use, unless keep_unused)."""
         self.executable = executable
         self._jax_lowered = jax_lowered  # jax's stage of the same function (_StageInfo)
         self.in_tree = in_tree
@@ -238,6 +291,7 @@ class Compiled(_StageInfo):
         self.out_shardings = tuple(out_shardings or (None,) * len(self.out_avals))
         self._in_shardings = tuple(in_shardings or ())
         program = executable.program
+        self._kept = tuple(range(len(program.inputs)) if kept is None else kept)
         self._input_types = [program.values[v].type for v in program.inputs]
         # the leaves jax.jit would hand to XLA to reuse (aliased to a result, or a buffer
         # donor): deleted after each call, as jax.jit deletes them
@@ -257,12 +311,12 @@ class Compiled(_StageInfo):
         if not self._in_shardings:
             return
         expected = _on_a_device(self._in_shardings)
-        mismatches = [(i, leaf.sharding, want) for i, (leaf, want) in
-                      enumerate(zip(leaves, expected)) if isinstance(leaf, jax.Array)
-                      and leaf.committed and not leaf.sharding.is_equivalent_to(want, leaf.ndim)]
+        mismatches = [(k, leaves[i].sharding, expected[i]) for k, i in enumerate(self._kept)
+                      if isinstance(leaves[i], jax.Array) and leaves[i].committed and
+                      not leaves[i].sharding.is_equivalent_to(expected[i], leaves[i].ndim)]
         if mismatches:
-            lines = [f"  {self.executable.arg_names[i]}: got {got}, expected {want}"
-                     for i, got, want in mismatches]
+            lines = [f"  {self.executable.arg_names[k]}: got {got}, expected {want}"
+                     for k, got, want in mismatches]
             raise ValueError(
                 "Compiled object called with input sharding(s) that do not match the "
                 "sharding(s) the computation was compiled with (put the arguments there with "
@@ -275,16 +329,19 @@ class Compiled(_StageInfo):
 
     def call_flat(self, leaves: Sequence[Any]) -> Any:
         """Run on the flattened dynamic arguments; returns the output pytree."""
+        _check_values(leaves)
+        if len(leaves) == self.in_tree.num_leaves:  # else execute names what is missing
+            leaves = [leaves[i] for i in self._kept]
         self._check_donations(leaves)
-        if len(leaves) == len(self._input_types):  # else execute names what is missing
+        if len(leaves) == len(self._input_types):
             leaves = [_canonical(leaf, name, t) for leaf, name, t in
                       zip(leaves, self.executable.arg_names, self._input_types)]
         results = self.executable.execute(leaves)
-        _delete_donated([leaves[i] for i in self._donated])
+        _delete_donated([leaves[i] for i in self._donated],
+                        _on_a_device([self._in_shardings[self._kept[i]] for i in self._donated]))
         return tree_util.tree_unflatten(self.out_tree, [
-            _weakly_typed(_typed(_placed(r, sharding), aval.dtype), aval.weak_type)
-            for r, aval, sharding in zip(results, self.out_avals, self.out_shardings,
-                                         strict=True)])
+            _result(r, aval, sharding) for r, aval, sharding in
+            zip(results, self.out_avals, self.out_shardings, strict=True)])
 
     def _check_donations(self, leaves: Sequence[Any]) -> None:
         """jax.jit's error for an array donated and also passed again in the same call (its
@@ -304,8 +361,10 @@ class Compiled(_StageInfo):
     @property
     def input_shardings(self) -> Any:
         """The arguments' pytree of the shardings jax.jit's compiled function takes them
-        in (a device of its own where it runs on one)."""
-        return tree_util.tree_unflatten(self.in_tree, _on_a_device(self._in_shardings))
+        in (a device of its own where it runs on one; None for one it does not take)."""
+        kept = set(self._kept)
+        return tree_util.tree_unflatten(self.in_tree, [
+            s if i in kept else None for i, s in enumerate(_on_a_device(self._in_shardings))])
 
     @property
     def output_shardings(self) -> Any:
@@ -354,11 +413,13 @@ class Lowered(_StageInfo):
     """A function lowered to StableHLO and then to a Trn2 program."""
 
     def __init__(self, jax_lowered, executable: LoadedExecutable, in_tree, out_tree,
-                 module: Any, out_avals: Sequence[Any]):
+                 module: Any, out_avals: Sequence[Any], kept: Sequence[int]):
         """`module`: jax's StableHLO module (how XLA lays arguments and results out is
         worked out from it on compiling: lowering.partition.layouts); `out_avals`: each
-        result leaf's abstract value in jax's trace (its dtype and weak type)."""
+        result leaf's abstract value in jax's trace (its dtype and weak type); `kept`: the
+        argument leaves the module takes (jax.jit drops unused ones, unless keep_unused)."""
         self._jax_lowered = jax_lowered
+        self._kept = tuple(kept)
         self._module = module
         self._out_avals = tuple(out_avals)
         self._executable = executable
@@ -406,15 +467,27 @@ class Lowered(_StageInfo):
         out_info = tree_util.tree_leaves(self._jax_lowered.out_info)
         in_avals = tree_util.tree_leaves(self.in_avals)
         compile_args = _compile_args(self._jax_lowered)
-        in_given = compile_args.get("in_shardings") or (None,) * len(in_avals)
         in_layouts, out_layouts = partition.layouts(self._module, self._executable.program)
-        return Compiled(self._executable.load(), self.in_tree, self.out_tree, self._out_avals,
-                        self._shardings(compile_args, [len(i.shape) for i in out_info],
+        out_shardings = self._shardings(compile_args, [len(i.shape) for i in out_info],
                                         out_layouts,
-                                        [getattr(i, "sharding", None) for i in out_info]),
+                                        [getattr(i, "sharding", None) for i in out_info])
+        return Compiled(self._executable.load(), self.in_tree, self.out_tree, self._out_avals,
+                        [_in_memory(sharding, kind) for sharding, kind in zip(
+                            out_shardings, partition.result_memory_kinds(self._module),
+                            strict=True)],
                         self._jax_lowered,
-                        self._shardings(compile_args, [a.ndim for a in in_avals], in_layouts,
-                                        in_given))
+                        self._shardings(compile_args, [a.ndim for a in in_avals],
+                                        self._of_all_leaves(in_layouts, len(in_avals)),
+                                        self._of_all_leaves(compile_args.get("in_shardings"),
+                                                            len(in_avals))),
+                        self._kept)
+
+    def _of_all_leaves(self, per_kept: Sequence[Any] | None, count: int) -> list[Any]:
+        """Per argument leaf, the entry of the kept leaf, None for a dropped one."""
+        entries = [None] * count
+        for i, entry in zip(self._kept, per_kept or ()):
+            entries[i] = entry
+        return entries
 
     def _shardings(self, compile_args: dict, ndims: Sequence[int], layouts: tuple,
                    given: Sequence[Any]) -> list[Sharding | None]:
@@ -427,9 +500,12 @@ class Lowered(_StageInfo):
         recovery, recovery_ndim = _recovery_sharding(compile_args)
         device = _committed_device(compile_args)
         layouts = layouts or (None,) * len(ndims)
-        return [(g if isinstance(g, Sharding) else None) or
-                _chosen_sharding(dim_axes, ndim, program.mesh, recovery, recovery_ndim) or device
-                for ndim, dim_axes, g in zip(ndims, layouts, given, strict=True)]
+        shardings = []
+        for ndim, dim_axes, g in zip(ndims, layouts, given, strict=True):
+            chosen = _chosen_sharding(dim_axes, ndim, program.mesh, recovery, recovery_ndim)
+            shardings.append(g if _fully_given(g) else _completed(g, chosen, ndim)
+                             if isinstance(g, NamedSharding) else chosen or device)
+        return shardings
 
 
 class Traced:
@@ -496,8 +572,7 @@ class Jitted:
         self._static_argnums, self._static_argnames = self._statics(static_argnums,
                                                                     static_argnames)
         self._jax_jit = jax.jit(fun, static_argnums=self._static_argnums,
-                                static_argnames=self._static_argnames, keep_unused=True,
-                                **jit_options)
+                                static_argnames=self._static_argnames, **jit_options)
         self._cache: dict[Any, Compiled] = {}
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
@@ -550,6 +625,7 @@ class Jitted:
         static, dyn_args, dyn_kwargs = self._split(args, kwargs)
         _check_hashable(static)
         leaves, tree = tree_util.tree_flatten((dyn_args, dyn_kwargs))
+        _check_values(leaves)
         if compose.is_traced(leaves):  # under a JAX transformation (jax_trn2.compose)
             # the function called is jax.jit's, so that its in/out shardings and their
             # checks hold in the transformed computation too (which XLA then partitions)
@@ -578,14 +654,15 @@ class Jitted:
         jax_lowered = traced.lower()
         _, dyn_args, dyn_kwargs = self._split(args, kwargs)
         module = jax_lowered.compiler_ir("stablehlo")
+        names = self._arg_names(dyn_args, dyn_kwargs, len(args))
+        # the leaves jax.jit keeps (it drops those the function does not use)
+        kept = sorted(_compile_args(jax_lowered).get("kept_var_idx", range(len(names))))
         executable = LoadedExecutable.from_stablehlo(
-            self._topology, module,
-            arg_names=self._arg_names(dyn_args, dyn_kwargs, len(args)), rounding=self.rounding,
+            self._topology, module, arg_names=[names[i] for i in kept], rounding=self.rounding,
             executor_devices=self._executor_devices,
             host_callbacks=_host_callbacks(jax_lowered))
         return Lowered(jax_lowered, executable, jax_lowered.in_tree, jax_lowered.out_tree,
-                       module,
-                       traced.jaxpr.out_avals)
+                       module, traced.jaxpr.out_avals, kept)
 
     def _arg_names(self, dyn_args: tuple, dyn_kwargs: dict, n_args: int) -> list[str]:
         """A name for every flattened dynamic argument: `argument 'w'`, `argument 'p'['b']`."""
@@ -638,17 +715,16 @@ def jit(fun: Callable | None = None, *, in_shardings: Any = UNSPECIFIED,
     joined with jax.distributed) run the one simulation together, its arrays split along
     the mesh axes; results are bit-identical to a run on one device.
 
-    jax.jit's other keywords: `inline` and `device`/`backend` (deprecated in jax: the device
-    the results are committed to) have jax.jit's meaning; `keep_unused` changes nothing, as
-    the program takes every argument; `compiler_options` are options of XLA's compiler,
-    which does not compile the program here, so any raise ValueError.
+    jax.jit's other keywords: `keep_unused`, `inline` and `device`/`backend` (deprecated in
+    jax: the device the results are committed to) have jax.jit's meaning; `compiler_options`
+    are options of XLA's compiler, which does not compile the program here, so any raise
+    ValueError.
     """
     _refuse_compiler_options(compiler_options, "jax_trn2.jit")
-    del keep_unused  # every argument is kept: the program's inputs are all the leaves
     policy = numerics.Rounding(rounding, seed)
     jit_options = dict(in_shardings=in_shardings, out_shardings=out_shardings,
                        donate_argnums=donate_argnums, donate_argnames=donate_argnames,
-                       inline=inline, device=device, backend=backend)
+                       keep_unused=keep_unused, inline=inline, device=device, backend=backend)
     if fun is None:
         return functools.partial(jit, static_argnums=static_argnums,
                                  static_argnames=static_argnames, topology=topology,

@@ -354,6 +354,18 @@ def _has_gspmd_tiling(module: ir.Module) -> bool:
     return False
 
 
+def result_memory_kinds(module: ir.Module) -> tuple[str | None, ...]:
+    """The memory kind jax gives each of main's results that is not a token (mhlo.memory_kind:
+    "pinned_host" for one jax.device_put or out_shardings placed in host memory), None
+    where it names none."""
+    main = _main(module)
+    results = main.regions[0].blocks[0].operations[-1].operands
+    attrs = mlir.Attributes(main).get("res_attrs", ())
+    return tuple((attrs[i].get("mhlo.memory_kind") if i < len(attrs) and
+                  isinstance(attrs[i], dict) else None)
+                 for i, value in enumerate(results) if not mlir.is_token(value.type))
+
+
 def propagated_layouts(module: ir.Module) -> tuple[tuple, tuple]:
     """How XLA lays main's arguments and results out over the mesh when the module's
     shardings are all at shard_map boundaries (no partitioning needed): Shardy's own

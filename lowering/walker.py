@@ -288,11 +288,14 @@ class Walker:
         outputs = [leaf for result, v in zip(results, returned) if not mlir.is_token(v.type)
                    for leaf in leaves(result)]
         main = mlir.Attributes(self.functions["main"])
+        input_shardings = self._shardings(main.get("arg_attrs", ()), len(inputs))
+        output_shardings = self._shardings(main.get("res_attrs", ()), len(outputs))
         return builder.program(
-            inputs, outputs, "main",
-            input_shardings=self._shardings(main.get("arg_attrs", ()), len(inputs)),
-            output_shardings=self._shardings(main.get("res_attrs", ()), len(outputs)),
-            donated_inputs=self._donations())
+            inputs, outputs, "main", input_shardings=input_shardings,
+            output_shardings=output_shardings,
+            donated_inputs=self._donations(
+                self._device_bytes(builder, inputs, input_shardings),
+                self._device_bytes(builder, outputs, output_shardings)))
 
     def _lower_partitioned(self) -> isa.Program:
         """A per-chip program as a program on global values: each argument is split into
@@ -342,25 +345,59 @@ class Walker:
                                                     dim_axes=dim_axes))
         return builder.program(inputs, outputs, "main", input_shardings=tuple(input_shardings),
                                output_shardings=tuple(output_shardings),
-                               donated_inputs=self._donations())
+                               donated_inputs=self._donations(
+                                   self._device_bytes(builder, inputs, input_shardings),
+                                   self._device_bytes(builder, outputs, output_shardings)))
 
-    def _donations(self) -> tuple[tuple[int, int | None], ...]:
-        """main's donated arguments as jax marks them: (input, aliased output or None), as
-        positions among the program's inputs and outputs (tokens are neither, a tuple is
-        its leaves)."""
+    def _donations(self, input_bytes: Sequence[int],
+                   output_bytes: Sequence[int]) -> tuple[tuple[int, int], ...]:
+        """main's donated arguments as XLA takes them: (input, aliased output), as positions
+        among the program's inputs and outputs (tokens are neither, a tuple is its leaves).
+
+        Those jax aliases to a result (tf.aliasing_output), then the buffer donors
+        (jax.buffer_donor: the partitioner decides) that XLA's input/output alias pass
+        pairs with a result: largest first, a donor and a result of the same bytes per
+        device (`input_bytes`, `output_bytes`). A donor left unpaired is not donated (the
+        caller's array stays valid, as under jax.jit)."""
         block = self.function_block("main")
         inputs = _leaf_positions(a.type for a in block.arguments)
         outputs = _leaf_positions(v.type for v in _terminator(block).operands)
         attrs = mlir.Attributes(self.functions["main"]).get("arg_attrs", ())
-        donated = []
+        aliased, donors = [], []
         for i, entry in enumerate(attrs):
             if not isinstance(entry, dict) or inputs[i] is None:
                 continue
             if "tf.aliasing_output" in entry:
-                donated.append((inputs[i], outputs[int(entry["tf.aliasing_output"])]))
+                aliased.append((inputs[i], outputs[int(entry["tf.aliasing_output"])]))
             elif entry.get("jax.buffer_donor"):
-                donated.append((inputs[i], None))
-        return tuple(donated)
+                donors.append(inputs[i])
+        taken = {output for _, output in aliased}
+        donees = [o for o in range(len(output_bytes)) if o not in taken]
+        # XLA's OptimizeInputOutputBufferAlias: both sorted by size, largest first (stable),
+        # then matched with two pointers
+        donors.sort(key=lambda i: -input_bytes[i])
+        donees.sort(key=lambda o: -output_bytes[o])
+        d = e = 0
+        while d < len(donors) and e < len(donees):
+            if input_bytes[donors[d]] > output_bytes[donees[e]]:
+                d += 1
+            elif input_bytes[donors[d]] < output_bytes[donees[e]]:
+                e += 1
+            else:
+                aliased.append((donors[d], donees[e]))
+                d, e = d + 1, e + 1
+        return tuple(sorted(aliased))
+
+    def _device_bytes(self, builder: ProgramBuilder, values: Sequence[int],
+                      shardings: Sequence[Any]) -> list[int]:
+        """Bytes of each value's piece on one device (XLA pads uneven pieces up)."""
+        sizes = []
+        for value, dim_axes in zip(values, list(shardings) + [None] * len(values)):
+            type_ = builder.values[value].type
+            shape = type_.shape if dim_axes is None else \
+                tuple(-(-n // self._tiles(axes)) for n, axes in zip(type_.shape, dim_axes))
+            sizes.append(isa.TensorType(shape, type_.dtype).nbytes)
+        return sizes
 
     def _tiled_axes(self, text: str, rank: int) -> tuple[tuple[int, ...], ...]:
         """The mesh axes each dim of a value with HloSharding `text` is split over."""

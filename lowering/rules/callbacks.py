@@ -10,6 +10,8 @@ run on the host once per chip (mesh.isa.kernels.callbacks).
 
 from __future__ import annotations
 
+import jax
+
 import numpy as np
 
 from lowering.registry import custom_call_rule, rule
@@ -41,7 +43,8 @@ def host_callback(ctx: LoweringContext, op: Op):
             "along (a StableHLO file or text given to Client.compile does not carry them)")
     every_axis = frozenset(range(ctx.walker.mesh.rank))
     return ctx.emit(isa.HostCallback, op, varying=every_axis, callback=callbacks[index],
-                    kind=kind, has_side_effect=bool(op.attr("has_side_effect", False)))
+                    kind=kind, has_side_effect=bool(op.attr("has_side_effect", False)),
+                    x64=bool(jax.config.jax_enable_x64))
 
 
 @rule("stablehlo.create_token", "stablehlo.after_all")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from lowering import mlir
-from lowering.registry import CUSTOM_CALL_RULES, rule
+from lowering.registry import CUSTOM_CALL_RULES, custom_call_rule, rule
 from lowering.walker import LoweringContext, Op, values_of
 from mesh import isa
 from mesh.isa.control import Composite
@@ -79,6 +79,15 @@ def identity(ctx: LoweringContext, op: Op):
     """Sharding hints and barriers do not change values; nor does the copy XLA's
     partitioner leaves where a value changes sharding (XLA removes it as a no-op copy
     before code generation, so it costs nothing)."""
+    return op.operands
+
+
+@custom_call_rule("annotate_device_placement")
+def device_placement(ctx: LoweringContext, op: Op):
+    """A value placed in another memory (jax.device_put to a memory kind: pinned_host for
+    offloading) keeps its value; the simulated chips hold every buffer in HBM, and the
+    result's memory kind is given back to the caller as jax gives it
+    (lowering.partition.memory_kinds)."""
     return op.operands
 
 

@@ -652,12 +652,15 @@ class HostCallback(Instruction):
 
     `callback(*operands) -> results` is jax's wrapped callback for one device: numpy arrays
     in, one array per result out (a token operand is passed through as the first result).
-    `kind` names what the user wrote, for the listing and errors.
+    `kind` names what the user wrote, for the listing and errors. `x64`: jax_enable_x64 as
+    the program was traced, which the callback runs under (jax's wrapper converts its
+    results to the types it declared by that setting: a float64 result to float32 without).
     """
 
     callback: object  # a Python callable
     kind: str
     has_side_effect: bool
+    x64: bool = False
     engine: ClassVar[str] = DMA
 
     def params(self) -> dict:
@@ -678,10 +681,10 @@ class Program:
     # chips (mesh.sharding dim_axes), None where it is replicated.
     input_shardings: tuple = ()
     output_shardings: tuple = ()
-    # Inputs of main whose buffers the caller donates (jit's donate_argnums): (position in
-    # `inputs`, position in `outputs` it is aliased to (tf.aliasing_output), or None when
-    # the compiler may reuse it for any output (jax.buffer_donor)).
-    donated_inputs: tuple[tuple[int, int | None], ...] = ()
+    # Inputs of main whose buffers the caller donates (jit's donate_argnums) and a result
+    # is written into: (position in `inputs`, position in `outputs`), as jax aliased them
+    # (tf.aliasing_output) or XLA pairs a buffer donor (jax.buffer_donor) with a result.
+    donated_inputs: tuple[tuple[int, int], ...] = ()
 
     def info(self, value: int) -> ValueInfo:
         return self.values[value]

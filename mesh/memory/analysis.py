@@ -89,21 +89,8 @@ class MemoryAnalysis:
         self.liveness: Liveness = liveness(program, times, input_names)
 
     def _aliased_outputs(self) -> list[int]:
-        """The outputs written into donated arguments, as XLA pairs them
-        (OptimizeInputOutputBufferAlias): those jax aliased to an argument, then each
-        remaining donor (jax.buffer_donor), in argument order, with the first free output
-        of as many bytes on the chip, whatever its shape and type."""
-        live = self.liveness
-        donations = self.program.donated_inputs
-        aliased = [target for _, target in donations if target is not None]
-        for position, target in donations:
-            if target is None:
-                size = live.input_types[position].nbytes
-                target = next((k for k, out in enumerate(live.output_types)
-                               if k not in aliased and out.nbytes == size), None)
-                if target is not None:
-                    aliased.append(target)
-        return aliased
+        """The outputs written into donated arguments (lowering pairs them as XLA does)."""
+        return [target for _, target in self.program.donated_inputs]
 
     @cached_property
     def _running(self) -> MemoryStats:

@@ -77,6 +77,22 @@ def test_pure_callback_results_flow_back():
     np.testing.assert_array_equal(jax_trn2.jit(f)(x), jax.jit(f)(x))
 
 
+@pytest.mark.parametrize("callback, result", [
+    (lambda v: np.asarray(v, np.float64) ** 2, jax.ShapeDtypeStruct((2, 4), jnp.float32)),
+    (lambda v: np.argmax(v, axis=1), jax.ShapeDtypeStruct((2,), jnp.int32)),
+    (lambda v: float(v.sum()), jax.ShapeDtypeStruct((), jnp.float32)),
+    (lambda v: np.asarray(jnp.arange(v.shape[0])), jax.ShapeDtypeStruct((2,), jnp.int32)),
+])
+def test_callbacks_run_under_the_programs_x64_setting(callback, result):
+    """Without jax_enable_x64, jax converts a callback's 64-bit NumPy results to the 32-bit
+    types it declared, and jnp inside it makes 32-bit values: as under jax.jit."""
+    x = np.linspace(0, 1, 8, dtype=np.float32).reshape(2, 4)
+    f = lambda a: jax.pure_callback(callback, result, a)  # noqa: E731
+    got, want = jax_trn2.jit(f)(x), jax.jit(f)(x)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_pure_callback_per_chip_in_shard_map():
     mesh = jax_trn2.make_mesh((2, 2), ("a", "b"))
 

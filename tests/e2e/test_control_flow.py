@@ -110,6 +110,23 @@ def test_a_loop_collective_that_part_of_its_group_stops_reaching_is_an_error():
         step(np.ones((4, 2), np.float32))
 
 
+def test_a_collective_in_a_loop_condition_checked_after_chips_leave():
+    """A psum in the condition: a chip that has left the loop does not evaluate it again.
+    After 3 iterations the sum is 12 on every chip, and only chips at x = 3 (12 < 13) go on
+    to evaluate it alone: on Trainium2 they would wait for the others forever."""
+    def body(v):
+        go_on = lambda s: jax.lax.psum(s[1], "x") < 10 + jax.lax.axis_index("x")  # noqa: E731
+        return jax.lax.while_loop(go_on, lambda s: (s[0] + 1, s[1] + 1), (v, 0))[0]
+
+    step = jax_trn2.jit(jax.shard_map(body, mesh=jax_trn2.make_mesh(*MESH), in_specs=P("x"),
+                                      out_specs=P("x"), check_vma=False))
+    with pytest.raises(jax_trn2.SplitCollectiveError,
+                       match=r"AllReduce at .*test_control_flow.py:\d+.*logical devices "
+                             r"\[48\] of the group \[0, 16, 32, 48\] reached it and "
+                             r"\[0, 16, 32\] did not"):
+        step(np.ones((4, 2), np.float32))
+
+
 def test_a_branch_collective_over_chips_that_took_other_branches_is_an_error():
     def body(x):
         return jax.lax.cond(jax.lax.axis_index("y") == 0, lambda x: jax.lax.psum(x, "y"),

@@ -179,3 +179,16 @@ def test_custom_call_without_a_rule_names_its_target_and_line():
 
     with pytest.raises(jax_trn2.UnsupportedOpError, match=r"(?s)my_solver is not supported.*test_linalg.py"):
         jax_trn2.jit(f).lower(np.eye(3, dtype=np.float32))
+
+
+@pytest.mark.parametrize("f, shape", [
+    (jnp.linalg.det, (0, 0)), (jnp.linalg.inv, (2, 0, 0)), (jnp.linalg.cholesky, (0, 0)),
+    (jsl.lu_factor, (0, 0)), (jsl.lu, (0, 3)), (jsl.lu, (3, 0)),
+    (lambda a: jnp.linalg.solve(a, jnp.zeros((0, 2), a.dtype)), (0, 0))])
+def test_empty_matrices_as_jax_jit(f, shape):
+    """LAPACK's info of a matrix without a diagonal is 0 (det of a 0x0 matrix is 1)."""
+    a = np.zeros(shape, np.float32)
+    got, want = jax_trn2.jit(f)(a), jax.jit(f)(a)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))

@@ -439,3 +439,80 @@ def test_a_compiled_function_refuses_arguments_committed_elsewhere(rng, mesh):
         compiled(xb)
     with pytest.raises(ValueError, match="disagree"):
         jax.jit(lambda v: v * 2).lower(xa).compile()(xb)
+
+
+@pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
+@pytest.mark.parametrize("f", [
+    lambda v: v.sum(0),                    # no result as large per device: kept
+    lambda v: v.astype(jnp.bfloat16),      # half the bytes: kept
+    lambda v: (v * 2).astype(jnp.int32),   # as many bytes per device: written into, deleted
+])
+def test_donated_sharded_arguments_are_deleted_when_xla_would_use_them(rng, mesh, f):
+    """jax marks a sharded argument a buffer donor; XLA writes a result of as many bytes
+    per device into it, or leaves it to the caller."""
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    sharding = NamedSharding(mesh, P("data", "fsdp"))
+    ours, theirs = jax.device_put(x, sharding), jax.device_put(x, sharding)
+    got = jax_trn2.jit(f, donate_argnums=0)(ours)
+    want = jax.jit(f, donate_argnums=0)(theirs)
+    assert ours.is_deleted() == theirs.is_deleted()
+    # sum(0) adds the pieces of its chips in another order: a few FP32 ulps of values ~1
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_arguments_the_function_does_not_use_are_dropped_as_jax_drops_them(rng, mesh):
+    """jax.jit drops unused arguments (unless keep_unused): their shardings neither place
+    the results nor have to agree with the others' devices."""
+    w = jax.device_put(rng.standard_normal((8, 16)).astype(np.float32),
+                       NamedSharding(mesh, P(None, "tensor")))
+    elsewhere = jax.device_put(np.ones((8, 16), np.float32), jax.devices()[12])
+    for J in (jax.jit, jax_trn2.jit):
+        zeros = J(lambda p: jnp.zeros_like(p))(w)
+        assert zeros.sharding == SingleDeviceSharding(jax.devices()[0]) and not zeros.committed
+        np.testing.assert_array_equal(np.asarray(J(lambda x, unused: x * 2)(w, elsewhere)),
+                                      np.asarray(w) * 2)
+    kept = jax_trn2.jit(lambda p: jnp.zeros_like(p), keep_unused=True)(w)
+    assert kept.sharding == jax.jit(lambda p: jnp.zeros_like(p), keep_unused=True)(w).sharding
+
+
+@pytest.mark.parametrize("spec", [P("data"), P("data", "fsdp"), P(None, "tensor")])
+def test_results_on_a_mesh_of_explicit_and_auto_axes(rng, spec):
+    """A result type on such a mesh names its Explicit axes and leaves the Auto ones to the
+    partitioner: the result gets what it chose, as under jax.jit."""
+    mesh = jax.make_mesh(SHAPE, NAMES, devices=jax.devices("cpu")[:64],
+                         axis_types=(AxisType.Explicit, AxisType.Auto, AxisType.Auto))
+    x = jax.device_put(rng.standard_normal((8, 16)).astype(np.float32),
+                       NamedSharding(mesh, spec))
+    with jax.set_mesh(mesh):
+        got, want = jax_trn2.jit(lambda v: v * 2)(x), jax.jit(lambda v: v * 2)(x)
+    assert got.sharding.is_equivalent_to(want.sharding, 2) and jax.typeof(got) == jax.typeof(want)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_a_donated_array_jax_moves_first_is_not_the_callers(rng, mesh):
+    """Donated but elsewhere than in_shardings put it: jax copies it there and donates the
+    copy, so the caller's array stays valid."""
+    sharding = NamedSharding(mesh, P("data", "fsdp"))
+    for J in (jax.jit, jax_trn2.jit):
+        z = jnp.ones((8, 16))  # uncommitted, on the default device
+        J(lambda v: v + 1, donate_argnums=0, in_shardings=sharding)(z)
+        assert not z.is_deleted()
+        placed = jax.device_put(jnp.ones((8, 16)), sharding)
+        J(lambda v: v + 1, donate_argnums=0, in_shardings=sharding)(placed)
+        assert placed.is_deleted()
+
+
+@pytest.mark.parametrize("f, out_shardings", [
+    (lambda v: jax.device_put(v * 2, jax.memory.Space.Host), None),
+    (lambda v: v + 1, SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")),
+])
+def test_results_placed_in_host_memory_come_back_there(rng, f, out_shardings):
+    """Offloading (a memory kind of pinned_host): the chips model keeps every buffer in HBM,
+    and the result comes back in the memory jax.jit puts it in."""
+    x = rng.standard_normal(8).astype(np.float32)
+    options = {} if out_shardings is None else {"out_shardings": out_shardings}
+    got, want = jax_trn2.jit(f, **options)(x), jax.jit(f, **options)(x)
+    assert got.sharding.memory_kind == want.sharding.memory_kind == "pinned_host"
+    assert jax.typeof(got) == jax.typeof(want)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -347,3 +347,27 @@ def test_jax_export_of_a_jitted_function_runs_on_the_simulator():
     (got,) = executable.execute([X])
     # XLA's FP32 sin and NumPy's may differ by an ulp or two (about 1e-7 relative)
     np.testing.assert_allclose(np.asarray(got), np.sin(X) * 2, rtol=1e-6)
+
+
+def test_calling_with_a_shape_dtype_struct_is_jaxs_type_error():
+    spec = jax.ShapeDtypeStruct((2,), jnp.float32)
+    f = jax_trn2.jit(lambda x: x + 1)
+    with pytest.raises(TypeError, match="of type <class 'jax.ShapeDtypeStruct'> is not a "
+                                        "valid JAX type"):
+        f(spec)
+    with pytest.raises(TypeError, match="is not a valid JAX type"):
+        f.lower(spec).compile()(spec)
+
+
+def test_float0_arguments_and_results_as_jax_jits():
+    """jax.grad(..., allow_int=True) gives integer arguments float0 gradients: no data,
+    taken and returned as jax.jit takes and returns them."""
+    grad = jax.grad(lambda x, n: (x * n).sum(), argnums=(0, 1), allow_int=True)
+    args = (jnp.ones(4), jnp.arange(4))
+    got, want = jax_trn2.jit(grad)(*args), jax.jit(grad)(*args)
+    assert got[1].dtype == want[1].dtype == jax.dtypes.float0 and got[1].shape == (4,)
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+    zero = np.zeros(2, jax.dtypes.float0)
+    f = lambda x, z: (x * 2, z)  # noqa: E731
+    got, want = jax_trn2.jit(f)(jnp.ones(2), zero), jax.jit(f)(jnp.ones(2), zero)
+    assert type(got[1]) is type(want[1]) and got[1].dtype == jax.dtypes.float0

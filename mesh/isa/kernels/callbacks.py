@@ -40,7 +40,8 @@ def host_callback(instr: isa.HostCallback, args, ctx: KernelContext):
         results = [np.zeros(s.shape, s.dtype) for s in result_shapes]
         for chip in itertools.product(*(range(n) for n in mesh_shape)):
             if reached[chip]:
-                outs = instr.callback(*(a[chip] for a in stacked))
+                with jax.enable_x64(instr.x64):  # not the executor's: the user's setting
+                    outs = instr.callback(*(a[chip] for a in stacked))
                 for collected, out in zip(results, outs):
                     collected[chip] = np.asarray(out, collected.dtype)
         return tuple(results)

@@ -37,8 +37,10 @@ def while_(instr: While, args, ctx: KernelContext):
     state = tuple(jnp.broadcast_to(a, s) for a, s in zip(args[:n], shapes))
     captured = list(args[n:])
 
-    def cond(state) -> jnp.ndarray:
-        (go,) = ctx.run(instr.cond, list(state) + captured)
+    def cond(state, reached=None) -> jnp.ndarray:
+        args = list(state) + captured
+        (go,) = ctx.run(instr.cond, args) if reached is None else \
+            ctx.run_on(instr.cond, args, reached)
         return go
 
     def body(state) -> tuple:
@@ -49,14 +51,16 @@ def while_(instr: While, args, ctx: KernelContext):
         return list(lax.while_loop(lambda s: cond(s).reshape(()), body, state))
 
     # The condition differs between chips: every state value varies along its axes (the
-    # lowering widened their layouts), so each chip's state can be frozen on its own.
+    # lowering widened their layouts), so each chip's state can be frozen on its own. A chip
+    # that left the loop runs neither its body nor its condition again (the condition's
+    # collectives are checked against the chips still in it).
     def masked_body(carry):
         go, state = carry
         new = tuple(jnp.broadcast_to(o, s) for o, s in
                     zip(ctx.run_on(instr.body, list(state) + captured, go), shapes))
         state = tuple(jnp.where(_per_chip(go, old, ctx.nm), upd, old)
                       for upd, old in zip(new, state))
-        return cond(state), state
+        return go & cond(state, go), state
 
     _, final = lax.while_loop(lambda carry: jnp.any(carry[0]), masked_body,
                               (cond(state), state))

@@ -23,7 +23,10 @@ from mesh.isa.kernels.context import KernelContext
 
 
 def _info_from_diagonal(diagonal: jnp.ndarray, failed: jnp.ndarray) -> jnp.ndarray:
-    """LAPACK's info: the 1-based index of the first failing diagonal entry, else 0."""
+    """LAPACK's info: the 1-based index of the first failing diagonal entry, else 0 (also
+    for an empty matrix, which has no diagonal)."""
+    if failed.shape[-1] == 0:
+        return jnp.zeros(failed.shape[:-1], jnp.int32)
     first = jnp.argmax(failed, axis=-1).astype(jnp.int32) + 1
     return jnp.where(failed.any(axis=-1), first, 0).astype(jnp.int32)
 

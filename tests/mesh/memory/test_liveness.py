@@ -59,7 +59,7 @@ def test_elementwise_result_is_written_into_a_dying_operand():
     add = isa.Elementwise((2,), (0, 1), op="add")
     kept = program_of([add], {0: F32, 1: F32, 2: F32}, (0, 1), (2,))
     donated = program_of([add], {0: F32, 1: F32, 2: F32}, (0, 1), (2,),
-                         donated_inputs=((0, None),))
+                         donated_inputs=((0, 0),))
     assert liveness(kept).peak_bytes == 3 * F
     assert liveness(donated).peak_bytes == 2 * F
     assert MemoryAnalysis(donated, ChipSpec()).stats().alias_size_in_bytes == F
