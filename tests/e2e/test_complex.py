@@ -16,6 +16,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import jax_trn2
+from mesh.isa.kernels import fft as fft_kernel
 
 ELEMENTWISE_RTOL = 1e-6
 MATMUL_TOL = 1e-5  # relative to the largest |result|: K <= 300 FP32 roundings of ~1e-7
@@ -98,6 +99,31 @@ FFTS = {
 def test_fourier_transforms_match_cpu_jax(name, z):
     f = FFTS[name]
     assert_close_to_largest(jax_trn2.jit(f)(z), jax.jit(f)(z))
+
+
+@pytest.mark.parametrize("name", FFTS)
+def test_large_transform_matrices_are_made_in_blocks_with_the_same_entries(name, z,
+                                                                           monkeypatch):
+    """A matrix too large to be a constant is made in the program a block of columns at a
+    time (here 5 columns, the last block partly past the end): the same entries, so the
+    same results bit for bit."""
+    f = FFTS[name]
+    want = np.asarray(jax_trn2.jit(f)(z))
+    monkeypatch.setattr(fft_kernel, "CONSTANT_MAX_ENTRIES", 0)
+    monkeypatch.setattr(fft_kernel, "BLOCK_ENTRIES", 40)
+    got = np.asarray(jax_trn2.jit(f)(z))
+    assert got.dtype == want.dtype and (got.view(np.uint8) == want.view(np.uint8)).all()
+
+
+def test_a_long_transform_compiles_without_an_n_squared_constant():
+    """N = 32768: a constant matrix would be 2^30 entries per part; made in blocks, the
+    program compiles and runs in seconds (it took minutes and 20 GiB)."""
+    x = np.random.default_rng(1).standard_normal(1 << 15).astype(np.float32)
+    got = np.asarray(jax_trn2.jit(jnp.fft.rfft)(x))
+    # an FP32 DFT sum of N terms: within N x FP32's epsilon of the largest element (the
+    # model's bound, mesh/isa/kernels/fft.py)
+    want = np.fft.rfft(x.astype(np.float64)).astype(np.complex64)
+    assert_close_to_largest(got, want, (1 << 15) * 2.0 ** -23)
 
 
 def test_fft_is_listed_and_costed_as_dft_matmuls(z):

@@ -12,6 +12,9 @@ relative to the largest element.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -21,16 +24,86 @@ from mesh.isa.kernels import kernel
 from mesh.isa.kernels.context import KernelContext
 
 
-def _dft(n_in: int, n_out: int, inverse: bool, part) -> tuple[np.ndarray, np.ndarray]:
-    """(real, imaginary) parts of the [n_in, n_out] DFT matrix, in the parts' type; the
-    length of the transform is max(n_in, n_out) (n_out is N/2+1 for RFFT's output)."""
+# A transform's matrix is a constant of the program up to this many entries (4 MiB per FP32
+# part). A larger one is made in the program, a block of columns at a time, by indexing the
+# table of its N distinct values with (j k) mod N: the same entries, where the whole matrix
+# as a constant would be N^2 values that XLA holds and copies while compiling (N = 8192:
+# 5 s and 1.5 GiB; N = 32768: minutes and 20 GiB).
+CONSTANT_MAX_ENTRIES = 1 << 20
+BLOCK_ENTRIES = 1 << 22  # entries of one block of a large matrix made at a time (16 MiB)
+
+
+@dataclass(frozen=True)
+class _Matrix:
+    """The [rows, cols] real and imaginary parts of a transform along one axis:
+    entry (j, k) = (cos, sin)(sign 2 pi ((j k) mod n) / n), rounded to `part` and times
+    `scale` in `part` (the inverse transform's 1/n); or, with `row_scale` (the inverse real
+    transform's weights: 1 or 2, exact in any float), row_scale[j] (cos, sin)(...) / n in
+    FP64, then rounded to `part`. Every value is computed as NumPy computes it (divisions
+    on the host: XLA turns a division by a constant into a product with its reciprocal)."""
+
+    rows: int
+    cols: int
+    n: int
+    sign: float  # -2 (forward) or 2 (inverse)
+    part: Any
+    scale: float = 1.0
+    row_scale: Any = None  # numpy float64 [rows], or None
+
+    def _entries(self, j, k, xp):
+        m = (j * k) % self.n
+        angle = self.sign * np.pi * np.arange(self.n) / self.n
+        if self.row_scale is None:
+            tables = (np.cos(angle).astype(self.part), np.sin(angle).astype(self.part))
+            if self.scale == 1:
+                return tuple(xp.asarray(t)[m] for t in tables)
+            scale = np.dtype(self.part).type(self.scale)
+            return tuple(xp.asarray(t)[m] * scale for t in tables)
+        weight = xp.asarray(self.row_scale)[j]
+        return tuple((weight * xp.asarray(t / self.n)[m]).astype(self.part)
+                     for t in (np.cos(angle), np.sin(angle)))
+
+    def constant(self) -> tuple[jnp.ndarray, jnp.ndarray] | None:
+        """Both parts as constants, when small enough (CONSTANT_MAX_ENTRIES)."""
+        if self.rows * self.cols > CONSTANT_MAX_ENTRIES:
+            return None
+        j, k = np.meshgrid(np.arange(self.rows), np.arange(self.cols), indexing="ij")
+        return tuple(jnp.asarray(w) for w in self._entries(j, k, np))
+
+    def block(self, first_col, width: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+        """Columns first_col .. first_col + width (a traced start), made in the program."""
+        j = lax.broadcasted_iota(np.int64, (self.rows, width), 0)
+        k = lax.broadcasted_iota(np.int64, (self.rows, width), 1) + first_col
+        return self._entries(j, k, jnp)
+
+
+def _dft(n_in: int, n_out: int, inverse: bool, part, scale: float = 1.0) -> _Matrix:
+    """The [n_in, n_out] DFT matrix W[j, k] = exp(-+2 pi i j k / N); the length of the
+    transform is max(n_in, n_out) (n_out is N/2+1 for RFFT's output)."""
     n = max(n_in, n_out) if n_in != n_out else n_in
-    j, k = np.meshgrid(np.arange(n_in), np.arange(n_out), indexing="ij")
-    angle = (2 if inverse else -2) * np.pi * ((j * k) % n) / n
-    return np.cos(angle).astype(part), np.sin(angle).astype(part)
+    return _Matrix(n_in, n_out, n, 2.0 if inverse else -2.0, part, scale)
 
 
-def _apply(re, im, w_re, w_im, axis: int):
+def _apply(re, im, matrix: _Matrix, axis: int):
+    """(re + i im) times the matrix along `axis` (im None: a real input); a large matrix
+    block by block of its columns (a loop of the program)."""
+    dense = matrix.constant()
+    if dense is not None:
+        return _product(re, im, *dense, axis)
+    width = max(1, min(matrix.cols, BLOCK_ENTRIES // matrix.rows))
+    blocks = -(-matrix.cols // width)
+    parts = lax.map(lambda b: _product(re, im, *matrix.block(b * width, width), axis),
+                    jnp.arange(blocks, dtype=np.int64))
+
+    def joined(stacked):  # [blocks, ..., width at axis, ...] -> [..., cols at axis, ...]
+        moved = jnp.moveaxis(stacked, 0, axis)
+        shape = moved.shape[:axis] + (blocks * width,) + moved.shape[axis + 2:]
+        return lax.slice_in_dim(moved.reshape(shape), 0, matrix.cols, axis=axis)
+
+    return tuple(joined(p) for p in parts)
+
+
+def _product(re, im, w_re, w_im, axis: int):
     """(re + i im) times W along `axis`: four real products (im None: two)."""
     def product(x, w):
         moved = jnp.moveaxis(x, axis, -1)
@@ -64,15 +137,13 @@ def fft(instr: isa.Fft, args, ctx: KernelContext):
     for axis, n in zip(order, [instr.fft_length[a - axes[0]] for a in order]):
         last = axis == axes[-1]
         if kind == "RFFT" and last:
-            w_re, w_im = _dft(n, n // 2 + 1, False, part)
-            re, im = _apply(re, None, jnp.asarray(w_re), jnp.asarray(w_im), axis)
+            re, im = _apply(re, None, _dft(n, n // 2 + 1, False, part), axis)
         elif kind == "IRFFT" and last:
             re = _inverse_real(re, im, n, part, axis)
             im = None
         else:
-            w_re, w_im = _dft(n, n, inverse, part)
-            scale = 1.0 / n if inverse else 1.0
-            re, im = _apply(re, im, jnp.asarray(w_re * scale), jnp.asarray(w_im * scale), axis)
+            re, im = _apply(re, im, _dft(n, n, inverse, part, 1.0 / n if inverse else 1.0),
+                            axis)
     if kind == "IRFFT":
         return [re.astype(dtypes.numpy_dtype(out_name))]
     return [lax.complex(re, im).astype(dtypes.numpy_dtype(out_name))]
@@ -83,13 +154,11 @@ def _inverse_real(re, im, n: int, part, axis: int):
     Re(sum_k c_k X_k exp(2 pi i j k / n)) / n with c_k = 2 except at 0 and n/2 (numpy's
     irfft; the imaginary parts there do not count)."""
     half = n // 2 + 1
-    k, j = np.meshgrid(np.arange(half), np.arange(n), indexing="ij")
-    weight = np.where((k == 0) | ((n % 2 == 0) & (k == n // 2)), 1.0, 2.0)[:, :1]
-    angle = 2 * np.pi * ((k * j) % n) / n
-    w_re = jnp.asarray((weight * np.cos(angle) / n).astype(part))
-    w_im = jnp.asarray((-weight * np.sin(angle) / n).astype(part))
+    k = np.arange(half)
+    weight = np.where((k == 0) | ((n % 2 == 0) & (k == n // 2)), 1.0, 2.0)
+    matrix = _Matrix(half, n, n, 2.0, part, row_scale=weight)  # [k, j]: c_k e^{2 pi i jk/n}/n
     re = lax.slice_in_dim(re, 0, half, axis=axis)
     im = lax.slice_in_dim(im, 0, half, axis=axis)
-    real, _ = _apply(re, None, w_re, w_im, axis)
-    imag_contribution, _ = _apply(im, None, w_im, w_re, axis)
-    return real + imag_contribution
+    real, _ = _apply(re, None, matrix, axis)
+    _, minus_imag = _apply(im, None, matrix, axis)
+    return real - minus_imag
