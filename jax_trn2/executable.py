@@ -129,8 +129,6 @@ class LoadedExecutable:
                   for shape, v in zip(input_shapes(self.program, global_io),
                                       self.program.inputs)]
         workspace = self._workspace_values if global_io else ()
-        if workspace:  # made meanwhile: XLA compiles the executor on threads of its own
-            self._workspace_made = _BACKGROUND.submit(self._make_workspace)
         with _executor_context():
             return compile_program(self.program, self.rounding, self._devices,
                                    global_io, self._split_check, workspace).lower(
@@ -190,6 +188,17 @@ class LoadedExecutable:
         if kept is not None or not self._workspace_values:
             return kept or []
         return made.result() if made is not None else self._make_workspace()
+
+    def prefetch_workspace(self) -> None:
+        """Start making the first call's workspace on a thread of its own, for a call about
+        to run (jax_trn2.jit's first): its compile and page faults then overlap the
+        executor's compile. (A program compiled only to be inspected holds none.)"""
+        if not self._workspace_values:
+            return
+        _ = self._new_workspace  # made here: it picks the executor's devices, not thread-safe
+        with self._workspace_lock:
+            if self._workspace is None and self._workspace_made is None:
+                self._workspace_made = _BACKGROUND.submit(self._make_workspace)
 
     def _make_workspace(self) -> list[jax.Array]:
         """New workspace buffers (from any thread: in the executor's context)."""

@@ -90,21 +90,29 @@ def _as_traced(result: Any, aval: Any) -> Any:
     return ArrayImpl(want, result.sharding, result._arrays, committed=result.committed)
 
 
-def _delete_donated(leaves: Sequence[Any], shardings: Sequence[Sharding]) -> None:
+def _delete_donated(leaves: Sequence[Any], shardings: Sequence[Sharding | None]) -> None:
     """Delete the donated arguments that are jax arrays where the program takes them
-    (`shardings`), as jax.jit does: using one after the call raises jax's "Array has been
-    deleted" error. One elsewhere jax copies there and donates the copy, so the caller's
-    stays. The run has finished by now (its results were read), and the memory stays alive
-    for any view of it."""
+    (`shardings`; None: wherever it is, on one device), as jax.jit does: using one after
+    the call raises jax's "Array has been deleted" error. One elsewhere jax copies there
+    and donates the copy, so the caller's stays. The run has finished by now (its results
+    were read), and the memory stays alive for any view of it."""
     for leaf, sharding in zip(leaves, shardings, strict=True):
         if isinstance(leaf, jax.Array) and not leaf.is_deleted() and \
-                leaf.sharding.is_equivalent_to(sharding, leaf.ndim):
+                (sharding is None or leaf.sharding.is_equivalent_to(sharding, leaf.ndim)):
             leaf.delete()
+
+
+def _default_device() -> jax.Device:
+    """Where jax puts an uncommitted array: jax.default_device's, else the first device."""
+    device = jax.config.jax_default_device
+    if isinstance(device, str):  # a platform name
+        return jax.devices(device)[0]
+    return device if device is not None else jax.devices()[0]
 
 
 def _on_a_device(shardings: Sequence[Sharding | None]) -> list[Sharding]:
     """Each sharding, None as jax's default device (where such a leaf is, uncommitted)."""
-    default = SingleDeviceSharding(jax.devices()[0])
+    default = SingleDeviceSharding(_default_device())
     return [default if s is None else s for s in shardings]
 
 
@@ -160,7 +168,7 @@ def _in_memory(sharding: Sharding | None, kind: str | None) -> Sharding | None:
     result there (jax.device_put to pinned_host); as it is otherwise."""
     if kind in (None, "device") or (sharding is not None and sharding.memory_kind == kind):
         return sharding
-    return (sharding or SingleDeviceSharding(jax.devices()[0])).with_memory_kind(kind)
+    return _on_a_device([sharding])[0].with_memory_kind(kind)
 
 
 def _chosen_sharding(dim_axes: tuple | None, ndim: int, program_mesh: isa.MeshSpec,
@@ -226,7 +234,22 @@ def _compile_args(jax_lowered) -> dict:
     return getattr(getattr(jax_lowered, "_lowering", None), "compile_args", None) or {}
 
 
+def _kept_leaves(jax_lowered, module: Any, count: int) -> list[int]:
+    """The argument leaves (of `count`) that jax.jit kept as the module's parameters: it
+    drops those the function does not use, unless keep_unused (its compile arguments'
+    kept_var_idx: jax has no public accessor)."""
+    kept = sorted(_compile_args(jax_lowered)["kept_var_idx"])
+    parameters = partition.main_parameter_count(module)
+    if len(kept) != parameters:
+        raise RuntimeError(f"jax kept {len(kept)} of {count} arguments, but its module takes "
+                           f"{parameters}: this version of jax is not one jax_trn2 knows")
+    return kept
+
+
 def _refuse_compiler_options(options: dict | None, where: str) -> None:
+    if options is not None and not isinstance(options, dict):
+        raise TypeError(f"{where}: compiler_options must be a dict of XLA options, got "
+                        f"{options!r}")
     if options:
         raise ValueError(
             f"{where}: compiler_options {sorted(options)} are options of XLA's compiler, which "
@@ -302,6 +325,7 @@ class Compiled(_StageInfo):
         if tree != self.in_tree:
             raise TypeError(f"arguments have structure {tree}, the function was compiled for "
                             f"{self.in_tree}")
+        _check_values(leaves)
         self._check_shardings(leaves)
         return self.call_flat(leaves)
 
@@ -329,7 +353,6 @@ class Compiled(_StageInfo):
 
     def call_flat(self, leaves: Sequence[Any]) -> Any:
         """Run on the flattened dynamic arguments; returns the output pytree."""
-        _check_values(leaves)
         if len(leaves) == self.in_tree.num_leaves:  # else execute names what is missing
             leaves = [leaves[i] for i in self._kept]
         self._check_donations(leaves)
@@ -338,25 +361,30 @@ class Compiled(_StageInfo):
                       zip(leaves, self.executable.arg_names, self._input_types)]
         results = self.executable.execute(leaves)
         _delete_donated([leaves[i] for i in self._donated],
-                        _on_a_device([self._in_shardings[self._kept[i]] for i in self._donated]))
+                        [self._in_shardings[self._kept[i]] for i in self._donated])
         return tree_util.tree_unflatten(self.out_tree, [
             _result(r, aval, sharding) for r, aval, sharding in
             zip(results, self.out_avals, self.out_shardings, strict=True)])
 
     def _check_donations(self, leaves: Sequence[Any]) -> None:
         """jax.jit's error for an array donated and also passed again in the same call (its
-        buffer would be both overwritten and read)."""
+        buffer would be both overwritten and read). `leaves`: the ones the program takes."""
+        if not self._donated:
+            return
+        positions: dict[int, list[int]] = {}
+        for position, leaf in enumerate(leaves):
+            if isinstance(leaf, jax.Array):
+                positions.setdefault(id(leaf), []).append(position)
         for position in self._donated:
-            if position >= len(leaves) or not isinstance(leaves[position], jax.Array):
-                continue
-            for other, leaf in enumerate(leaves):
-                if other != position and leaf is leaves[position]:
-                    first, again = sorted((position, other))
-                    raise ValueError(
-                        f"{self.executable.arg_names[position]} is donated, and the same array "
-                        f"is passed again as {self.executable.arg_names[other]} (flattened "
-                        f"arguments {first} and {again}): a donated buffer can be used once "
-                        "per call (pass a copy, jnp.copy(x))")
+            same = positions.get(id(leaves[position]), []) if position < len(leaves) else []
+            if len(same) > 1:
+                other = next(p for p in same if p != position)
+                first, again = sorted((self._kept[position], self._kept[other]))
+                raise ValueError(
+                    f"{self.executable.arg_names[position]} is donated, and the same array is "
+                    f"passed again as {self.executable.arg_names[other]} (flattened arguments "
+                    f"{first} and {again}): a donated buffer can be used once per call (pass a "
+                    "copy, jnp.copy(x))")
 
     @property
     def input_shardings(self) -> Any:
@@ -374,9 +402,12 @@ class Compiled(_StageInfo):
     @property
     def input_formats(self) -> Any:
         """The arguments' pytree of jax Formats: row-major layouts (what the executor
-        takes), with input_shardings."""
-        return tree_util.tree_unflatten(self.in_tree, _formats(
-            tree_util.tree_leaves(self.in_avals), _on_a_device(self._in_shardings)))
+        takes), with input_shardings; Format(None, None) for one it does not take."""
+        kept = set(self._kept)
+        formats = _formats(tree_util.tree_leaves(self.in_avals),
+                           _on_a_device(self._in_shardings))
+        return tree_util.tree_unflatten(self.in_tree, [
+            f if i in kept else Format(None, None) for i, f in enumerate(formats)])
 
     @property
     def output_formats(self) -> Any:
@@ -453,7 +484,7 @@ class Lowered(_StageInfo):
         a program too large for the chip."""
         return self._executable.memory_analysis(chip)
 
-    def compile(self, compiler_options: dict | None = None,
+    def compile(self, compiler_options: dict | None = None, *,
                 check_memory: bool = True) -> Compiled:
         """Compile the Trn2 program's executor for the host (one XLA computation).
 
@@ -502,9 +533,14 @@ class Lowered(_StageInfo):
         layouts = layouts or (None,) * len(ndims)
         shardings = []
         for ndim, dim_axes, g in zip(ndims, layouts, given, strict=True):
+            if _fully_given(g):
+                shardings.append(g)
+                continue
             chosen = _chosen_sharding(dim_axes, ndim, program.mesh, recovery, recovery_ndim)
-            shardings.append(g if _fully_given(g) else _completed(g, chosen, ndim)
-                             if isinstance(g, NamedSharding) else chosen or device)
+            if isinstance(g, NamedSharding):  # a result type's, with UNCONSTRAINED dims
+                shardings.append(_completed(g, chosen, ndim))
+            else:
+                shardings.append(chosen or device)
         return shardings
 
 
@@ -538,15 +574,17 @@ class Traced:
     def fun_name(self) -> str:
         return self._jax_traced.fun_name
 
-    def lower(self, **jax_options) -> Any:
+    def lower(self, *, lowering_platforms: tuple[str, ...] | None = None,
+              _private_parameters: Any = None) -> Any:
         """Lower to a Trn2 program (mesh.isa) for the simulated mesh.
 
-        With jax's lowering options (`lowering_platforms`, as jax.export passes), jax's own
-        Lowered of the function instead: so `jax.export.export(jax_trn2.jit(f))` exports the
-        function's StableHLO, which this simulator (jax_trn2.client().compile) or any other
-        backend can run."""
-        if jax_options:
-            return self._jax_traced.lower(**jax_options)
+        With `lowering_platforms` (as jax.export passes it), jax's own Lowered of the
+        function instead: so `jax.export.export(jax_trn2.jit(f))` exports the function's
+        StableHLO, which this simulator (jax_trn2.client().compile) or any other backend
+        can run."""
+        if lowering_platforms is not None:
+            return self._jax_traced.lower(lowering_platforms=lowering_platforms,
+                                          _private_parameters=_private_parameters)
         return self._jitted._lower_traced(self._jax_traced, self._args, self._kwargs)
 
 
@@ -637,7 +675,9 @@ class Jitted:
                tuple(_committed_sharding(leaf) for leaf in leaves), jax_config.trace_context())
         compiled = self._cache.get(key)
         if compiled is None:
-            compiled = self.lower(*args, **kwargs).compile()
+            lowered = self.lower(*args, **kwargs)
+            lowered._executable.prefetch_workspace()  # a call runs next: made meanwhile
+            compiled = lowered.compile()
             self._cache[key] = compiled
         return compiled.call_flat(leaves)
 
@@ -655,8 +695,7 @@ class Jitted:
         _, dyn_args, dyn_kwargs = self._split(args, kwargs)
         module = jax_lowered.compiler_ir("stablehlo")
         names = self._arg_names(dyn_args, dyn_kwargs, len(args))
-        # the leaves jax.jit keeps (it drops those the function does not use)
-        kept = sorted(_compile_args(jax_lowered).get("kept_var_idx", range(len(names))))
+        kept = _kept_leaves(jax_lowered, module, len(names))
         executable = LoadedExecutable.from_stablehlo(
             self._topology, module, arg_names=[names[i] for i in kept], rounding=self.rounding,
             executor_devices=self._executor_devices,

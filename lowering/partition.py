@@ -354,6 +354,12 @@ def _has_gspmd_tiling(module: ir.Module) -> bool:
     return False
 
 
+def main_parameter_count(module: ir.Module) -> int:
+    """How many arguments main takes that are not tokens (jax's argument leaves)."""
+    return sum(1 for a in _main(module).regions[0].blocks[0].arguments
+               if not mlir.is_token(a.type))
+
+
 def result_memory_kinds(module: ir.Module) -> tuple[str | None, ...]:
     """The memory kind jax gives each of main's results that is not a token (mhlo.memory_kind:
     "pinned_host" for one jax.device_put or out_shardings placed in host memory), None

@@ -356,13 +356,16 @@ class Walker:
 
         Those jax aliases to a result (tf.aliasing_output), then the buffer donors
         (jax.buffer_donor: the partitioner decides) that XLA's input/output alias pass
-        pairs with a result: largest first, a donor and a result of the same bytes per
-        device (`input_bytes`, `output_bytes`). A donor left unpaired is not donated (the
-        caller's array stays valid, as under jax.jit)."""
+        pairs with a result of the same memory kind: largest first, a donor and a result of
+        the same bytes per device (`input_bytes`, `output_bytes`). A donor left unpaired is
+        not donated (the caller's array stays valid, as under jax.jit)."""
+        main = mlir.Attributes(self.functions["main"])
         block = self.function_block("main")
-        inputs = _leaf_positions(a.type for a in block.arguments)
-        outputs = _leaf_positions(v.type for v in _terminator(block).operands)
-        attrs = mlir.Attributes(self.functions["main"]).get("arg_attrs", ())
+        arguments = list(block.arguments)
+        results = list(_terminator(block).operands)
+        inputs = _leaf_positions(a.type for a in arguments)
+        outputs = _leaf_positions(v.type for v in results)
+        attrs = main.get("arg_attrs", ())
         aliased, donors = [], []
         for i, entry in enumerate(attrs):
             if not isinstance(entry, dict) or inputs[i] is None:
@@ -372,20 +375,13 @@ class Walker:
             elif entry.get("jax.buffer_donor"):
                 donors.append(inputs[i])
         taken = {output for _, output in aliased}
-        donees = [o for o in range(len(output_bytes)) if o not in taken]
-        # XLA's OptimizeInputOutputBufferAlias: both sorted by size, largest first (stable),
-        # then matched with two pointers
-        donors.sort(key=lambda i: -input_bytes[i])
-        donees.sort(key=lambda o: -output_bytes[o])
-        d = e = 0
-        while d < len(donors) and e < len(donees):
-            if input_bytes[donors[d]] > output_bytes[donees[e]]:
-                d += 1
-            elif input_bytes[donors[d]] < output_bytes[donees[e]]:
-                e += 1
-            else:
-                aliased.append((donors[d], donees[e]))
-                d, e = d + 1, e + 1
+        input_kinds = _leaf_memory_kinds(arguments, attrs)
+        output_kinds = _leaf_memory_kinds(results, main.get("res_attrs", ()))
+        for kind in set(input_kinds[i] for i in donors):
+            aliased += _paired_by_size(
+                [i for i in donors if input_kinds[i] == kind],
+                [o for o in range(len(output_bytes)) if o not in taken and
+                 output_kinds[o] == kind], input_bytes, output_bytes)
         return tuple(sorted(aliased))
 
     def _device_bytes(self, builder: ProgramBuilder, values: Sequence[int],
@@ -527,6 +523,38 @@ def _token(builder: ProgramBuilder) -> int:
     value = builder.new_value(mlir.TOKEN_TYPE, frozenset())
     builder.instructions.append(isa.Constant((value,), (), value=np.zeros((), bool)))
     return value
+
+
+def _paired_by_size(donors: list[int], donees: list[int], donor_bytes: Sequence[int],
+                    donee_bytes: Sequence[int]) -> list[tuple[int, int]]:
+    """XLA's OptimizeInputOutputBufferAlias: donors and results each sorted by size, largest
+    first (stably), then matched with two pointers where the sizes are equal."""
+    donors = sorted(donors, key=lambda i: -donor_bytes[i])
+    donees = sorted(donees, key=lambda o: -donee_bytes[o])
+    pairs, d, e = [], 0, 0
+    while d < len(donors) and e < len(donees):
+        if donor_bytes[donors[d]] > donee_bytes[donees[e]]:
+            d += 1
+        elif donor_bytes[donors[d]] < donee_bytes[donees[e]]:
+            e += 1
+        else:
+            pairs.append((donors[d], donees[e]))
+            d, e = d + 1, e + 1
+    return pairs
+
+
+def _leaf_memory_kinds(values, attrs: Sequence[Any]) -> list[str]:
+    """The memory kind of each leaf of main's arguments (or results): its mhlo.memory_kind,
+    else "device"; tokens have no leaf."""
+    kinds = []
+    for i, value in enumerate(values):
+        if mlir.is_token(value.type):
+            continue
+        entry = attrs[i] if i < len(attrs) and isinstance(attrs[i], dict) else {}
+        type_ = mlir.value_type(value.type)
+        leaves = len(type_.leaves()) if isinstance(type_, mlir.TupleType) else 1
+        kinds += [entry.get("mhlo.memory_kind", "device")] * leaves
+    return kinds
 
 
 def _leaf_positions(types) -> list[int | None]:

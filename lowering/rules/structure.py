@@ -87,7 +87,7 @@ def device_placement(ctx: LoweringContext, op: Op):
     """A value placed in another memory (jax.device_put to a memory kind: pinned_host for
     offloading) keeps its value; the simulated chips hold every buffer in HBM, and the
     result's memory kind is given back to the caller as jax gives it
-    (lowering.partition.memory_kinds)."""
+    (lowering.partition.result_memory_kinds)."""
     return op.operands
 
 

@@ -371,3 +371,28 @@ def test_float0_arguments_and_results_as_jax_jits():
     f = lambda x, z: (x * 2, z)  # noqa: E731
     got, want = jax_trn2.jit(f)(jnp.ones(2), zero), jax.jit(f)(jnp.ones(2), zero)
     assert type(got[1]) is type(want[1]) and got[1].dtype == jax.dtypes.float0
+
+
+def test_unused_arguments_are_dropped_unless_keep_unused():
+    """As jax.jit: the program takes only the arguments the function uses; Compiled's
+    shardings and formats say None for the others."""
+    f = lambda a, unused, b: a * b  # noqa: E731
+    args = (X, X, X)
+    for keep, taken in ((False, 2), (True, 3)):
+        lowered = jax_trn2.jit(f, keep_unused=keep).lower(*args)
+        assert len(lowered.program.inputs) == taken
+        compiled = lowered.compile()
+        theirs = jax.jit(f, keep_unused=keep).lower(*args).compile()
+        assert compiled.input_formats == theirs.input_formats
+        assert (compiled.input_shardings[0][1] is None) == (not keep)
+        np.testing.assert_array_equal(np.asarray(compiled(*args)), X * X)
+
+
+def test_a_donated_array_on_the_default_device_is_deleted_as_jax_deletes_it():
+    device = jax.devices()[3]
+    with jax.default_device(device):
+        for J in (jax.jit, jax_trn2.jit):
+            x = jnp.ones(4)
+            assert x.sharding == jax.sharding.SingleDeviceSharding(device)
+            J(lambda a: a * 2, donate_argnums=0)(x)
+            assert x.is_deleted()

@@ -116,11 +116,17 @@ def test_new_workspaces_come_from_one_compiled_computation(small_workspace):
 
 
 def test_the_first_workspace_is_made_while_the_executor_compiles(small_workspace):
-    """Compiling starts making the first call's workspace on a thread of its own (its
-    compile and page faults then overlap the executor's compile); the first call takes it."""
+    """A call's compile starts making its workspace on a thread of its own (its compile and
+    page faults then overlap the executor's compile); the first call takes it. A program
+    compiled only to be inspected makes none."""
     x, g = (RNG.standard_normal((16, 32)).astype(np.float32) for _ in range(2))
-    executable = weight_gradient_step().lower(x, g).compile().executable
+    inspected = weight_gradient_step().lower(x, g).compile().executable
+    assert inspected._workspace_made is None and inspected._workspace is None
+    lowered = weight_gradient_step().lower(x, g)
+    executable = lowered._executable
+    executable.prefetch_workspace()
     made = executable._workspace_made
     assert made is not None
+    lowered.compile()
     assert executable._take_workspace() is made.result()
     assert executable._workspace_made is None

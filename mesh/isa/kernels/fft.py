@@ -24,16 +24,17 @@ from mesh.isa.kernels import kernel
 from mesh.isa.kernels.context import KernelContext
 
 
-# A transform's matrix is a constant of the program up to this many entries (4 MiB per FP32
-# part). A larger one is made in the program, a block of columns at a time, by indexing the
-# table of its N distinct values with (j k) mod N: the same entries, where the whole matrix
-# as a constant would be N^2 values that XLA holds and copies while compiling (N = 8192:
-# 5 s and 1.5 GiB; N = 32768: minutes and 20 GiB).
-CONSTANT_MAX_ENTRIES = 1 << 20
+# A transform's matrix is a constant of the program up to this many entries (16 MiB per
+# FP32 part: N = 2048). A larger one is made in the program, a block of columns at a time,
+# by indexing the table of its N distinct values with (j k) mod N: the same entries, where
+# the whole matrix as a constant would be N^2 values that XLA holds and copies while
+# compiling (N = 8192: 5 s and 1.5 GiB; N = 32768: minutes and 20 GiB). Making it costs
+# each call about as much as the products (N = 4096: 20 ms a call, 4.5 ms as a constant).
+CONSTANT_MAX_ENTRIES = 1 << 22
 BLOCK_ENTRIES = 1 << 22  # entries of one block of a large matrix made at a time (16 MiB)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq=False: it holds a NumPy array
 class _Matrix:
     """The [rows, cols] real and imaginary parts of a transform along one axis:
     entry (j, k) = (cos, sin)(sign 2 pi ((j k) mod n) / n), rounded to `part` and times
