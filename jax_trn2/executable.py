@@ -195,7 +195,9 @@ class LoadedExecutable:
         executor's compile. (A program compiled only to be inspected holds none.)"""
         if not self._workspace_values:
             return
-        _ = self._new_workspace  # made here: it picks the executor's devices, not thread-safe
+        # the maker is made here, not on the worker: it picks the executor's devices, and
+        # neither cached_property nor host_devices is thread-safe
+        _ = self._new_workspace
         with self._workspace_lock:
             if self._workspace is None and self._workspace_made is None:
                 self._workspace_made = _BACKGROUND.submit(self._make_workspace)
