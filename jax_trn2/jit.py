@@ -499,6 +499,9 @@ class Lowered(_StageInfo):
         in_avals = tree_util.tree_leaves(self.in_avals)
         compile_args = _compile_args(self._jax_lowered)
         in_layouts, out_layouts = partition.layouts(self._module, self._executable.program)
+        # XLA replicates a result with no elements, whatever its layout said
+        out_layouts = [None if 0 in i.shape else layout for i, layout in
+                       zip(out_info, out_layouts or (None,) * len(out_info), strict=True)]
         out_shardings = self._shardings(compile_args, [len(i.shape) for i in out_info],
                                         out_layouts,
                                         [getattr(i, "sharding", None) for i in out_info])

@@ -77,3 +77,15 @@ def test_data_movement_of_an_empty_array(name, shape):
     got = jax_trn2.jit(f)(x)
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
+
+
+def test_an_empty_shard_map_result_is_replicated_as_jax_gives_it():
+    """XLA replicates a result with no elements, whatever its out_specs say."""
+    f = lambda mesh: jax.shard_map(lambda u: lax.psum(u, "a"), mesh=mesh,  # noqa: E731
+                                   in_specs=P(None, "b"), out_specs=P(None, "b"))
+    z = np.zeros((0, 8), np.float32)
+    cpu = jax.make_mesh((2, 4), ("a", "b"), devices=jax.devices("cpu")[:8],
+                        axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    got = jax_trn2.jit(f(jax_trn2.make_mesh((2, 4), ("a", "b"))))(z)
+    want = jax.jit(f(cpu))(z)
+    assert got.sharding.spec == want.sharding.spec == P() and got.shape == (0, 8)
