@@ -14,7 +14,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding, \
     SingleDeviceSharding
 from jax._src import config as jax_config
 from jax._src.array import ArrayImpl
+from jax._src.lib import xla_client as xc
 from jax._src.literals import TypedNdArray
+from jax._src.sharding_impls import parse_flatten_op_sharding
 from jax.experimental.layout import Format, Layout
 
 from jax_trn2 import compose
@@ -163,6 +165,25 @@ def _completed(sharding: NamedSharding, chosen: NamedSharding | None,
     return NamedSharding(sharding.mesh, P(*spec), memory_kind=sharding.memory_kind)
 
 
+def _spelled_on(mesh: Mesh, dim_axes: tuple, program_mesh: isa.MeshSpec) -> list | None:
+    """A layout over `program_mesh` (its devices row-major, as a GSPMD program's mesh is)
+    as PartitionSpec entries of `mesh`, the way jax reads XLA's shardings
+    (sharding_impls.parse_flatten_op_sharding); None where `mesh` cannot spell it."""
+    sizes = program_mesh.axis_sizes
+    used = [a for axes in dim_axes for a in axes]
+    unused = [a for a in range(len(sizes)) if a not in used]
+    tiles = [int(np.prod([sizes[a] for a in axes], dtype=np.int64)) for axes in dim_axes]
+    replicated = int(np.prod([sizes[a] for a in unused], dtype=np.int64))
+    tiling = xc.HloSharding.iota_tile(
+        tiles + ([replicated] if replicated > 1 else []), list(sizes), used + unused,
+        [xc.OpSharding.Type.REPLICATED] if replicated > 1 else [])
+    try:
+        spec = parse_flatten_op_sharding(tiling, mesh)[0]
+    except (ValueError, StopIteration, NotImplementedError):
+        return None
+    return list(spec) + [None] * (len(dim_axes) - len(spec))
+
+
 def _in_memory(sharding: Sharding | None, kind: str | None) -> Sharding | None:
     """`sharding` (None: jax's default device) in memory `kind` when the program placed the
     result there (jax.device_put to pinned_host); as it is otherwise."""
@@ -178,19 +199,22 @@ def _chosen_sharding(dim_axes: tuple | None, ndim: int, program_mesh: isa.MeshSp
     partitioner chose (`dim_axes`: the program's output sharding, mesh axes per dim; None:
     replicated): a PartitionSpec on the recovery sharding's mesh, or that (argument's)
     sharding itself when the result has its rank and is laid out alike, as jax does.
-    None (the result stays on one device) without a mesh to name it on, or when the
-    program's mesh is not that mesh (a GSPMD program's axes d0, d1, ...) and the result
-    is split over it (a replicated one is P() on any mesh of as many devices)."""
+    A GSPMD program's mesh (axes d0, d1, ... over its devices in order) is read onto that
+    mesh as jax reads XLA's shardings. None (the result stays on one device) without a
+    mesh to name it on, or one of another size, or a layout that mesh cannot spell."""
     mesh = recovery.mesh if isinstance(recovery, NamedSharding) else recovery
     if mesh is None:
         return None
-    replicated = not any(dim_axes or ())
-    if not (replicated and mesh.size == program_mesh.num_devices) and (
-            tuple(mesh.axis_names) != program_mesh.axis_names or
-            tuple(mesh.axis_sizes) != program_mesh.axis_sizes):
+    if (tuple(mesh.axis_names), tuple(mesh.axis_sizes)) == \
+            (program_mesh.axis_names, program_mesh.axis_sizes):
+        dims = [None if not axes else program_mesh.axis_names[axes[0]] if len(axes) == 1
+                else tuple(program_mesh.axis_names[a] for a in axes) for axes in dim_axes or ()]
+    elif mesh.size == program_mesh.num_devices:
+        dims = _spelled_on(mesh, dim_axes or (), program_mesh)
+        if dims is None:
+            return None
+    else:
         return None
-    dims = [None if not axes else program_mesh.axis_names[axes[0]] if len(axes) == 1
-            else tuple(program_mesh.axis_names[a] for a in axes) for axes in dim_axes or ()]
     while dims and dims[-1] is None:  # jax's spelling: P('a'), not P('a', None)
         dims.pop()
     chosen = NamedSharding(mesh, P(*dims))

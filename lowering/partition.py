@@ -105,6 +105,8 @@ def partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exception
     build.num_partitions = num_devices
     build.use_spmd_partitioning = True
     build.use_shardy_partitioner = _sdy_mesh_devices(module) > 0
+    if not build.use_shardy_partitioner:  # as jax compiles: results it gave no sharding
+        build.allow_spmd_sharding_propagation_to_output = _unsharded_results(module)
     build.device_assignment = xla_client.DeviceAssignment.create(
         np.arange(num_devices).reshape(1, num_devices))
     with tempfile.TemporaryDirectory(prefix="jax_trn2_partition_") as dump:
@@ -134,6 +136,16 @@ def partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exception
     _set_replica_groups(partitioned, mesh_groups)
     _carry_donation(module, partitioned)
     return partitioned, failure
+
+
+def _unsharded_results(module: ir.Module) -> list[bool]:
+    """For each of main's results, whether jax left its sharding to the partitioner (a
+    GSPMD module: no mhlo.sharding on it), which jax then lets XLA propagate to it."""
+    main = _main(module)
+    count = len(main.regions[0].blocks[0].operations[-1].operands)
+    attrs = mlir.Attributes(main).get("res_attrs", ())
+    return [not (i < len(attrs) and isinstance(attrs[i], dict) and
+                 hlo_sharding.SHARDING_ATTR in attrs[i]) for i in range(count)]
 
 
 _DONATION_ATTRS = ("tf.aliasing_output", "jax.buffer_donor")

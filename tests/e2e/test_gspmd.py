@@ -69,3 +69,24 @@ def test_named_shardings_partitioned_by_gspmd(gspmd, rng):
     step = jax_trn2.jit(grad, **kwargs)
     assert_matches(step(w, x), jax.jit(grad, **kwargs)(w, x))
     assert any(i.why for i in step.lower(w, x).program.instructions)
+
+
+@pytest.mark.parametrize("make", [
+    lambda mesh, x: jax.shard_map(lambda u: lax.psum(u, "b"), mesh=mesh, in_specs=P("a", "b"),
+                                  out_specs=P("a")),
+    lambda mesh, x: lambda u: u @ x.T,  # the partitioner chooses the result's layout
+    lambda mesh, x: lambda u: jax.lax.with_sharding_constraint(
+        u * 2, jax.sharding.NamedSharding(mesh, P("a", "b"))),
+])
+def test_results_carry_the_shardings_jax_jit_gives_without_shardy(gspmd, make):
+    """XLA's layouts of a GSPMD program (over its devices in order) named on the
+    arguments' mesh, as jax names them."""
+    x = np.arange(64, dtype=np.float32).reshape(8, 8)
+    results = []
+    for jit, mesh in ((jax.jit, cpu_mesh((2, 4), ("a", "b"))),
+                      (jax_trn2.jit, jax_trn2.make_mesh((2, 4), ("a", "b")))):
+        placed = jax.device_put(x, jax.sharding.NamedSharding(mesh, P("a", "b")))
+        results.append(jit(make(mesh, x))(placed))
+    got, want = results
+    assert got.sharding.spec == want.sharding.spec
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
