@@ -85,15 +85,17 @@ def _dft(n_in: int, n_out: int, inverse: bool, part, scale: float = 1.0) -> _Mat
     return _Matrix(n_in, n_out, n, 2.0 if inverse else -2.0, part, scale)
 
 
-def _apply(re, im, matrix: _Matrix, axis: int):
-    """(re + i im) times the matrix along `axis` (im None: a real input); a large matrix
-    block by block of its columns (a loop of the program)."""
+def _apply(re, im, matrix: _Matrix, axis: int, real_only: bool = False):
+    """(re + i im) times the matrix along `axis` (im None: a real input): its real and
+    imaginary parts, or with `real_only` its real part alone. A large matrix goes block by
+    block of its columns (a loop of the program)."""
     dense = matrix.constant()
     if dense is not None:
-        return _product(re, im, *dense, axis)
+        return _product(re, im, *dense, axis, real_only)
     width = max(1, min(matrix.cols, BLOCK_ENTRIES // matrix.rows))
     blocks = -(-matrix.cols // width)
-    parts = lax.map(lambda b: _product(re, im, *matrix.block(b * width, width), axis),
+    parts = lax.map(lambda b: _product(re, im, *matrix.block(b * width, width), axis,
+                                       real_only),
                     jnp.arange(blocks, dtype=np.int64))
 
     def joined(stacked):  # [blocks, ..., width at axis, ...] -> [..., cols at axis, ...]
@@ -104,8 +106,9 @@ def _apply(re, im, matrix: _Matrix, axis: int):
     return tuple(joined(p) for p in parts)
 
 
-def _product(re, im, w_re, w_im, axis: int):
-    """(re + i im) times W along `axis`: four real products (im None: two)."""
+def _product(re, im, w_re, w_im, axis: int, real_only: bool = False):
+    """(re + i im) times W along `axis`: four real products (im None: two); with
+    `real_only`, the two of the real part (re W_re - im W_im) as a 1-tuple."""
     def product(x, w):
         moved = jnp.moveaxis(x, axis, -1)
         out = lax.dot_general(moved, w, (((moved.ndim - 1,), (0,)), ((), ())),
@@ -113,6 +116,8 @@ def _product(re, im, w_re, w_im, axis: int):
                               preferred_element_type=w.dtype)
         return jnp.moveaxis(out, -1, axis)
 
+    if real_only:
+        return (product(re, w_re) - product(im, w_im),)
     if im is None:
         return product(re, w_re), product(re, w_im)
     return product(re, w_re) - product(im, w_im), product(re, w_im) + product(im, w_re)
@@ -160,6 +165,5 @@ def _inverse_real(re, im, n: int, part, axis: int):
     matrix = _Matrix(half, n, n, 2.0, part, row_scale=weight)  # [k, j]: c_k e^{2 pi i jk/n}/n
     re = lax.slice_in_dim(re, 0, half, axis=axis)
     im = lax.slice_in_dim(im, 0, half, axis=axis)
-    real, _ = _apply(re, None, matrix, axis)
-    _, minus_imag = _apply(im, None, matrix, axis)
-    return real - minus_imag
+    (real,) = _apply(re, im, matrix, axis, real_only=True)
+    return real
