@@ -8,7 +8,7 @@
 from jax_trn2 import numerics
 from jax_trn2.client import Client, client
 from jax_trn2.device import Buffer, Device
-from jax_trn2.executable import LoadedExecutable
+from jax_trn2.executable import HostMemoryError, LoadedExecutable
 from jax_trn2.jit import Compiled, Jitted, Lowered, jit
 from jax_trn2.mesh import make_mesh
 from lowering import LoweringError, UnsupportedOpError
@@ -17,7 +17,8 @@ from mesh.machine import TOPOLOGY_NAMES
 from mesh.memory import MemoryStats, OutOfHBMError
 
 __all__ = [
-    "Buffer", "Client", "Compiled", "Device", "Jitted", "LoadedExecutable", "Lowered",
+    "Buffer", "Client", "Compiled", "Device", "HostMemoryError", "Jitted", "LoadedExecutable",
+    "Lowered",
     "LoweringError", "MemoryStats", "OutOfHBMError", "SplitCollectiveError", "TOPOLOGY_NAMES",
     "UnsupportedOpError",
     "client", "jit", "make_mesh", "numerics",

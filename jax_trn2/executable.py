@@ -57,7 +57,12 @@ def python_scalar(name: str, value: bool | int | float | complex,
         return np.asarray(value, dtype=dtype)
 
 
-# Makes a program's first workspace while its executor compiles (LoadedExecutable._compile).
+class HostMemoryError(MemoryError):
+    """The host ran out of memory running the simulation (not the chips: their HBM use is
+    memory_analysis()'s, and compile() checks it)."""
+
+
+# Makes a program's first workspace while its executor compiles (prefetch_workspace).
 _BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                     thread_name_prefix="jax_trn2-workspace")
 
@@ -318,10 +323,31 @@ class LoadedExecutable:
         device gets `args`, and the results are device 0's)."""
         arrays = self._check_args(args)
         run = self._run_global  # compiled first: a program's checks are known after
-        with _executor_context(), self._checked_run():
-            outs = self._keep_workspace(run(*self._as_inputs(arrays), *self._take_workspace()))
-        return self._to_callers_device([storage_to_host(o, self.program.values[v].type.dtype)
-                                        for o, v in zip(outs, self.program.outputs)])
+        with self._host_memory_named():
+            with _executor_context(), self._checked_run():
+                outs = self._keep_workspace(run(*self._as_inputs(arrays),
+                                                *self._take_workspace()))
+            return self._to_callers_device([storage_to_host(o, self.program.values[v].type.dtype)
+                                            for o, v in zip(outs, self.program.outputs)])
+
+    @contextlib.contextmanager
+    def _host_memory_named(self):
+        """XLA:CPU's RESOURCE_EXHAUSTED while the simulation runs, as HostMemoryError."""
+        try:
+            yield
+        except jax.errors.JaxRuntimeError as e:
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            chips = self.program.mesh.num_devices
+            peak = self.memory_analysis().peak_memory_in_bytes
+            raise HostMemoryError(
+                f"the host ran out of memory running the simulation of {chips} "
+                f"chip{'s' if chips != 1 else ''} "
+                f"({str(e).splitlines()[0]}). The chips fit: each needs at most {peak:,} bytes "
+                "of HBM (memory_analysis()). The simulator holds every chip's values of an op "
+                "at once in host memory, and some values whole that a chip would compute a "
+                "tile at a time (a broadcast product before its reduction): run it at smaller "
+                "shapes, or over several devices (jax_trn2.jit's executor_devices).") from None
 
     def execute_sharded(self, per_device_args: Sequence[Sequence[Any]]) -> list[list[Buffer]]:
         """Run on one argument list per device (logical device order); returns one result

@@ -87,6 +87,17 @@ def test_matmul_within_the_accumulation_bound(name, rng):
         assert_within_bound(got, a, b, name == "float32")
 
 
+@pytest.mark.parametrize("name", INPUTS)
+@pytest.mark.parametrize("k", [16, 128, 129])
+def test_matmul_of_a_transposed_operand_within_the_bound(name, k, rng):
+    """x.T @ g, the weight gradient of every matmul: its left operand contracts along its
+    first dim (one pass up to K = 128, two after)."""
+    x, g = operands(rng, name, (), k, 8, 4)[0], operands(rng, name, (), k, 4, 8)[0]
+    got = jax_trn2.jit(lambda x, g: jax.lax.dot_general(
+        x, g, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32))(x, g)
+    assert_within_bound(got, np.asarray(x).T, g, name == "float32")
+
+
 @pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float8_e5m2", "float32"])
 def test_matmul_agrees_with_cpu_jax(name, rng):
     # CPU JAX sums in FP32 in its own order (any order: gamma(K - 1) at most) and, for FP8

@@ -248,3 +248,14 @@ def test_a_scan_reads_its_stacked_inputs_in_place():
         SQUARE, jax.ShapeDtypeStruct((10, 1024, 1024), jnp.float32)).memory_analysis()
     assert stats.argument_size_in_bytes == 11 * F and stats.alias_size_in_bytes == F
     assert 12 * F <= stats.peak_memory_in_bytes < 12 * F + 64
+
+
+def test_running_out_of_host_memory_is_named_as_such():
+    """The chips fit (the model fuses the broadcast product into its reduction) but the
+    simulator, which makes the 2^19 x 2^19 product whole (1 TiB), cannot allocate it."""
+    x = jnp.ones((1 << 19,), jnp.float32)
+    f = jax_trn2.jit(lambda x: jnp.sum(jnp.sin(x[:, None] * x[None, :]), 0))
+    assert f.lower(x).memory_analysis().peak_memory_in_bytes < 1 << 30
+    with pytest.raises(jax_trn2.HostMemoryError, match="the host ran out of memory running "
+                                                       "the simulation of 1 chip .*The chips fit"):
+        f(x)

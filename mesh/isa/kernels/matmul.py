@@ -141,9 +141,9 @@ def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, out_dtype: str | 
         return lax.dot_general(lhs3.astype(acc), rhs3.astype(acc),
                                (((k_axes[0],), (k_axes[1],)), ((0,), (0,))),
                                preferred_element_type=acc)
-    host = _host_dtype(lhs3.dtype, rhs3.dtype)
-    operands = [lhs3.astype(host), rhs3.astype(host)]
     batch, k = lhs3.shape[0], lhs3.shape[k_axes[0]]
+    host = _host_dtype(lhs3.dtype, rhs3.dtype, single_pass=k <= instr.pass_size)
+    operands = [lhs3.astype(host), rhs3.astype(host)]
     if batch == 1:  # a plain GEMM is faster on the host than a batch of one
         operands, k_axes = [x[0] for x in operands], [a - 1 for a in k_axes]
     batch_dims = ((), ()) if batch == 1 else ((0,), (0,))
@@ -206,10 +206,15 @@ def _from_bits(bits, dtype):
 _BF16_EXACT = dtypes.FP8_TYPES | {"bfloat16"}
 
 
-def _host_dtype(lhs_dtype, rhs_dtype):
+def _host_dtype(lhs_dtype, rhs_dtype, single_pass: bool = False):
     """BF16 when both operands are exactly BF16 values (BF16 or FP8); FP64 for FP64 inputs
-    (not a Trainium2 type: computed as the program says); FP32 otherwise."""
+    (not a Trainium2 type: computed as the program says); FP32 otherwise.
+
+    FP8 operands of a single pass go as FP32 (as exact): XLA:CPU in jaxlib 0.10 may give
+    that GEMM of converted FP8 operands, where it folds a transpose into it, to its Eigen
+    dot, which has no BF16 (UNIMPLEMENTED when it runs); a pass loop cuts its operands
+    out, so the loop's GEMMs take them as they are."""
     names = {np.dtype(lhs_dtype).name, np.dtype(rhs_dtype).name}
-    if names <= _BF16_EXACT:
+    if names <= _BF16_EXACT and not (single_pass and names & dtypes.FP8_TYPES):
         return jnp.bfloat16
     return jnp.float64 if "float64" in names else jnp.float32
