@@ -185,9 +185,10 @@ def _spelled_on(mesh: Mesh, dim_axes: tuple, program_mesh: isa.MeshSpec) -> list
 
 
 def _in_memory(sharding: Sharding | None, kind: str | None) -> Sharding | None:
-    """`sharding` (None: jax's default device) in memory `kind` when the program placed the
-    result there (jax.device_put to pinned_host); as it is otherwise."""
-    if kind in (None, "device") or (sharding is not None and sharding.memory_kind == kind):
+    """`sharding` (None: jax's default device) in memory `kind` where the program names one
+    for the result (jax.device_put to pinned_host; "device" in a program that offloads):
+    then committed, as jax.jit's result is. As it is otherwise."""
+    if kind is None or (sharding is not None and sharding.memory_kind == kind):
         return sharding
     return _on_a_device([sharding])[0].with_memory_kind(kind)
 

@@ -516,3 +516,22 @@ def test_results_placed_in_host_memory_come_back_there(rng, f, out_shardings):
     assert got.sharding.memory_kind == want.sharding.memory_kind == "pinned_host"
     assert jax.typeof(got) == jax.typeof(want)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_a_result_of_a_program_that_offloads_is_committed_as_jax_commits_it():
+    """Gradient checkpointing that offloads to pinned_host: jax names the results' memory
+    ("device"), and so commits them."""
+    policy = jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=["h"],
+        offload_src="device", offload_dst="pinned_host")
+
+    def loss(w, x):
+        h = jax.ad_checkpoint.checkpoint_name(x @ w, "h")
+        return jnp.sum(jnp.tanh(h) ** 2)
+
+    grad = jax.grad(jax.checkpoint(loss, policy=policy))
+    w, x = jnp.ones((8, 8)) * 0.1, jnp.ones((4, 8))
+    got, want = jax_trn2.jit(grad)(w, x), jax.jit(grad)(w, x)
+    assert got.committed and want.committed and got.sharding == want.sharding
+    # tanh and the 8-long dots round differently (the chips' FP32 order): ulps of values ~0.2
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
