@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
 import jax_trn2
@@ -526,7 +527,7 @@ def test_a_result_of_a_program_that_offloads_is_committed_as_jax_commits_it():
         offload_src="device", offload_dst="pinned_host")
 
     def loss(w, x):
-        h = jax.ad_checkpoint.checkpoint_name(x @ w, "h")
+        h = checkpoint_name(x @ w, "h")
         return jnp.sum(jnp.tanh(h) ** 2)
 
     grad = jax.grad(jax.checkpoint(loss, policy=policy))
