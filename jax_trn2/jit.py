@@ -296,28 +296,28 @@ def _check_hashable(static: tuple) -> None:
 
 
 class _StageInfo:
-    """What jax's Lowered and Compiled stages say of the function's arguments and results
-    (the same here: they describe the function, not the machine)."""
+    """What jax's Traced, Lowered and Compiled stages say of the function's arguments and
+    results (the same here: they describe the function, not the machine)."""
 
-    _jax_lowered: Any
+    _jax_stage: Any  # jax's stage of the same function
 
     @property
     def args_info(self) -> Any:
         """The arguments' pytree of jax ArgInfo (shape, dtype, donated)."""
-        return self._jax_lowered.args_info
+        return self._jax_stage.args_info
 
     @property
     def out_info(self) -> Any:
         """The results' pytree of jax.ShapeDtypeStruct."""
-        return self._jax_lowered.out_info
+        return self._jax_stage.out_info
 
     @property
     def in_avals(self) -> Any:
-        return self._jax_lowered.in_avals
+        return self._jax_stage.in_avals
 
     @property
     def donate_argnums(self) -> tuple[int, ...]:
-        return self._jax_lowered.donate_argnums
+        return self._jax_stage.donate_argnums
 
 
 class Compiled(_StageInfo):
@@ -332,7 +332,7 @@ class Compiled(_StageInfo):
         chose), else None (on one device). `kept`: the argument leaves the program takes
         (jax.jit drops those the function does not use, unless keep_unused)."""
         self.executable = executable
-        self._jax_lowered = jax_lowered  # jax's stage of the same function (_StageInfo)
+        self._jax_stage = jax_lowered
         self.in_tree = in_tree
         self.out_tree = out_tree
         self.out_avals = tuple(out_avals)  # each result leaf's dtype and weak type
@@ -411,13 +411,18 @@ class Compiled(_StageInfo):
                     f"{first} and {again}): a donated buffer can be used once per call (pass a "
                     "copy, jnp.copy(x))")
 
+    def _per_argument(self, entries: Sequence[Any], dropped: Any) -> Any:
+        """The arguments' pytree of `entries` (one per leaf), `dropped` for the leaves the
+        program does not take."""
+        kept = set(self._kept)
+        return tree_util.tree_unflatten(self.in_tree, [
+            entry if i in kept else dropped for i, entry in enumerate(entries)])
+
     @property
     def input_shardings(self) -> Any:
         """The arguments' pytree of the shardings jax.jit's compiled function takes them
         in (a device of its own where it runs on one; None for one it does not take)."""
-        kept = set(self._kept)
-        return tree_util.tree_unflatten(self.in_tree, [
-            s if i in kept else None for i, s in enumerate(_on_a_device(self._in_shardings))])
+        return self._per_argument(_on_a_device(self._in_shardings), None)
 
     @property
     def output_shardings(self) -> Any:
@@ -428,11 +433,9 @@ class Compiled(_StageInfo):
     def input_formats(self) -> Any:
         """The arguments' pytree of jax Formats: row-major layouts (what the executor
         takes), with input_shardings; Format(None, None) for one it does not take."""
-        kept = set(self._kept)
-        formats = _formats(tree_util.tree_leaves(self.in_avals),
-                           _on_a_device(self._in_shardings))
-        return tree_util.tree_unflatten(self.in_tree, [
-            f if i in kept else Format(None, None) for i, f in enumerate(formats)])
+        return self._per_argument(_formats(tree_util.tree_leaves(self.in_avals),
+                                           _on_a_device(self._in_shardings)),
+                                  Format(None, None))
 
     @property
     def output_formats(self) -> Any:
@@ -474,7 +477,7 @@ class Lowered(_StageInfo):
         worked out from it on compiling: lowering.partition.layouts); `out_avals`: each
         result leaf's abstract value in jax's trace (its dtype and weak type); `kept`: the
         argument leaves the module takes (jax.jit drops unused ones, unless keep_unused)."""
-        self._jax_lowered = jax_lowered
+        self._jax_stage = jax_lowered
         self._kept = tuple(kept)
         self._module = module
         self._out_avals = tuple(out_avals)
@@ -492,13 +495,13 @@ class Lowered(_StageInfo):
         emitted: dialect="stablehlo", or "hlo" (XLA's HLO text of it), with its locations
         when `debug_info`."""
         if dialect in ("stablehlo", "hlo"):
-            return self._jax_lowered.as_text(dialect, debug_info=debug_info)
+            return self._jax_stage.as_text(dialect, debug_info=debug_info)
         if dialect != "trn2":
             raise ValueError(f"dialect must be 'trn2', 'stablehlo' or 'hlo', got {dialect!r}")
         return self._executable.as_text()
 
     def compiler_ir(self, dialect: str = "stablehlo"):
-        return self._jax_lowered.compiler_ir(dialect)
+        return self._jax_stage.compiler_ir(dialect)
 
     def cost_analysis(self) -> dict:
         """The estimated per-chip costs (as Compiled.cost_analysis), without compiling."""
@@ -520,9 +523,9 @@ class Lowered(_StageInfo):
         _refuse_compiler_options(compiler_options, "Lowered.compile")
         if check_memory:
             self._executable.check_memory()
-        out_info = tree_util.tree_leaves(self._jax_lowered.out_info)
+        out_info = tree_util.tree_leaves(self._jax_stage.out_info)
         in_avals = tree_util.tree_leaves(self.in_avals)
-        compile_args = _compile_args(self._jax_lowered)
+        compile_args = _compile_args(self._jax_stage)
         in_layouts, out_layouts = partition.layouts(self._module, self._executable.program)
         # XLA replicates a result with no elements, whatever its layout said
         out_layouts = [None if 0 in i.shape else layout for i, layout in
@@ -534,7 +537,7 @@ class Lowered(_StageInfo):
                         [_in_memory(sharding, kind) for sharding, kind in zip(
                             out_shardings, partition.result_memory_kinds(self._module),
                             strict=True)],
-                        self._jax_lowered,
+                        self._jax_stage,
                         self._shardings(compile_args, [a.ndim for a in in_avals],
                                         self._of_all_leaves(in_layouts, len(in_avals)),
                                         self._of_all_leaves(compile_args.get("in_shardings"),
@@ -572,35 +575,23 @@ class Lowered(_StageInfo):
         return shardings
 
 
-class Traced:
+class Traced(_StageInfo):
     """A traced function (jax.jit's `Traced` stage): its jaxpr and what it takes and gives;
     `lower()` lowers it for the simulated mesh."""
 
     def __init__(self, jitted: "Jitted", jax_traced: Any, args: tuple, kwargs: dict):
         self._jitted = jitted
-        self._jax_traced = jax_traced
+        self._jax_stage = jax_traced
         self._args, self._kwargs = args, kwargs
 
     @property
     def jaxpr(self) -> Any:
         """The function's jax.core.ClosedJaxpr."""
-        return self._jax_traced.jaxpr
-
-    @property
-    def args_info(self) -> Any:
-        return self._jax_traced.args_info
-
-    @property
-    def out_info(self) -> Any:
-        return self._jax_traced.out_info
-
-    @property
-    def in_avals(self) -> Any:
-        return self._jax_traced.in_avals
+        return self._jax_stage.jaxpr
 
     @property
     def fun_name(self) -> str:
-        return self._jax_traced.fun_name
+        return self._jax_stage.fun_name
 
     def lower(self, *, lowering_platforms: tuple[str, ...] | None = None,
               _private_parameters: Any = None) -> Any:
@@ -611,9 +602,9 @@ class Traced:
         StableHLO, which this simulator (jax_trn2.client().compile) or any other backend
         can run."""
         if lowering_platforms is not None:
-            return self._jax_traced.lower(lowering_platforms=lowering_platforms,
-                                          _private_parameters=_private_parameters)
-        return self._jitted._lower_traced(self._jax_traced, self._args, self._kwargs)
+            return self._jax_stage.lower(lowering_platforms=lowering_platforms,
+                                         _private_parameters=_private_parameters)
+        return self._jitted._lower_traced(self._jax_stage, self._args, self._kwargs)
 
 
 class Jitted:

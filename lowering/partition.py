@@ -372,16 +372,27 @@ def main_parameter_count(module: ir.Module) -> int:
                if not mlir.is_token(a.type))
 
 
-def result_memory_kinds(module: ir.Module) -> tuple[str | None, ...]:
-    """The memory kind jax gives each of main's results that is not a token (mhlo.memory_kind:
+def result_memory_kinds(module: ir.Module) -> list[str | None]:
+    """The memory kind jax gives each leaf of main's results (mhlo.memory_kind:
     "pinned_host" for one jax.device_put or out_shardings placed in host memory), None
     where it names none."""
     main = _main(module)
-    results = main.regions[0].blocks[0].operations[-1].operands
-    attrs = mlir.Attributes(main).get("res_attrs", ())
-    return tuple((attrs[i].get("mhlo.memory_kind") if i < len(attrs) and
-                  isinstance(attrs[i], dict) else None)
-                 for i, value in enumerate(results) if not mlir.is_token(value.type))
+    return memory_kinds(main.regions[0].blocks[0].operations[-1].operands,
+                        mlir.Attributes(main).get("res_attrs", ()))
+
+
+def memory_kinds(values, attrs: Any) -> list[str | None]:
+    """Per leaf of these arguments or results of main (with their arg_attrs or res_attrs),
+    its mhlo.memory_kind, None where it names none; tokens have no leaf."""
+    kinds = []
+    for i, value in enumerate(values):
+        if mlir.is_token(value.type):
+            continue
+        entry = attrs[i] if i < len(attrs) and isinstance(attrs[i], dict) else {}
+        type_ = mlir.value_type(value.type)
+        leaves = len(type_.leaves()) if isinstance(type_, mlir.TupleType) else 1
+        kinds += [entry.get("mhlo.memory_kind")] * leaves
+    return kinds
 
 
 def propagated_layouts(module: ir.Module) -> tuple[tuple, tuple]:

@@ -375,8 +375,9 @@ class Walker:
             elif entry.get("jax.buffer_donor"):
                 donors.append(inputs[i])
         taken = {output for _, output in aliased}
-        input_kinds = _leaf_memory_kinds(arguments, attrs)
-        output_kinds = _leaf_memory_kinds(results, main.get("res_attrs", ()))
+        input_kinds = [k or "device" for k in partition.memory_kinds(arguments, attrs)]
+        output_kinds = [k or "device" for k in
+                        partition.memory_kinds(results, main.get("res_attrs", ()))]
         for kind in set(input_kinds[i] for i in donors):
             aliased += _paired_by_size(
                 [i for i in donors if input_kinds[i] == kind],
@@ -541,20 +542,6 @@ def _paired_by_size(donors: list[int], donees: list[int], donor_bytes: Sequence[
             pairs.append((donors[d], donees[e]))
             d, e = d + 1, e + 1
     return pairs
-
-
-def _leaf_memory_kinds(values, attrs: Sequence[Any]) -> list[str]:
-    """The memory kind of each leaf of main's arguments (or results): its mhlo.memory_kind,
-    else "device"; tokens have no leaf."""
-    kinds = []
-    for i, value in enumerate(values):
-        if mlir.is_token(value.type):
-            continue
-        entry = attrs[i] if i < len(attrs) and isinstance(attrs[i], dict) else {}
-        type_ = mlir.value_type(value.type)
-        leaves = len(type_.leaves()) if isinstance(type_, mlir.TupleType) else 1
-        kinds += [entry.get("mhlo.memory_kind", "device")] * leaves
-    return kinds
 
 
 def _leaf_positions(types) -> list[int | None]:

@@ -92,6 +92,18 @@ def test_while_loop_whose_trip_count_differs_per_chip(rng):
     assert loop.trip_count is None
 
 
+def _raises_split(body, came: str, missing: str) -> None:
+    """A shard_map of `body` over x, whose AllReduce the chips `came` reach and `missing`
+    do not, raises SplitCollectiveError naming them."""
+    step = jax_trn2.jit(jax.shard_map(body, mesh=jax_trn2.make_mesh(*MESH), in_specs=P("x"),
+                                      out_specs=P("x"), check_vma=False))
+    with pytest.raises(jax_trn2.SplitCollectiveError,
+                       match=rf"AllReduce at .*test_control_flow.py:\d+.*logical devices "
+                             rf"\[{came}\] of the group \[0, 16, 32, 48\] reached it and "
+                             rf"\[{missing}\] did not"):
+        step(np.ones((4, 2), np.float32))
+
+
 def test_a_loop_collective_that_part_of_its_group_stops_reaching_is_an_error():
     """Chips at x coordinate k run 1 + k iterations of a psum over x: from the second
     iteration on, chip 0 of each x line has left the loop. Trainium2 (and XLA:CPU) would
@@ -101,13 +113,7 @@ def test_a_loop_collective_that_part_of_its_group_stops_reaching_is_an_error():
         step = lambda s: (s[0] + 1, jax.lax.psum(s[1], "x"))  # noqa: E731
         return jax.lax.while_loop(lambda s: s[0] < limit, step, (0, v))[1]
 
-    step = jax_trn2.jit(jax.shard_map(body, mesh=jax_trn2.make_mesh(*MESH), in_specs=P("x"),
-                                      out_specs=P("x"), check_vma=False))
-    with pytest.raises(jax_trn2.SplitCollectiveError,
-                       match=r"AllReduce at .*test_control_flow.py:\d+.*logical devices "
-                             r"\[16, 32, 48\] of the group \[0, 16, 32, 48\] reached it and "
-                             r"\[0\] did not"):
-        step(np.ones((4, 2), np.float32))
+    _raises_split(body, "16, 32, 48", "0")
 
 
 def test_a_collective_in_a_loop_condition_checked_after_chips_leave():
@@ -118,13 +124,7 @@ def test_a_collective_in_a_loop_condition_checked_after_chips_leave():
         go_on = lambda s: jax.lax.psum(s[1], "x") < 10 + jax.lax.axis_index("x")  # noqa: E731
         return jax.lax.while_loop(go_on, lambda s: (s[0] + 1, s[1] + 1), (v, 0))[0]
 
-    step = jax_trn2.jit(jax.shard_map(body, mesh=jax_trn2.make_mesh(*MESH), in_specs=P("x"),
-                                      out_specs=P("x"), check_vma=False))
-    with pytest.raises(jax_trn2.SplitCollectiveError,
-                       match=r"AllReduce at .*test_control_flow.py:\d+.*logical devices "
-                             r"\[48\] of the group \[0, 16, 32, 48\] reached it and "
-                             r"\[0, 16, 32\] did not"):
-        step(np.ones((4, 2), np.float32))
+    _raises_split(body, "48", "0, 16, 32")
 
 
 def test_a_branch_collective_over_chips_that_took_other_branches_is_an_error():
