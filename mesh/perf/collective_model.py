@@ -413,6 +413,7 @@ class _Network:
         self._healthy = topology.healthy()  # the machine templates route on (_template)
         self._templates: dict[int, tuple] = {}
         self._detours: dict[tuple[int, int], tuple] = {}
+        self._incidences: dict[tuple[bytes, bytes], tuple] = {}  # (src, dst) bytes
 
     def link_id(self, src: int, axis: int, direction: int) -> int:
         """Index of the link leaving chip `src` along `axis` in `direction` (+1/-1)."""
@@ -482,35 +483,50 @@ class _Network:
     def loads(self, pattern: _Pattern) -> tuple[np.ndarray, float, int, int]:
         """(bytes on every link, longest route latency, most hops, transfers detoured
         around faults) of one step."""
+        ids, transfer, share, latency, hops, detoured = self._incidence(pattern.src,
+                                                                        pattern.dst)
+        loads = np.bincount(ids, pattern.nbytes[transfer] * share, minlength=self.n_links)
+        return loads, latency, hops, detoured
+
+    def _incidence(self, src: np.ndarray, dst: np.ndarray) -> tuple:
+        """Where transfers src[i] -> dst[i] go, whatever their sizes: (link ids, the
+        transfer each entry belongs to, its share of that transfer's bytes, longest route
+        latency, most hops, transfers detoured around faults). Ring algorithms repeat a few
+        patterns with other sizes (an FSDP step's 62 steps have 10), so each is routed
+        once."""
+        key = (src.tobytes(), dst.tobytes())
+        if key in self._incidences:
+            return self._incidences[key]
         shape = np.array(self.topology.shape)
-        src = self.coords[pattern.src]
-        offsets = np.ravel_multi_index(((self.coords[pattern.dst] - src) % shape).T,
+        at_src = self.coords[src]
+        offsets = np.ravel_multi_index(((self.coords[dst] - at_src) % shape).T,
                                        self.topology.shape)
-        links, weights = [], []
+        links, transfers, shares = [], [], []
         latency, hops, detoured = 0.0, 0, 0
         for offset in np.unique(offsets):
             at, axis, up, share, lat, h = self._template(int(offset))
-            mine = offsets == offset
+            mine = np.nonzero(offsets == offset)[0]
             # link source chips: each transfer's source translated by the template's hops
-            chips = np.ravel_multi_index(((src[mine][:, None, :] + at[None]) % shape)
+            chips = np.ravel_multi_index(((at_src[mine][:, None, :] + at[None]) % shape)
                                          .reshape(-1, len(shape)).T, self.topology.shape)
             ids = (chips.reshape(-1, len(axis)) * self.topology.ndim + axis) * 2 + up
-            nbytes = pattern.nbytes[mine]
             blocked = self.failed[ids].any(axis=1)
+            routed = mine[~blocked]
             links.append(ids[~blocked].ravel())
-            weights.append((nbytes[~blocked][:, None] * share[None]).ravel())
-            if not blocked.all():
+            transfers.append(np.repeat(routed, len(axis)))
+            shares.append(np.tile(share, len(routed)))
+            if len(routed):
                 latency, hops = max(latency, lat), max(hops, h)
-            for s, d, n in zip(pattern.src[mine][blocked], pattern.dst[mine][blocked],
-                               nbytes[blocked]):
-                route_ids, route_latency = self._detour(int(s), int(d))
+            for t in mine[blocked]:
+                route_ids, route_latency = self._detour(int(src[t]), int(dst[t]))
                 links.append(route_ids)
-                weights.append(np.full(len(route_ids), n))
+                transfers.append(np.full(len(route_ids), t))
+                shares.append(np.ones(len(route_ids)))
                 latency, hops = max(latency, route_latency), max(hops, len(route_ids))
                 detoured += 1
-        loads = np.bincount(np.concatenate(links), np.concatenate(weights),
-                            minlength=self.n_links)
-        return loads, latency, hops, detoured
+        self._incidences[key] = (np.concatenate(links), np.concatenate(transfers),
+                                 np.concatenate(shares), latency, hops, detoured)
+        return self._incidences[key]
 
     def _detour(self, src: int, dst: int) -> tuple[np.ndarray, float]:
         """(link ids, latency) of the route around the faults (Topology.route)."""

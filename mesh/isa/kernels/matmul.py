@@ -158,23 +158,31 @@ def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, out_dtype: str | 
         return lax.dynamic_slice_in_dim(x, start, length, axis=axis)
 
     size = instr.pass_size
-    whole, rest = divmod(k, size)
-    acc = product(*(pass_of(x, a, 0, min(size, k)) for x, a in zip(operands, k_axes)))
-    if whole > 1:
-        # The later whole passes, added one after another by a loop (one host GEMM in the
-        # program) that cuts each pass out of the operands. The operands go through the
-        # loop as raw bits: XLA:CPU would otherwise widen BF16 loop operands to FP32
-        # before the loop (a copy of both at twice the size).
-        bits = [_to_bits(x) for x in operands]
+    if k <= size:
+        acc = product(*operands)
+    else:
+        # Whole passes added one after another by a loop (one host GEMM in the program)
+        # into an accumulator of -0.0, which adds exactly (-0 + d is d, signed zeros and
+        # NaNs included): a first pass peeled off the loop would take two more kernels to
+        # compile (its operands' slices). The loop cuts each pass out of the operands;
+        # narrow ones go through it as raw bits, as XLA:CPU would otherwise widen BF16
+        # loop operands to FP32 before the loop (a copy of both at twice the size).
+        whole, rest = divmod(k, size)
+        narrow = jnp.dtype(host).itemsize < 4
+        looped = [_to_bits(x) for x in operands] if narrow else operands
 
         def add_pass(p, acc):
-            return acc + product(*(_from_bits(pass_of(b, a, p * size, size), host)
-                                   for b, a in zip(bits, k_axes)))
+            cut = [pass_of(x, a, p * size, size) for x, a in zip(looped, k_axes)]
+            if narrow:
+                cut = [_from_bits(x, host) for x in cut]
+            return acc + product(*cut)
 
-        acc = lax.fori_loop(1, whole, add_pass, acc)
-    if rest and whole:
-        acc = acc + product(*(pass_of(x, a, whole * size, rest)
-                              for x, a in zip(operands, k_axes)))
+        m, n = lhs3.shape[1], rhs3.shape[2 if rhs_k_major else 1]
+        out_shape = (m, n) if batch == 1 else (batch, m, n)
+        acc = lax.fori_loop(0, whole, add_pass, jnp.full(out_shape, -0.0, accumulate))
+        if rest:
+            acc = acc + product(*(pass_of(x, a, whole * size, rest)
+                                  for x, a in zip(operands, k_axes)))
     if batch == 1:
         acc = acc[None]
     return numerics.round_to(acc, out_dtype, ctx.rounding)

@@ -113,7 +113,10 @@ def ring_reduce(members: jnp.ndarray, lead: int, ring_sizes: Sequence[int], comb
     m_i is ring_sizes[i], or 1 where the value is the same on every member of that ring (it
     is then added to itself k - 1 times, as the ring would). Returns [lead..., n].
     The member added at each step is chosen per element with a select over the k members,
-    computed from iotas, so XLA fuses a whole ring into one pass over the buffer.
+    so XLA fuses a whole ring into one pass over the buffer. Where the buffer is a grid of
+    blocks, each step's members going either way are small host constants, one per owner,
+    and the in-program work is one select by direction (fewer ops to compile and run than
+    index arithmetic in the program).
     """
     n = members.shape[-1]
     dtype_name = np.dtype(members.dtype).name
@@ -121,13 +124,17 @@ def ring_reduce(members: jnp.ndarray, lead: int, ring_sizes: Sequence[int], comb
     grid = n > 0 and n % blocks == 0
     if grid:  # [..., n] as [..., owner, position] (see _ring_positions)
         members = members.reshape(members.shape[:-1] + (blocks, n // blocks))
-    coords, direction = _ring_positions(ring_sizes, n, jnp, grid)
+    coords, direction = _ring_positions(ring_sizes, n, np if grid else jnp, grid)
+    forward = direction > 0
     remaining = list(range(len(ring_sizes)))  # group axes still in `members`, in dim order
     for axis in (range(len(ring_sizes)) if axis_order is None else axis_order):
         dim = lead + remaining.index(axis)
         size = ring_sizes[axis]
-        # c + d s >= -size: adding size keeps the remainder's operand non-negative
-        orders = [_rem(coords[axis] + direction * s + size, size) for s in range(1, size + 1)]
+        # step s adds the member s after the owner's coordinate c going forward, s before
+        # it going back (c - s + size >= 0 keeps the remainder's operand non-negative)
+        c = coords[axis]
+        orders = [jnp.where(forward, _rem(c + s, size), _rem(c - s + size, size))
+                  for s in range(1, size + 1)]
         steps = _members_in_order(members, dim, orders)
         partial = steps[0]
         for value in steps[1:]:
