@@ -26,7 +26,7 @@ from jax_trn2.numerics import ulp
 U = 2.0 ** -24  # FP32 unit roundoff
 PASS = 128  # contraction rows of one Tensor Engine pass
 INPUTS = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3",
-          "float8_e3m4", "float32")
+          "float8_e3m4", "float4_e2m1fn", "float32")  # FP4: no bits of its own width to cut
 # (batch, M, K, N): K one row over a pass, several passes with a short last one, K = 1;
 # odd M and N throughout.
 SHAPES = [((), 5, 129, 3), ((2,), 7, 300, 9), ((), 3, 1, 5)]

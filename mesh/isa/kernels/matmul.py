@@ -143,14 +143,18 @@ def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, out_dtype: str | 
                                preferred_element_type=acc)
     batch, k = lhs3.shape[0], lhs3.shape[k_axes[0]]
     host = _host_dtype(lhs3.dtype, rhs3.dtype, single_pass=k <= instr.pass_size)
-    operands = [lhs3.astype(host), rhs3.astype(host)]
+    # In their own types (a pass is converted to `host` once cut), but sub-byte types,
+    # which have no unsigned integer of their width to go through the pass loop as
+    operands = [x if dtypes.bit_width(x.dtype.name) >= 8 else x.astype(host)
+                for x in (lhs3, rhs3)]
     if batch == 1:  # a plain GEMM is faster on the host than a batch of one
         operands, k_axes = [x[0] for x in operands], [a - 1 for a in k_axes]
     batch_dims = ((), ()) if batch == 1 else ((0,), (0,))
     accumulate = jnp.float64 if host == jnp.float64 else jnp.float32  # PSUM: FP32
 
     def product(lhs, rhs):  # one pass: a host GEMM accumulating in `accumulate`
-        return lax.dot_general(lhs, rhs, (((k_axes[0],), (k_axes[1],)), batch_dims),
+        return lax.dot_general(lhs.astype(host), rhs.astype(host),
+                               (((k_axes[0],), (k_axes[1],)), batch_dims),
                                precision=lax.Precision.HIGHEST,
                                preferred_element_type=accumulate)
 
@@ -164,18 +168,16 @@ def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, out_dtype: str | 
         # Whole passes added one after another by a loop (one host GEMM in the program)
         # into an accumulator of -0.0, which adds exactly (-0 + d is d, signed zeros and
         # NaNs included): a first pass peeled off the loop would take two more kernels to
-        # compile (its operands' slices). The loop cuts each pass out of the operands;
-        # narrow ones go through it as raw bits, as XLA:CPU would otherwise widen BF16
-        # loop operands to FP32 before the loop (a copy of both at twice the size).
+        # compile (its operands' slices). Each pass is cut out of an operand and converted
+        # in one kernel; operands narrower than 32 bits go through the loop as raw bits, as
+        # XLA:CPU would otherwise widen them to FP32 before the loop (a copy at twice the
+        # size).
         whole, rest = divmod(k, size)
-        narrow = jnp.dtype(host).itemsize < 4
-        looped = [_to_bits(x) for x in operands] if narrow else operands
+        looped = [_to_bits(x) if x.dtype.itemsize < 4 else x for x in operands]
 
         def add_pass(p, acc):
-            cut = [pass_of(x, a, p * size, size) for x, a in zip(looped, k_axes)]
-            if narrow:
-                cut = [_from_bits(x, host) for x in cut]
-            return acc + product(*cut)
+            return acc + product(*(_from_bits(pass_of(b, a, p * size, size), x.dtype)
+                                   for b, x, a in zip(looped, operands, k_axes)))
 
         m, n = lhs3.shape[1], rhs3.shape[2 if rhs_k_major else 1]
         out_shape = (m, n) if batch == 1 else (batch, m, n)
@@ -208,6 +210,7 @@ def _to_bits(x):
 
 
 def _from_bits(bits, dtype):
+    """The values of `dtype` whose bits `bits` holds (itself when already of `dtype`)."""
     return lax.bitcast_convert_type(bits, dtype)
 
 
