@@ -162,29 +162,26 @@ def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, out_dtype: str | 
         return lax.dynamic_slice_in_dim(x, start, length, axis=axis)
 
     size = instr.pass_size
-    if k <= size:
-        acc = product(*operands)
-    else:
-        # Whole passes added one after another by a loop (one host GEMM in the program)
-        # into an accumulator of -0.0, which adds exactly (-0 + d is d, signed zeros and
-        # NaNs included): a first pass peeled off the loop would take two more kernels to
-        # compile (its operands' slices). Each pass is cut out of an operand and converted
-        # in one kernel; operands narrower than 32 bits go through the loop as raw bits, as
-        # XLA:CPU would otherwise widen them to FP32 before the loop (a copy at twice the
-        # size).
-        whole, rest = divmod(k, size)
+    whole, rest = divmod(k, size)
+    acc = product(*(pass_of(x, a, 0, min(size, k)) for x, a in zip(operands, k_axes)))
+    if whole > 1:
+        # The later whole passes, added one after another by a loop (one host GEMM in the
+        # program). The first pass is peeled off, as the loop's initial accumulator: a
+        # loop over every pass from an accumulator of -0.0 (which adds exactly) compiles
+        # two kernels fewer, but its extra pass over the accumulator cost tp_mlp_bf16 about
+        # 5% of a step. Each pass is cut out of an operand and converted in one kernel;
+        # operands narrower than 32 bits go through the loop as raw bits, as XLA:CPU
+        # would otherwise widen them to FP32 before the loop (a copy at twice the size).
         looped = [_to_bits(x) if x.dtype.itemsize < 4 else x for x in operands]
 
         def add_pass(p, acc):
             return acc + product(*(_from_bits(pass_of(b, a, p * size, size), x.dtype)
                                    for b, x, a in zip(looped, operands, k_axes)))
 
-        m, n = lhs3.shape[1], rhs3.shape[2 if rhs_k_major else 1]
-        out_shape = (m, n) if batch == 1 else (batch, m, n)
-        acc = lax.fori_loop(0, whole, add_pass, jnp.full(out_shape, -0.0, accumulate))
-        if rest:
-            acc = acc + product(*(pass_of(x, a, whole * size, rest)
-                                  for x, a in zip(operands, k_axes)))
+        acc = lax.fori_loop(1, whole, add_pass, acc)
+    if rest and whole:
+        acc = acc + product(*(pass_of(x, a, whole * size, rest)
+                              for x, a in zip(operands, k_axes)))
     if batch == 1:
         acc = acc[None]
     return numerics.round_to(acc, out_dtype, ctx.rounding)
