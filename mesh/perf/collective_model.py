@@ -413,7 +413,7 @@ class _Network:
         self._healthy = topology.healthy()  # the machine templates route on (_template)
         self._templates: dict[int, tuple] = {}
         self._detours: dict[tuple[int, int], tuple] = {}
-        self._incidences: dict[tuple[bytes, bytes], tuple] = {}  # (src, dst) bytes
+        self._incidences: dict[tuple[str, bytes, bytes], tuple] = {}  # _incidence
 
     def link_id(self, src: int, axis: int, direction: int) -> int:
         """Index of the link leaving chip `src` along `axis` in `direction` (+1/-1)."""
@@ -494,7 +494,7 @@ class _Network:
         latency, most hops, transfers detoured around faults). Ring algorithms repeat a few
         patterns with other sizes (an FSDP step's 62 steps have 10), so each is routed
         once."""
-        key = (src.tobytes(), dst.tobytes())
+        key = (src.dtype.str, src.tobytes(), dst.tobytes())
         if key in self._incidences:
             return self._incidences[key]
         shape = np.array(self.topology.shape)
@@ -524,8 +524,10 @@ class _Network:
                 shares.append(np.ones(len(route_ids)))
                 latency, hops = max(latency, route_latency), max(hops, len(route_ids))
                 detoured += 1
-        self._incidences[key] = (np.concatenate(links), np.concatenate(transfers),
-                                 np.concatenate(shares), latency, hops, detoured)
+        arrays = [np.concatenate(parts) for parts in (links, transfers, shares)]
+        for array in arrays:
+            array.flags.writeable = False  # shared by every step of this pattern
+        self._incidences[key] = (*arrays, latency, hops, detoured)
         return self._incidences[key]
 
     def _detour(self, src: int, dst: int) -> tuple[np.ndarray, float]:

@@ -26,7 +26,7 @@ from jax_trn2.numerics import ulp
 U = 2.0 ** -24  # FP32 unit roundoff
 PASS = 128  # contraction rows of one Tensor Engine pass
 INPUTS = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3",
-          "float8_e3m4", "float4_e2m1fn", "float32")  # FP4: no bits of its own width to cut
+          "float8_e3m4", "float32")
 # (batch, M, K, N): K one row over a pass, several passes with a short last one, K = 1;
 # odd M and N throughout.
 SHAPES = [((), 5, 129, 3), ((2,), 7, 300, 9), ((), 3, 1, 5)]
@@ -96,6 +96,25 @@ def test_matmul_of_a_transposed_operand_within_the_bound(name, k, rng):
     got = jax_trn2.jit(lambda x, g: jax.lax.dot_general(
         x, g, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32))(x, g)
     assert_within_bound(got, np.asarray(x).T, g, name == "float32")
+
+
+@pytest.mark.parametrize("name", ["float4_e2m1fn", "int4"])
+@pytest.mark.parametrize("k", [100, 300])
+def test_sub_byte_operands_over_one_pass_and_several_are_exact(name, k, rng):
+    """FP4 and int4 operands (converted before the pass loop: there is no unsigned integer
+    of their width to cut passes from as bits). Their products are multiples of 1/4 of at
+    most 64 in magnitude, so sums of 300 of them are exact in FP32: every element must be
+    the exact product."""
+    dtype = jnp.dtype(name)
+    if name == "int4":
+        values = np.arange(-8, 8)
+    else:
+        values = np.unique(np.arange(256, dtype=np.uint8).view(dtype).astype(np.float64))
+    a = rng.choice(values, (5, k)).astype(dtype)
+    b = rng.choice(values, (k, 7)).astype(dtype)
+    got = jax_trn2.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))(a, b)
+    exact, _ = exact_product(a, b)
+    np.testing.assert_array_equal(np.asarray(got, np.float64), exact)
 
 
 @pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float8_e5m2", "float32"])

@@ -143,8 +143,8 @@ def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, out_dtype: str | 
                                preferred_element_type=acc)
     batch, k = lhs3.shape[0], lhs3.shape[k_axes[0]]
     host = _host_dtype(lhs3.dtype, rhs3.dtype, single_pass=k <= instr.pass_size)
-    # In their own types (a pass is converted to `host` once cut), but sub-byte types,
-    # which have no unsigned integer of their width to go through the pass loop as
+    # In their own types, each pass converted to `host` once cut; sub-byte types are
+    # converted up front (there is no unsigned integer of their width to bitcast them to)
     operands = [x if dtypes.bit_width(x.dtype.name) >= 8 else x.astype(host)
                 for x in (lhs3, rhs3)]
     if batch == 1:  # a plain GEMM is faster on the host than a batch of one
@@ -169,10 +169,12 @@ def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, out_dtype: str | 
         # program). The first pass is peeled off, as the loop's initial accumulator: a
         # loop over every pass from an accumulator of -0.0 (which adds exactly) compiles
         # two kernels fewer, but its extra pass over the accumulator cost tp_mlp_bf16 about
-        # 5% of a step. Each pass is cut out of an operand and converted in one kernel;
-        # operands narrower than 32 bits go through the loop as raw bits, as XLA:CPU
-        # would otherwise widen them to FP32 before the loop (a copy at twice the size).
-        looped = [_to_bits(x) if x.dtype.itemsize < 4 else x for x in operands]
+        # 5% of a step. Each pass is cut out of an operand and converted in one kernel.
+        # The operands go through the loop as raw bits: XLA:CPU would otherwise widen
+        # narrow ones to FP32 before the loop (a copy at twice the size), and fold the
+        # transposing copy of a left operand into the loop's GEMM, which then sums its
+        # pass in another order than the peeled first pass.
+        looped = [_to_bits(x) for x in operands]
 
         def add_pass(p, acc):
             return acc + product(*(_from_bits(pass_of(b, a, p * size, size), x.dtype)
@@ -207,7 +209,6 @@ def _to_bits(x):
 
 
 def _from_bits(bits, dtype):
-    """The values of `dtype` whose bits `bits` holds (itself when already of `dtype`)."""
     return lax.bitcast_convert_type(bits, dtype)
 
 

@@ -39,15 +39,15 @@ def _ring_positions(ring_sizes: Sequence[int], n: int, xp=np, grid: bool = False
     direction of travel (+1 or -1). `xp` is numpy (host) or jax.numpy (in the program).
 
     With `grid` (n a whole number of blocks, one per owner), the elements are laid out as
-    [owner, position in its block]: owners are then an iota along one dim and positions
-    along the other, which XLA recomputes inside each step's fused pass at no cost, where
-    per-element divisions over a flat buffer are computed once into index arrays as large
-    as the buffer."""
+    [owner, position in its block]: the owners' coordinates are then small host constants
+    ([members, 1]) and the directions an iota along the other dim, which XLA recomputes
+    inside each step's fused pass at no cost, where per-element divisions over a flat
+    buffer are computed once into index arrays as large as the buffer."""
     members = int(np.prod(ring_sizes, dtype=np.int64))
     block = max(-(-n // members), 1)  # elements per owner (the last blocks may be short)
     index = np.int32 if n < 2 ** 31 else np.int64
     if grid:
-        owner = xp.arange(members, dtype=index)[:, None]
+        owner = np.arange(members, dtype=index)[:, None]
         position = xp.arange(block, dtype=index)[None, :]
         block_length = block
     else:
@@ -55,7 +55,7 @@ def _ring_positions(ring_sizes: Sequence[int], n: int, xp=np, grid: bool = False
         owner = _div(element, block)
         position = element - owner * block
         block_length = xp.minimum(block, n - owner * block)
-    direction = xp.where(position < (block_length + 1) // 2, 1, -1).astype(owner.dtype)
+    direction = xp.where(position < (block_length + 1) // 2, 1, -1).astype(index)
     strides = np.cumprod((1,) + tuple(ring_sizes[:0:-1]))[::-1]  # row-major, per ring
     return [_rem(_div(owner, int(stride)), size)
             for stride, size in zip(strides, ring_sizes)], direction
@@ -116,7 +116,7 @@ def ring_reduce(members: jnp.ndarray, lead: int, ring_sizes: Sequence[int], comb
     so XLA fuses a whole ring into one pass over the buffer. Where the buffer is a grid of
     blocks, each step's members going either way are small host constants, one per owner,
     and the in-program work is one select by direction (fewer ops to compile and run than
-    index arithmetic in the program).
+    index arithmetic on the owners in the program).
     """
     n = members.shape[-1]
     dtype_name = np.dtype(members.dtype).name
@@ -124,7 +124,7 @@ def ring_reduce(members: jnp.ndarray, lead: int, ring_sizes: Sequence[int], comb
     grid = n > 0 and n % blocks == 0
     if grid:  # [..., n] as [..., owner, position] (see _ring_positions)
         members = members.reshape(members.shape[:-1] + (blocks, n // blocks))
-    coords, direction = _ring_positions(ring_sizes, n, np if grid else jnp, grid)
+    coords, direction = _ring_positions(ring_sizes, n, jnp, grid)
     forward = direction > 0
     remaining = list(range(len(ring_sizes)))  # group axes still in `members`, in dim order
     for axis in (range(len(ring_sizes)) if axis_order is None else axis_order):
