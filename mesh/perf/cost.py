@@ -30,6 +30,7 @@ one per element of exp, log, tanh...; `bytes_accessed` is HBM traffic (JAX's key
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field, fields
@@ -48,7 +49,8 @@ class Cost:
     nothing overlapped); `engine_seconds` how long it occupies each engine queue (its HBM
     traffic occupies the DMA queue); `optimal_seconds` its share of the scheduled step time
     (its time on the critical path; set by the schedule); `peak_seconds` the time its FLOPs
-    would take at the chip's published peak for their dtype (for MFU).
+    would take at the chip's published peak for their dtype (for MFU); `recomputed_*` the
+    part of `flops` and `peak_seconds` that recomputes values jax.checkpoint did not keep.
     """
 
     flops: float = 0.0
@@ -58,6 +60,8 @@ class Cost:
     engine_seconds: Mapping[str, float] = field(default_factory=dict)
     optimal_seconds: float = 0.0
     peak_seconds: float = 0.0
+    recomputed_flops: float = 0.0
+    recomputed_peak_seconds: float = 0.0
 
     def __add__(self, other: Cost) -> Cost:
         if not isinstance(other, Cost):
@@ -108,6 +112,86 @@ def on_chip_values(program: isa.Program) -> frozenset[int]:
         and all(isinstance(c, STREAMING_CONSUMERS) for c in consumers[v]))
 
 
+# Data movement the reader's DMA does as it reads: a slice (static, or at a start the DMA
+# descriptor takes at run time) or a bitcast (a reshape; a broadcast adding only dimensions
+# of size 1, elements in order). Such a value is an access pattern over its operand's
+# buffer, never written to HBM, when every reader reads it through DMA.
+VIEW_PRODUCERS = (isa.Slice, isa.DynamicSlice, isa.Reshape, isa.BroadcastInDim)
+
+
+def adds_unit_dims(instr: isa.Instruction, program: isa.Program) -> bool:
+    """A BroadcastInDim that keeps its operand's elements in order, adding only dimensions
+    of size 1 (a scan's `x[None]` before it is written into the stacked outputs): a
+    bitcast."""
+    return isinstance(instr, isa.BroadcastInDim) and \
+        list(instr.dimensions) == sorted(instr.dimensions) and \
+        program.values[instr.ins[0]].type.size == program.values[instr.outs[0]].type.size
+
+
+def _reads_in_place(instr: isa.Instruction, operand: int) -> bool:
+    """Whether `instr` reads `operand` through DMA at whatever address it has: not as the
+    buffer it writes in place (a dynamic-update-slice's or scatter's operand), not as a loop
+    or conditional's operand (their sub-programs take whole buffers), not on the host."""
+    if isinstance(instr, (isa.DynamicUpdateSlice, isa.Scatter)) and instr.ins[0] == operand:
+        return False
+    return not isinstance(instr, isa.HostCallback) and not isa.subprogram_fields(instr)
+
+
+@functools.lru_cache(maxsize=64)
+def readers_of(program: isa.Program) -> dict[int, list[isa.Instruction]]:
+    """The instructions that read each value of `program`, in program order."""
+    readers: dict[int, list[isa.Instruction]] = {}
+    for instr in program.instructions:
+        for v in dict.fromkeys(instr.ins):
+            readers.setdefault(v, []).append(instr)
+    return readers
+
+
+@functools.lru_cache(maxsize=64)
+def producers_of(program: isa.Program) -> dict[int, isa.Instruction]:
+    """The instruction that makes each value of `program` (inputs have none)."""
+    return {v: instr for instr in program.instructions for v in instr.outs}
+
+
+@functools.lru_cache(maxsize=64)
+def view_values(program: isa.Program) -> frozenset[int]:
+    """Values of `program` that are access patterns over another value's buffer (see
+    VIEW_PRODUCERS): bitcasts of stored values always; slices when everything that reads
+    them reads through DMA and they are not program outputs. mesh.memory stores them in
+    their operand's buffer."""
+    readers = readers_of(program)
+    on_chip, outputs = on_chip_values(program), set(program.outputs)
+    read_by_dma: dict[int, bool] = {}  # of bitcast results: only DMA reads them
+
+    def only_dma_reads(value: int) -> bool:
+        if value in outputs:
+            return False
+        for r in readers.get(value, ()):
+            if _is_bitcast(r, program) and r.ins[0] == value:
+                if not read_by_dma.get(r.outs[0], False):
+                    return False
+            elif not (isinstance(r, (isa.Slice, isa.DynamicSlice)) and r.ins[0] == value) \
+                    and not _reads_in_place(r, value):
+                return False
+        return True
+
+    views: set[int] = set()
+    for instr in reversed(program.instructions):  # readers before the values they read
+        if not isinstance(instr, VIEW_PRODUCERS) or instr.ins[0] in on_chip:
+            continue
+        (out,) = instr.outs
+        if _is_bitcast(instr, program):
+            views.add(out)
+            read_by_dma[out] = only_dma_reads(out)
+        elif isinstance(instr, (isa.Slice, isa.DynamicSlice)) and only_dma_reads(out):
+            views.add(out)
+    return frozenset(views)
+
+
+def _is_bitcast(instr: isa.Instruction, program: isa.Program) -> bool:
+    return isinstance(instr, isa.Reshape) or adds_unit_dims(instr, program)
+
+
 @dataclass(frozen=True)
 class CostContext:
     """What a cost rule may look at: the program (for value types) and the chip."""
@@ -118,6 +202,10 @@ class CostContext:
     @functools.cached_property
     def on_chip(self) -> frozenset[int]:
         return on_chip_values(self.program)
+
+    @functools.cached_property
+    def views(self) -> frozenset[int]:
+        return view_values(self.program)
 
     def type(self, value: int) -> isa.TensorType:
         return self.program.values[value].type
@@ -333,7 +421,11 @@ def _matmul(instr: isa.Matmul | isa.RaggedMatmul, ctx: CostContext) -> Cost:
     if instr.tiling is None:
         raise ValueError(f"Matmul at {instr.loc or 'unknown location'} has no tiling: plan the "
                          "program first (lowering.plan.plan_program)")
-    return tensor_op(instr.tiling, ctx)
+    cost = tensor_op(instr.tiling, ctx)
+    if instr.recomputed:
+        return dataclasses.replace(cost, recomputed_flops=cost.flops,
+                                   recomputed_peak_seconds=cost.peak_seconds)
+    return cost
 
 
 @cost_rule(isa.Convolution)
@@ -396,7 +488,10 @@ def _sort(instr: isa.Sort, ctx: CostContext) -> Cost:
 @cost_rule(isa.BroadcastInDim, isa.Iota, isa.DeviceId)
 def _fill(instr, ctx: CostContext) -> Cost:
     """Writes its result; reads its (smaller) operand if it has one. A broadcast that stays
-    in SBUF is an access pattern of its consumers: it only reads its operand."""
+    in SBUF is an access pattern of its consumers: it only reads its operand; one that only
+    adds dimensions of size 1 is a bitcast: free."""
+    if set(instr.outs) <= ctx.views:
+        return Cost()
     streamed = isinstance(instr, isa.BroadcastInDim) and set(instr.outs) <= ctx.on_chip
     return engine_op(instr.engine, 0 if streamed else ctx.size(instr.outs),
                      ctx.hbm_bytes(instr.ins + instr.outs), ctx)
@@ -404,14 +499,45 @@ def _fill(instr, ctx: CostContext) -> Cost:
 
 @cost_rule(isa.Slice, isa.DynamicSlice)
 def _slice(instr, ctx: CostContext) -> Cost:
-    """Reads only the slice, writes it."""
+    """Reads only the slice, writes it; nothing when its readers' DMA reads it in place
+    (`view_values`: the bytes are counted where they are read)."""
+    if set(instr.outs) <= ctx.views:
+        return Cost()
+    return dma_op(2 * ctx.nbytes(instr.outs) + ctx.nbytes(instr.ins[1:]), ctx)
+
+
+@cost_rule(isa.Gather)
+def _gather(instr, ctx: CostContext) -> Cost:
+    """An indirect DMA: reads the indices and the gathered slices only (a row of an
+    embedding table, not the table), writes them."""
     return dma_op(2 * ctx.nbytes(instr.outs) + ctx.nbytes(instr.ins[1:]), ctx)
 
 
 @cost_rule(isa.DynamicUpdateSlice)
 def _update_slice(instr, ctx: CostContext) -> Cost:
-    """In place: reads the update and writes it into the operand."""
-    return dma_op(2 * ctx.nbytes(instr.ins[1:2]) + ctx.nbytes(instr.ins[2:]), ctx)
+    """In place: reads the update and writes it into the operand. An update that an
+    instruction computes for this write alone is written by that instruction straight into
+    the operand (XLA's in-place dynamic-update-slice fusion: a scan writing each step's
+    output into its stacked outputs): then only the start indices are read."""
+    indices = ctx.nbytes(instr.ins[2:])
+    if _written_straight_into(instr, ctx):
+        return dma_op(indices, ctx)
+    return dma_op(2 * ctx.nbytes(instr.ins[1:2]) + indices, ctx)
+
+
+def _written_straight_into(instr: isa.DynamicUpdateSlice, ctx: CostContext) -> bool:
+    """Whether the update is made by an instruction (through bitcasts) only for `instr`."""
+    producers = producers_of(ctx.program)
+    readers = readers_of(ctx.program)
+    value, reader = instr.ins[1], instr
+    while True:
+        if value in ctx.program.outputs or value in ctx.on_chip or \
+                readers.get(value, []) != [reader] or value not in producers:
+            return False
+        producer = producers[value]
+        if not _is_bitcast(producer, ctx.program):  # a slice read in place writes nothing
+            return not isinstance(producer, isa.Constant) and value not in ctx.views
+        value, reader = producer.ins[0], producer
 
 
 @cost_rule(isa.AllReduce, isa.AllGather, isa.ReduceScatter, isa.AllToAll,
@@ -450,4 +576,16 @@ def _reduce_window(instr: isa.ReduceWindow, ctx: CostContext) -> Cost:
 
 # Instructions whose Program-valued fields are per-element bodies (reducers, comparators),
 # costed by their engine, not walked as sub-programs.
-cost_rule(isa.Scatter, isa.SelectAndScatter)(_by_engine)
+cost_rule(isa.SelectAndScatter)(_by_engine)
+
+
+@cost_rule(isa.Scatter)
+def _scatter(instr: isa.Scatter, ctx: CostContext) -> Cost:
+    """In place, as XLA and the Neuron compiler write a scatter into an operand that dies
+    there (the dynamic-update-slice rule assumes the same): reads the indices and the
+    updates, and reads, combines and writes back only the windows they update."""
+    n = len(instr.outs)
+    updates = instr.ins[n + 1:]
+    nbytes = ctx.nbytes(instr.ins[n:]) + 2 * ctx.nbytes(updates)
+    per_element = 1 if instr.body is None else max(1, len(instr.body.instructions))
+    return engine_op(instr.engine, ctx.size(updates), nbytes, ctx, passes=per_element)
