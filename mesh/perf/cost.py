@@ -39,6 +39,7 @@ from typing import Callable, Mapping
 from mesh import isa
 from mesh.perf import tensor_engine
 from mesh.machine.chip import ChipSpec
+from mesh.machine.runtime import IDEAL_RUNTIME, RuntimeSpec
 
 
 @dataclass(frozen=True)
@@ -194,10 +195,21 @@ def _is_bitcast(instr: isa.Instruction, program: isa.Program) -> bool:
 
 @dataclass(frozen=True)
 class CostContext:
-    """What a cost rule may look at: the program (for value types) and the chip."""
+    """What a cost rule may look at: the program (for value types), the chip and the
+    runtime costs in effect (RuntimeSpec.ideal() for the ideal estimate)."""
 
     program: isa.Program
     chip: ChipSpec
+    runtime: RuntimeSpec = IDEAL_RUNTIME
+
+    def hbm_seconds(self, nbytes: float) -> float:
+        """Time to stream `nbytes` between HBM and the chip's SBUF (at the DMA's sustained
+        rate in the expected estimate)."""
+        return nbytes / (self.chip.hbm_bandwidth * self.runtime.hbm_efficiency)
+
+    def dma_latency(self, nbytes: float) -> float:
+        """The fixed cost of the DMA an instruction moving `nbytes` of HBM waits for."""
+        return self.runtime.dma_fixed_seconds if nbytes else 0.0
 
     @functools.cached_property
     def on_chip(self) -> frozenset[int]:
@@ -239,44 +251,57 @@ def has_rule(instr: isa.Instruction) -> bool:
     return type(instr) in RULES
 
 
-def instruction_cost(instr: isa.Instruction, program: isa.Program, chip: ChipSpec) -> Cost:
-    """The cost of `instr` (an instruction of `program`) on one chip.
+def instruction_cost(instr: isa.Instruction, program: isa.Program, chip: ChipSpec,
+                     runtime: RuntimeSpec | None = None) -> Cost:
+    """The cost of `instr` (an instruction of `program`) on one chip: expected with the
+    runtime costs `runtime`, ideal without them (the default).
 
     Classes without a rule are costed by their engine: elements of their results through a
     compute engine, or bytes through DMA. Instructions with sub-programs (loops,
     conditionals) are costed by walking those (mesh.perf.estimate), not here.
     """
-    ctx = CostContext(program, chip)
+    ctx = CostContext(program, chip, runtime if runtime is not None else IDEAL_RUNTIME)
     rule = RULES.get(type(instr), _by_engine)
     return rule(instr, ctx)
 
 
 def engine_op(engine: str, elements: int, nbytes: int, ctx: CostContext, *,
               flops: float = 0.0, transcendentals: float = 0.0,
-              passes: float = 1.0) -> Cost:
-    """A Vector/Scalar/GpSimd op over `elements` (times `passes`) moving `nbytes` of HBM."""
-    chip = ctx.chip
+              passes: float = 1.0, rate: float = 1.0) -> Cost:
+    """A Vector/Scalar/GpSimd op over `elements` (times `passes`) at `rate` elements per
+    lane per cycle, moving `nbytes` of HBM. Each NeuronCore's engine has one lane per SBUF
+    partition; the chip's elements are spread over its cores. The expected time adds each
+    instruction's overhead (instructions of at most RuntimeSpec.instruction_free_elements
+    per lane) and the DMA's fixed cost."""
+    chip, runtime = ctx.chip, ctx.runtime
     clock = {isa.VECTOR: chip.vector_clock_hz, isa.SCALAR: chip.scalar_clock_hz,
              isa.GPSIMD: chip.gpsimd_clock_hz}[engine]
-    lanes = chip.neuron_cores * chip.sbuf_partitions  # elements per cycle per chip
-    compute = math.ceil(elements / lanes) * passes / clock
-    hbm = nbytes / chip.hbm_bandwidth
-    seconds = max(compute, hbm)
+    per_lane = math.ceil(elements / (chip.neuron_cores * chip.sbuf_partitions))
+    instructions = math.ceil(per_lane / runtime.instruction_free_elements) * passes
+    cycles = per_lane * passes / rate + instructions * runtime.instruction_overhead_cycles
+    hbm = ctx.hbm_seconds(nbytes)
+    seconds = max(cycles / clock, hbm) + ctx.dma_latency(nbytes)
     return Cost(flops=flops, transcendentals=transcendentals, bytes_accessed=nbytes,
                 seconds=seconds, engine_seconds=_engines(engine, seconds, hbm))
 
 
 def dma_op(nbytes: int, ctx: CostContext) -> Cost:
     """A copy through HBM of `nbytes` read plus written."""
-    seconds = nbytes / ctx.chip.hbm_bandwidth
+    seconds = ctx.hbm_seconds(nbytes) + ctx.dma_latency(nbytes)
     return Cost(bytes_accessed=nbytes, seconds=seconds, engine_seconds={isa.DMA: seconds})
 
 
 def tensor_op(tiling: tensor_engine.MatmulTiling, ctx: CostContext) -> Cost:
-    seconds = tiling.seconds
+    """A tiling's time on the Tensor Engine: its cycles or its HBM traffic, whichever is
+    longer (DMA is double-buffered against the matmuls); the expected time adds the
+    engine's warm-up and the first DMA's fixed cost."""
+    hbm = ctx.hbm_seconds(tiling.hbm_bytes)
+    busy = tiling.compute_seconds > 0
+    seconds = max(tiling.compute_seconds, hbm) + ctx.dma_latency(tiling.hbm_bytes) + \
+        ctx.runtime.tensor_warmup_seconds * busy
     return Cost(flops=tiling.flops, bytes_accessed=tiling.hbm_bytes, seconds=seconds,
-                engine_seconds=_engines(isa.TENSOR, seconds, tiling.hbm_seconds),
-                peak_seconds=tiling.flops / _published_peak(tiling.dtype, ctx.chip))
+                engine_seconds=_engines(isa.TENSOR, seconds, hbm),
+                peak_seconds=tiling.flops / _peak(tiling.dtype, ctx.chip))
 
 
 def _engines(engine: str, seconds: float, hbm_seconds: float) -> dict[str, float]:
@@ -286,9 +311,10 @@ def _engines(engine: str, seconds: float, hbm_seconds: float) -> dict[str, float
     return engines
 
 
-def _published_peak(dtype: str, chip: ChipSpec) -> float:
-    known = {name for name, _ in chip.peak_flops}
-    return chip.peak_flops_for(dtype if dtype in known else "float32")
+def _peak(dtype: str, chip: ChipSpec) -> float:
+    """The chip's peak FLOP/s for matmul inputs of `dtype` (types the Tensor Engine has
+    no rate for run at its FP32 rate)."""
+    return chip.peak_flops_for(dtype if dtype in chip.matmul_dtypes else "float32")
 
 
 # --- rules -----------------------------------------------------------------------------------
@@ -369,11 +395,12 @@ def _linear_algebra(instr: isa.LinearAlgebra, ctx: CostContext) -> Cost:
     tensor = flops / ctx.chip.peak_flops_for("float32")
     panel = columns * PANEL_STEP_CYCLES / ctx.chip.vector_clock_hz
     nbytes = ctx.nbytes((*instr.ins, *instr.outs))
-    hbm = nbytes / ctx.chip.hbm_bandwidth
-    engines = {isa.TENSOR: max(tensor, hbm), isa.VECTOR: panel}
+    hbm = ctx.hbm_seconds(nbytes)
+    tensor = max(tensor, hbm) + ctx.dma_latency(nbytes)
+    engines = {isa.TENSOR: tensor, isa.VECTOR: panel}
     if hbm:
         engines[isa.DMA] = hbm
-    return Cost(flops=flops, bytes_accessed=nbytes, seconds=max(tensor, hbm) + panel,
+    return Cost(flops=flops, bytes_accessed=nbytes, seconds=tensor + panel,
                 engine_seconds=engines)
 
 
@@ -394,9 +421,10 @@ def _fft(instr: isa.Fft, ctx: CostContext) -> Cost:
         flops += (4 * n * (n // 2 + 1) if real_axis else 8 * n * n) * rows
     tensor = flops / ctx.chip.peak_flops_for("float32")
     nbytes = ctx.nbytes((*instr.ins, *instr.outs))
-    hbm = nbytes / ctx.chip.hbm_bandwidth
-    return Cost(flops=flops, bytes_accessed=nbytes, seconds=max(tensor, hbm),
-                engine_seconds=_engines(isa.TENSOR, max(tensor, hbm), hbm),
+    hbm = ctx.hbm_seconds(nbytes)
+    seconds = max(tensor, hbm) + ctx.dma_latency(nbytes)
+    return Cost(flops=flops, bytes_accessed=nbytes, seconds=seconds,
+                engine_seconds=_engines(isa.TENSOR, seconds, hbm),
                 peak_seconds=flops / ctx.chip.peak_flops_for("float32"))
 
 
@@ -453,7 +481,33 @@ def _elementwise(instr: isa.Elementwise, ctx: CostContext) -> Cost:
     return engine_op(instr.engine, 0 if streamed else elements,
                      ctx.hbm_bytes(instr.ins + instr.outs), ctx,
                      flops=0 if transcendental else elements,
-                     transcendentals=elements if transcendental else 0)
+                     transcendentals=elements if transcendental else 0,
+                     rate=_vector_rate(instr, ctx))
+
+
+# The Vector Engine's performance mode on Trainium2 (NKI Trainium2 guide): with every tensor
+# BF16 or FP16, an op of one tensor operand (tensor_copy, tensor_scalar) runs at 4x the
+# element rate, one of two tensor operands (tensor_tensor) at 2x. FP32 and the other engines
+# run at one element per lane per cycle.
+HALF_PRECISION = ("bfloat16", "float16")
+VECTOR_FAST_RATES = {1: 4.0, 2: 2.0}
+
+
+def _vector_rate(instr: isa.Elementwise, ctx: CostContext) -> float:
+    if instr.engine != isa.VECTOR:
+        return 1.0
+    values = instr.ins + instr.outs
+    if any(ctx.type(v).dtype not in HALF_PRECISION for v in values):
+        return 1.0
+    producers = producers_of(ctx.program)
+
+    def scalar(v: int) -> bool:  # a scalar, or one broadcast to the op's shape
+        made_by = producers.get(v)
+        return ctx.type(v).size <= 1 or (isinstance(made_by, isa.BroadcastInDim)
+                                         and ctx.type(made_by.ins[0]).size <= 1)
+
+    tensors = sum(1 for v in instr.ins if not scalar(v))
+    return VECTOR_FAST_RATES.get(max(tensors, 1), 1.0)
 
 
 @cost_rule(isa.Reduce)
@@ -546,9 +600,14 @@ def _collective(instr, ctx: CostContext) -> Cost:
     if instr.plan is None:
         raise ValueError(f"{instr.mnemonic} at {instr.loc or 'unknown location'} has no torus "
                          "plan: plan the program first (lowering.plan.plan_program)")
-    seconds = instr.plan.seconds
-    return Cost(bytes_accessed=ctx.nbytes(instr.ins) + ctx.nbytes(instr.outs), seconds=seconds,
-                engine_seconds={isa.COLLECTIVE: seconds})
+    plan = instr.plan
+    if ctx.runtime.is_ideal:
+        return Cost(bytes_accessed=plan.hbm_bytes, seconds=plan.seconds,
+                    engine_seconds={isa.COLLECTIVE: plan.seconds})
+    # the collective's own HBM traffic competes with compute for HBM (the DMA queue)
+    hbm = ctx.hbm_seconds(plan.hbm_bytes)
+    return Cost(bytes_accessed=plan.hbm_bytes, seconds=plan.expected_seconds,
+                engine_seconds=_engines(isa.COLLECTIVE, plan.expected_seconds, hbm))
 
 
 def _by_engine(instr: isa.Instruction, ctx: CostContext) -> Cost:

@@ -26,6 +26,7 @@ from mesh.isa import printer
 from mesh.perf import schedule, trace
 from mesh.perf.cost import Cost, has_rule, instruction_cost
 from mesh.machine import Placement, Topology, chips_text
+from mesh.machine.runtime import IDEAL_RUNTIME
 from mesh.memory import MemoryAnalysis
 from mesh.units import bandwidth_text, bytes_text, seconds_text
 
@@ -64,16 +65,28 @@ class TimelineEvent:
 MAX_TRACE_EVENTS = 200_000
 
 
+EXPECTED, IDEAL = "expected", "ideal"
+
+
 class ProgramEstimate:
     """One chip's estimated costs and timeline for `program` (planned by
-    lowering.plan.plan_program) on `topology` with the mesh placed by `placement`."""
+    lowering.plan.plan_program) on `topology` with the mesh placed by `placement`.
+
+    `model` EXPECTED (the default) includes the runtime's measured costs
+    (topology.runtime: mesh.machine.runtime); IDEAL leaves them out: the hardware's limits.
+    `estimate.ideal` is the ideal estimate of the same program."""
 
     def __init__(self, program: isa.Program, topology: Topology,
-                 placement: Placement | None = None, input_names: Sequence[str] | None = None):
+                 placement: Placement | None = None, input_names: Sequence[str] | None = None,
+                 model: str = EXPECTED):
+        if model not in (EXPECTED, IDEAL):
+            raise ValueError(f"model must be {EXPECTED!r} or {IDEAL!r}, got {model!r}")
         self.program = program
         self.topology = topology
         self.placement = placement
         self.input_names = input_names  # for memory messages: `argument 'w'`
+        self.model = model
+        self.runtime = topology.runtime if model == EXPECTED else IDEAL_RUNTIME
         # Exposed communication inside sub-programs, and loops of unknown trip count.
         self._inner_exposed_seconds = 0.0
         self.unknown_trip_counts = 0
@@ -89,6 +102,14 @@ class ProgramEstimate:
     @property
     def chip(self):
         return self.topology.chip
+
+    @cached_property
+    def ideal(self) -> ProgramEstimate:
+        """The ideal estimate of the same program (itself if it is one)."""
+        if self.model == IDEAL:
+            return self
+        return ProgramEstimate(self.program, self.topology, self.placement, self.input_names,
+                               model=IDEAL)
 
     @cached_property
     def total(self) -> Cost:
@@ -138,12 +159,17 @@ class ProgramEstimate:
         total = self.total
         busy = self.busy_seconds()
         result = total.jax_dict()
+        ideal = self.ideal
         result["trn2"] = {
             "topology": self.topology.name,
             "chips": self.topology.num_chips,
+            "model": self.model,
             "step_seconds": self.step_seconds,
+            "ideal_step_seconds": ideal.step_seconds,
             "mfu": self.mfu,
             "hfu": self.hfu,
+            "ideal_mfu": ideal.mfu,
+            "ideal_hfu": ideal.hfu,
             "recomputed_flops": total.recomputed_flops,
             "serial_seconds": total.seconds,
             "engine_busy_seconds": busy,
@@ -154,6 +180,7 @@ class ProgramEstimate:
             "critical_path_seconds": self.critical_path_by_engine(),
             "critical_path_by_source": self.critical_path_by_source(),
             "loops_of_unknown_trip_count": self.unknown_trip_counts,
+            "runtime": dict(self.runtime.items()),
         }
         return result
 
@@ -189,12 +216,17 @@ class ProgramEstimate:
         step = self.step_seconds
         busy = info["engine_busy_seconds"]
         share = (lambda s: f"{s / step:6.1%}") if step else (lambda s: "     -")
-        recomputed = (f"; HFU {self.hfu:.1%} counting jax.checkpoint's recomputation"
-                      if info["recomputed_flops"] else "")
+        ideal = self.ideal
+        recomputed = (f"; HFU {self.hfu:.1%} / {ideal.hfu:.1%} counting jax.checkpoint's "
+                      f"recomputation" if info["recomputed_flops"] else "")
+        peak = self.chip.peak_flops_for("bfloat16") / 1e12
         lines = [
-            f"estimated step time {seconds_text(step)} per chip on {self.topology.name} "
-            f"({self.program.mesh.num_devices} of its {self.topology.num_chips} chips); "
-            f"MFU {self.mfu:.1%} of the published peak{recomputed}",
+            f"estimated step time per chip on {self.topology.name} "
+            f"({self.program.mesh.num_devices} of its {self.topology.num_chips} chips): "
+            f"expected {seconds_text(step)} (with the Neuron runtime's measured costs), "
+            f"ideal {seconds_text(ideal.step_seconds)} (the hardware's limits)",
+            f"MFU {self.mfu:.1%} expected / {ideal.mfu:.1%} ideal of the chips' peak "
+            f"({peak:,.0f} TFLOP/s BF16){recomputed}",
             f"per chip: {cost['flops']:.4g} FLOPs, {bytes_text(cost['bytes accessed'])} "
             f"HBM traffic, {cost['transcendentals']:.4g} transcendentals; "
             f"{seconds_text(info['serial_seconds'])} if nothing overlapped",
@@ -216,6 +248,8 @@ class ProgramEstimate:
         if self.unknown_trip_counts:
             lines.append(f"{self.unknown_trip_counts} loop(s) of unknown trip count are "
                          "counted as running once")
+        lines.append("the expected time's runtime costs (mesh.machine.runtime): " + ", ".join(
+            f"{name} {value:g}" for name, value in self.runtime.items()))
         lines.append(self.memory.summary())
         return "\n".join(lines)
 
@@ -287,14 +321,15 @@ class ProgramEstimate:
     def _cost(self, index: int, instr: isa.Instruction) -> Cost:
         fields = list(isa.subprogram_fields(instr).values())
         if has_rule(instr) or not fields:
-            return instruction_cost(instr, self.program, self.chip)
+            return instruction_cost(instr, self.program, self.chip, self.runtime)
         trips = getattr(instr, "trip_count", 1)
         if trips is None:
             self.unknown_trip_counts += 1
             trips = 1
         slowest = []  # of each field: its alternatives' slowest (a branch), in run order
         for alternatives in fields:
-            estimates = [ProgramEstimate(p, self.topology, self.placement) for p in alternatives]
+            estimates = [ProgramEstimate(p, self.topology, self.placement, model=self.model)
+                         for p in alternatives]
             slowest.append(max(estimates, key=lambda e: e.step_seconds))
         period = sum(e.step_seconds for e in slowest)
         total, offset, regions = Cost(), 0.0, []
