@@ -6,6 +6,7 @@
 """
 
 from jax_trn2 import numerics
+from jax_trn2.attention import flash_attention
 from jax_trn2.client import Client, client
 from jax_trn2.device import Buffer, Device
 from jax_trn2.executable import HostMemoryError, LoadedExecutable
@@ -21,5 +22,5 @@ __all__ = [
     "Lowered",
     "LoweringError", "MemoryStats", "OutOfHBMError", "SplitCollectiveError", "TOPOLOGY_NAMES",
     "UnsupportedOpError",
-    "client", "jit", "make_mesh", "numerics",
+    "client", "flash_attention", "jit", "make_mesh", "numerics",
 ]

@@ -170,6 +170,8 @@ def _spelled_on(mesh: Mesh, dim_axes: tuple, program_mesh: isa.MeshSpec) -> list
     as PartitionSpec entries of `mesh`, the way jax reads XLA's shardings
     (sharding_impls.parse_flatten_op_sharding); None where `mesh` cannot spell it."""
     sizes = program_mesh.axis_sizes
+    if not sizes:  # a program of one device: every layout is replicated
+        return [None] * len(dim_axes)
     used = [a for axes in dim_axes for a in axes]
     unused = [a for a in range(len(sizes)) if a not in used]
     tiles = [int(np.prod([sizes[a] for a in axes], dtype=np.int64)) for axes in dim_axes]

@@ -41,6 +41,8 @@ so every chip of the mesh holds the same bytes):
   captured values) and the results the enclosing program holds: a conditional's or a
   composite's results, a scan's per-step outputs (written into its stacked outputs). A
   scan's carries, like a while loop's state, are written in place, so they count once.
+  A composite the chip runs as a fused kernel (flash attention: mesh.perf.attention) keeps
+  its intermediates in SBUF and adds nothing.
 
 Not modelled: fragmentation and alignment padding, the runtime's own reservations, the
 instruction streams, collective staging buffers (collectives are assumed to work in place
@@ -54,7 +56,7 @@ from typing import Iterable, Sequence
 
 from mesh import isa, sharding
 from mesh.isa import control
-from mesh.perf.cost import STREAMING_CONSUMERS, on_chip_values, view_values
+from mesh.perf.cost import STREAMING_CONSUMERS, is_fused_kernel, on_chip_values, view_values
 
 ARGUMENT = "argument"
 OUTPUT = "output"
@@ -370,7 +372,7 @@ def _regions_held(instr: isa.Instruction) -> list[tuple[str, Liveness, set[int]]
     if isinstance(instr, control.Case):
         return [(f"case branch {k}", liveness(b, entry=False), set(b.inputs) | set(b.outputs))
                 for k, b in enumerate(instr.branches)]
-    if isinstance(instr, control.Composite):
+    if isinstance(instr, control.Composite) and not is_fused_kernel(instr):
         sub = instr.decomposition
         return [(f"{instr.name} decomposition", liveness(sub, entry=False), set(sub.inputs) | set(sub.outputs))]
     return []

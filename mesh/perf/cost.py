@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, fields
 from typing import Callable, Mapping
 
 from mesh import isa
+from mesh.isa.control import Composite
 from mesh.perf import tensor_engine
 from mesh.machine.chip import ChipSpec
 from mesh.machine.runtime import IDEAL_RUNTIME, RuntimeSpec
@@ -247,8 +248,39 @@ def cost_rule(*classes: type) -> Callable:
     return register
 
 
+# Composites that name a kernel the chip runs fused (its engines working on SBUF-resident
+# tiles): costed by the kernel's own rule, not by walking their decomposition. By name:
+# (the engine whose queue the kernel holds, the rule).
+FUSED_KERNELS: dict[str, tuple[str, Callable[[isa.Instruction, CostContext], Cost]]] = {}
+
+
+def fused_kernel(name: str, engine: str) -> Callable:
+    """Register the decorated `rule(instr, ctx) -> Cost` for composites named `name`."""
+
+    def register(fn: Callable) -> Callable:
+        FUSED_KERNELS[name] = (engine, fn)
+        return fn
+
+    return register
+
+
+def is_fused_kernel(instr: isa.Instruction) -> bool:
+    return isinstance(instr, Composite) and instr.name in FUSED_KERNELS
+
+
+def _rule(instr: isa.Instruction) -> Callable[[isa.Instruction, CostContext], Cost] | None:
+    if is_fused_kernel(instr):
+        return FUSED_KERNELS[instr.name][1]
+    return RULES.get(type(instr))
+
+
 def has_rule(instr: isa.Instruction) -> bool:
-    return type(instr) in RULES
+    return _rule(instr) is not None
+
+
+def queue(instr: isa.Instruction) -> str:
+    """The engine whose queue `instr` occupies."""
+    return FUSED_KERNELS[instr.name][0] if is_fused_kernel(instr) else instr.engine
 
 
 def instruction_cost(instr: isa.Instruction, program: isa.Program, chip: ChipSpec,
@@ -261,8 +293,7 @@ def instruction_cost(instr: isa.Instruction, program: isa.Program, chip: ChipSpe
     conditionals) are costed by walking those (mesh.perf.estimate), not here.
     """
     ctx = CostContext(program, chip, runtime if runtime is not None else IDEAL_RUNTIME)
-    rule = RULES.get(type(instr), _by_engine)
-    return rule(instr, ctx)
+    return (_rule(instr) or _by_engine)(instr, ctx)
 
 
 def engine_op(engine: str, elements: int, nbytes: int, ctx: CostContext, *,

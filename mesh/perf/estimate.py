@@ -24,7 +24,7 @@ from typing import Sequence
 from mesh import isa
 from mesh.isa import printer
 from mesh.perf import schedule, trace
-from mesh.perf.cost import Cost, has_rule, instruction_cost
+from mesh.perf.cost import Cost, has_rule, instruction_cost, queue
 from mesh.machine import Placement, Topology, chips_text
 from mesh.machine.runtime import IDEAL_RUNTIME
 from mesh.memory import MemoryAnalysis
@@ -198,11 +198,16 @@ class ProgramEstimate:
 
         note(self, 0.0)
 
+        def timed(start: float, seconds: float, mark: str) -> str:
+            return f"{start * 1e6:10.3f} +{seconds * 1e6:9.3f}{mark}"
+
         def prefix(program: isa.Program, i: int) -> str:
+            if id(program) not in first_runs:  # a fused kernel's decomposition: not run
+                return " " * len(timed(0.0, 0.0, " "))
             estimate, start = first_runs[id(program)]
             slot = estimate.schedule.slots[i]
-            mark = "*" if slot.critical_seconds > 0 else " "
-            return f"{(start + slot.start) * 1e6:10.3f} +{slot.seconds * 1e6:9.3f}{mark}"
+            return timed(start + slot.start, slot.seconds,
+                         "*" if slot.critical_seconds > 0 else " ")
 
         head = (f"{'start us':>10} {'+time us':>10} (* critical path; inside a loop: its first "
                 "iteration)")
@@ -346,7 +351,7 @@ class ProgramEstimate:
     def _task(self, instr: isa.Instruction, cost: Cost) -> schedule.Task:
         if isa.subprogram_fields(instr) and not has_rule(instr):
             return schedule.Task(schedule.ALL, cost.seconds)
-        engine = instr.engine
+        engine = queue(instr)
         hbm = cost.engine_seconds.get(isa.DMA, 0.0) if engine != isa.DMA else 0.0
         return schedule.Task(engine, cost.seconds, hbm)
 

@@ -7,6 +7,7 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import jax_trn2
 from mesh.perf.schedule import ALL
@@ -130,3 +131,52 @@ def test_mfu_leaves_out_what_jax_checkpoint_recomputes():
     plain = compiled(jax.grad(lambda w, x: jax.lax.scan(
         lambda x, wi: (jnp.tanh(x @ wi), None), x, w)[0].astype(jnp.float32).sum()), w, x)
     assert plain.cost_analysis()["trn2"]["recomputed_flops"] == 0
+
+
+def _shard_mlp(mesh):
+    def body(x, w1, w2):
+        return jax.lax.psum(jax.nn.gelu(x @ w1) @ w2, "y")
+    return jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P(None, "y"), P("y", None)),
+                         out_specs=P("x"))
+
+
+IDEAL_CASES = {
+    "matmul": (lambda a, b: a @ b, (jax.ShapeDtypeStruct((512, 1024), BF16),
+                                    jax.ShapeDtypeStruct((1024, 2048), BF16))),
+    "fp32 reduce and exp": (lambda x: jnp.exp(x).sum(0), (jax.ShapeDtypeStruct((256, 4096),
+                                                                             jnp.float32),)),
+    "scan of layers": (lambda x, w: jax.lax.scan(lambda x, wi: (jnp.tanh(x @ wi), None), x,
+                                                 w)[0],
+                       (jax.ShapeDtypeStruct((256, 512), BF16),
+                        jax.ShapeDtypeStruct((3, 512, 512), BF16))),
+    "attention": (lambda q, k, v: jax_trn2.flash_attention(q, k, v, causal=True),
+                  (jax.ShapeDtypeStruct((1, 512, 4, 64), BF16),) * 3),
+    "gather and sort": (lambda t, i: jnp.sort(t[i], axis=-1),
+                        (jax.ShapeDtypeStruct((1024, 256), jnp.float32),
+                         jax.ShapeDtypeStruct((16,), jnp.int32))),
+}
+
+
+def _estimates(estimate):
+    """The estimate and those of every loop body and branch inside it."""
+    yield estimate
+    for regions in estimate.regions.values():
+        for region in regions:
+            yield from _estimates(region.estimate)
+
+
+@pytest.mark.parametrize("name", [*IDEAL_CASES, "sharded MLP"])
+def test_the_ideal_time_is_never_above_the_expected(name):
+    if name == "sharded MLP":
+        mesh = jax_trn2.make_mesh((4, 4), ("x", "y"), topology="trn2")
+        f, args = _shard_mlp(mesh), (jax.ShapeDtypeStruct((256, 512), BF16),
+                                     jax.ShapeDtypeStruct((512, 2048), BF16),
+                                     jax.ShapeDtypeStruct((2048, 512), BF16))
+    else:
+        f, args = IDEAL_CASES[name]
+    expected = compiled(f, *args).executable.estimate
+    ideal = expected.ideal
+    assert ideal.step_seconds <= expected.step_seconds
+    for e, i in zip(_estimates(expected), _estimates(ideal)):
+        for ce, ci in zip(e.costs, i.costs):
+            assert ci.seconds <= ce.seconds

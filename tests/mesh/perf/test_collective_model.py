@@ -235,3 +235,60 @@ def test_all_reduce_over_every_chip_is_hierarchical():
         held /= k
     assert p.bandwidth_seconds == pytest.approx(2 * seconds, rel=1e-9)
 
+
+
+# --- the expected time: the Neuron runtime's algorithm and costs ------------------------
+
+RT = ULTRA.runtime
+
+
+def test_recursive_halving_doubling_exchanges_halving_then_doubling_blocks():
+    p = plan("all-reduce", (0,), BIG)
+    assert "recursive halving-doubling" in dict(p.candidates)
+    # 4 chips: distance-2 partners exchange M/2, distance-1 partners M/4, then back. On a
+    # 4-ring a distance-2 partner is 2 hops away, its bytes split both ways round, and each
+    # link carries two such halves (M/2); a distance-1 exchange puts M/4 on a link.
+    rdh = dict(p.candidates)["recursive halving-doubling"]
+    assert rdh == pytest.approx(2 * (2 * ALPHA + ALPHA) + 2 * (BIG / 2 / BX + BIG / 4 / BX),
+                                rel=1e-12)
+
+
+@pytest.mark.parametrize("nbytes,family", [(64 * 2**10, ("one-shot", "two-shot")),
+                                           (8 * 2**20, ("recursive halving-doubling",)),
+                                           (256 * 2**20, ("ring", "rings", "rotated", "line"))])
+def test_the_runtime_picks_its_algorithm_by_message_size(nbytes, family):
+    """Mesh below 1 MB, recursive halving-doubling to 56 MB, rings above (the runtime's
+    intra-node collectives page)."""
+    p = plan("all-reduce", (0, 1), nbytes)
+    assert p.expected_algorithm.startswith(family)
+
+
+def test_expected_fixed_cost_is_larger_for_a_reduction():
+    reduce, gather = plan("all-reduce", (0,), 1024), plan("all-gather", (0,), 1024)
+    assert reduce.fixed_seconds == RT.collective_launch_seconds + RT.reduction_launch_seconds
+    assert gather.fixed_seconds == RT.collective_launch_seconds
+    for p in (reduce, gather):
+        assert p.expected_seconds == pytest.approx(
+            p.fixed_seconds + p.expected_latency_seconds + p.transfer_seconds)
+        assert p.expected_seconds > p.seconds
+
+
+def test_a_large_ring_all_reduce_is_bound_by_the_collective_dma():
+    """A ring all-reduce over 4 chips sends 2 (K-1)/K of the buffer from each chip, at the
+    collective DMA rings' rate; the links would carry it faster."""
+    p = plan("all-reduce", (0,), 512 * 2**20)
+    assert p.expected_algorithm == "ring" and p.transfer_bound == "collective DMA"
+    sent = 2 * (K - 1) / K * 512 * 2**20
+    assert p.transfer_seconds == pytest.approx(sent / RT.collective_dma_bytes_per_second)
+    # HBM: every byte sent read, every byte received written; the reduce-scatter half of
+    # what arrives is also read and summed into the local part
+    assert p.hbm_bytes == pytest.approx(sent + sent * (1 + 2 * 0.5))
+
+
+def test_expected_efa_runs_at_its_sustained_share():
+    cluster = get_topology("trn2-ultracluster-2")
+    p = plan("all-gather", (0,), BIG, topology=cluster, shape=(2, 4, 4, 4),
+             names=("s", "x", "y", "z"))
+    # one EFA neighbour each way over 2 servers: the bytes cross EFA at 77% of its rate
+    assert p.transfer_bound == "links"
+    assert p.transfer_seconds == pytest.approx(p.bandwidth_seconds / RT.efa_efficiency)

@@ -12,7 +12,8 @@ from mesh.machine.chip import ChipSpec
 from mesh.perf.cost import Cost, instruction_cost, on_chip_values
 from mesh.perf.estimate import IDEAL, ProgramEstimate
 from mesh.perf.tensor_engine import tile_matmul
-from mesh.machine import get_topology
+from mesh.machine import get_topology, place_mesh
+from mesh.perf.collective_model import plan_collective
 
 CHIP = ChipSpec()
 LANES = CHIP.neuron_cores * CHIP.sbuf_partitions  # elements per engine cycle per chip
@@ -143,3 +144,81 @@ def test_estimate_totals_are_sums_over_instructions():
         assert sum(c[key] for c in per_instruction) == pytest.approx(analysis[key], rel=1e-12)
     assert analysis["optimal_seconds"] == estimate.step_seconds > 0
     assert analysis["trn2"]["engine_busy_seconds"][isa.DMA] > 0
+
+
+# --- the expected time: the runtime's measured costs ------------------------------------
+
+RUNTIME = TOPOLOGY.runtime
+
+
+def test_expected_engine_op_adds_instruction_overheads_and_the_dma_cost():
+    """An unfused FP32 add: per lane 8,192 elements in instructions of 512, each with the
+    engine's overhead; HBM at its sustained rate; the DMA's fixed cost before it."""
+    add = isa.Elementwise((2,), (0, 1), op="add")
+    program = program_of([add], {0: F32, 1: F32, 2: F32}, (0, 1), (2,))
+    expected = instruction_cost(add, program, CHIP, RUNTIME)
+    per_lane = F32.size // LANES
+    cycles = per_lane + per_lane // RUNTIME.instruction_free_elements * \
+        RUNTIME.instruction_overhead_cycles
+    hbm = 3 * F32.nbytes / (CHIP.hbm_bandwidth * RUNTIME.hbm_efficiency)
+    assert expected.seconds == pytest.approx(max(cycles / CHIP.vector_clock_hz, hbm)
+                                             + RUNTIME.dma_fixed_seconds)
+    assert expected.seconds > instruction_cost(add, program, CHIP).seconds
+
+
+def test_expected_matmul_adds_the_warm_up_and_the_dma_cost():
+    lhs, rhs = isa.TensorType((4096, 4096), "bfloat16"), isa.TensorType((4096, 4096), "bfloat16")
+    tiling = tile_matmul(1, 4096, 4096, 4096, "bfloat16", "bfloat16", "bfloat16", CHIP)
+    mm = isa.Matmul((2,), (0, 1), lhs_batch=(), rhs_batch=(), lhs_contract=(1,),
+                    rhs_contract=(0,), out_dtype="bfloat16", tiling=tiling)
+    program = program_of([mm], {0: lhs, 1: rhs, 2: lhs}, (0, 1), (2,))
+    ideal = instruction_cost(mm, program, CHIP)
+    expected = instruction_cost(mm, program, CHIP, RUNTIME)
+    assert tiling.bound == "compute" and ideal.seconds == tiling.seconds
+    assert expected.seconds == pytest.approx(tiling.compute_seconds + RUNTIME.dma_fixed_seconds
+                                             + RUNTIME.tensor_warmup_seconds)
+    assert expected.peak_seconds == ideal.peak_seconds == 2 * 4096**3 / (
+        8 * 128 * 128 * 2 * 2.4e9)  # the MFU denominator is the array's own peak
+
+
+@pytest.mark.parametrize("ops,rate", [(("multiply", "scalar"), 4.0), (("add", "tensor"), 2.0)])
+def test_bf16_vector_ops_run_in_performance_mode(ops, rate):
+    """BF16 on the Vector Engine: 4x with one tensor operand (tensor_scalar), 2x with two
+    (tensor_tensor); FP32 1x."""
+    op, second = ops
+    bf16 = isa.TensorType(F32.shape, "bfloat16")
+    instrs = [isa.Constant((1,), (), value=np.asarray(2.0, "float32").astype("bfloat16")),
+              isa.BroadcastInDim((2,), (1,), dimensions=(), shape=F32.shape),
+              isa.Elementwise((3,), (0, 2 if second == "scalar" else 0), op=op)]
+    types = {0: bf16, 1: isa.TensorType((), "bfloat16"), 2: bf16, 3: bf16}
+    program = program_of(instrs, types, (0,), (3,))
+    cost = instruction_cost(instrs[2], program, ChipSpec(hbm_bandwidth=1e18))  # not HBM-bound
+    assert cost.seconds == pytest.approx(F32.size / LANES / rate / CHIP.vector_clock_hz)
+
+
+def test_fp8_doubles_the_rate_only_with_double_row_contractions():
+    """FP8's 2x needs the contraction in pairs of 128-row tiles (double-row mode)."""
+    short = tile_matmul(1, 4096, 4096, 128, "float8_e4m3fn", "float8_e4m3fn", "bfloat16", CHIP)
+    long = tile_matmul(1, 4096, 4096, 1024, "float8_e4m3fn", "float8_e4m3fn", "bfloat16", CHIP)
+    bf16 = tile_matmul(1, 4096, 4096, 1024, "bfloat16", "bfloat16", "bfloat16", CHIP)
+    assert short.rate == 1.0 and long.rate == 2.0
+    assert long.cycles < 0.51 * bf16.cycles + CHIP.pe_rows + CHIP.pe_cols
+
+
+def test_a_collectives_hbm_traffic_delays_a_memory_bound_op_beside_it():
+    """Expected: the collective's HBM reads and writes occupy the DMA queue, so an
+    elementwise op that streams HBM starts after them; ideal: they overlap."""
+    mesh = isa.MeshSpec(("x",), (4,))
+    big = isa.TensorType((64 * 2**20,), "float32")  # 256 MiB per chip
+    groups = isa.Groups(((0, 1, 2, 3),), (0,))
+    reduce = isa.AllReduce((2,), (0,), groups=groups, reduction="add")
+    reduce = dataclasses.replace(reduce, plan=plan_collective(
+        reduce, big.nbytes, TOPOLOGY, place_mesh(TOPOLOGY, (4,), ("x",))))
+    add = isa.Elementwise((3,), (1, 1), op="add")
+    values = {v: isa.ValueInfo(big, frozenset({0})) for v in range(4)}
+    program = isa.Program(mesh, (reduce, add), (0, 1), (2, 3), values)
+    expected = ProgramEstimate(program, TOPOLOGY)
+    start = {s.index: s.start for s in expected.schedule.slots}
+    assert start[1] == pytest.approx(expected.costs[0].engine_seconds[isa.DMA])
+    ideal = ProgramEstimate(program, TOPOLOGY, model=IDEAL)
+    assert [s.start for s in ideal.schedule.slots] == [0.0, 0.0]

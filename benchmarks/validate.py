@@ -1,0 +1,284 @@
+"""How close the estimates come to published measurements of real Trainium2 hardware.
+
+Each row is a figure AWS (or, where marked, a third party) published, with its
+configuration; the script builds that configuration with the project's public API (a JAX
+program over jax_trn2.make_mesh, lowered and compiled from shapes) and prints the expected
+and ideal estimates next to the measurement. Rows are of two kinds, kept apart:
+
+- calibration: micro-benchmarks and specifications (nccom-test collective sweeps, a
+  measured kernel, a link latency). The runtime constants (mesh/machine/runtime.py) come
+  from figures of this kind; these rows show how the model reproduces them.
+- validation: whole programs (inference steps of published models). Nothing was fitted to
+  them.
+
+    python benchmarks/validate.py              # the table
+    python benchmarks/validate.py --markdown   # the table in docs/validation.md's format
+
+Conventions the measurements need (docs/validation.md says more):
+- nccom-test ranks are logical NeuronCores: at Trn2's default LNC=2 a chip has 4, so a
+  16-rank collective runs on 4 chips. The simulator's device is a chip: a case holds the
+  4 ranks' buffers of each chip, combines them on the chip, runs the collective between
+  chips and gives each rank its copy, as the runtime does (its intra-chip stages).
+- A tensor-parallel degree counts logical cores too: TP64 is 16 chips, TP8 2 chips, TP4 1.
+- Serving figures (vLLM, llmperf, guidellm) are measured at the client: they include the
+  server's own time per request and, at a concurrency above one, waiting behind other
+  requests' steps. The device estimate has neither.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+import jax_trn2  # noqa: E402
+from mesh.machine import ChipSpec, get_topology  # noqa: E402
+from support import llama  # noqa: E402
+
+RANKS_PER_CHIP = 4  # logical NeuronCores per chip at Trn2's default LNC=2
+NCCOM = "Neuron docs, tools/neuron-sys-tools/nccom-test.rst"
+NXDI = "Neuron docs, libraries/nxd-inference/tutorials"
+OPTIMUM = "huggingface/optimum-neuron benchmark/vllm/single-instance"
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One published figure and how to build it."""
+
+    name: str
+    kind: str  # "calibration" or "validation"
+    configuration: str
+    measured_seconds: float
+    source: str
+    build: Callable[[], tuple[Callable, tuple]]  # -> (a jax_trn2.jit function, its args)
+    note: str = ""
+
+
+def estimate(case: Case) -> tuple[float, float]:
+    """(expected, ideal) seconds of a case's program."""
+    jitted, args = case.build()
+    info = jitted.lower(*args).compile().cost_analysis()["trn2"]
+    return info["step_seconds"], info["ideal_step_seconds"]
+
+
+# --- collectives: nccom-test -------------------------------------------------------------
+
+def _all_reduce(ranks_buffers, axis):
+    """Each chip: its ranks' buffers summed, the sums all-reduced between chips, the
+    result given to every rank."""
+    return jnp.broadcast_to(jax.lax.psum(ranks_buffers.sum(0), axis), ranks_buffers.shape)
+
+
+def _all_gather(ranks_buffers, axis):
+    gathered = jax.lax.all_gather(ranks_buffers, axis, tiled=True)  # every rank's buffer
+    return jnp.broadcast_to(gathered, (RANKS_PER_CHIP, *gathered.shape))
+
+
+def nccom(op: str, ranks: int, size: int, dtype, groups: int = 1):
+    """An nccom-test collective over `ranks` ranks (in `groups` concurrent groups) of
+    `size` bytes (nccom's size: each rank's buffer for all-reduce, the gathered output for
+    all-gather)."""
+    def build():
+        chips = ranks // RANKS_PER_CHIP
+        itemsize = jnp.dtype(dtype).itemsize
+        per_rank = size // itemsize if op == "all-reduce" else size // (ranks * itemsize)
+        mesh = jax_trn2.make_mesh((groups, chips), ("group", "chip"), topology="trn2")
+        body = partial(_all_reduce if op == "all-reduce" else _all_gather, axis="chip")
+        spec = P(("group", "chip"))
+        f = jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)
+        args = (jax.ShapeDtypeStruct((groups * chips * RANKS_PER_CHIP, max(per_rank, 1)),
+                                     dtype),)
+        return jax_trn2.jit(f), args
+    return build
+
+
+C1 = "16-rank all-reduce fp32 (4 chips), nccom-test --show-algorithm, SDK 2.28 example"
+C2 = ("16-rank all-reduce bf16 in 4 groups (16 chips), nccom-test --streams-json, SDK 2.32 "
+      "example; a 64-rank all-gather ran concurrently on another stream")
+C3 = "32-rank all-gather fp32 (8 chips), nccom-test --show-input-output-size, SDK 2.24 example"
+C5 = "8-rank all-gather fp32 (2 chips), nccom-test --stats, SDK 2.28 example"
+
+COLLECTIVES = [
+    *(Case(f"all-reduce {size:,} B", "calibration", C1, us * 1e-6, NCCOM,
+           nccom("all-reduce", 16, size, jnp.float32),
+           "the instance is not stated (KangaRing implies Trn2)")
+      for size, us in ((4, 299.91), (8192, 299.74), (131072, 574.15), (2097152, 686.32),
+                       (33554432, 2754.15), (536870912, 9689.51))),
+    *(Case(f"all-reduce {size:,} B", "calibration", C2, us * 1e-6, NCCOM,
+           nccom("all-reduce", 16, size, jnp.bfloat16, groups=4),
+           "under contention from the concurrent stream")
+      for size, us in ((1024, 101.14), (65536, 103.28), (262144, 107.37),
+                       (1048576, 117.67))),
+    *(Case(f"all-gather {size:,} B", "calibration", C3, us * 1e-6, NCCOM,
+           nccom("all-gather", 32, size, jnp.float32), "the instance is not stated")
+      for size, us in ((1024, 6.16), (65536, 8.17), (524288, 23.16))),
+    *(Case(f"all-gather {size:,} B", "calibration", C5, us * 1e-6, NCCOM,
+           nccom("all-gather", 8, size, jnp.float32), "the instance is not stated")
+      for size, us in ((1024, 10.0), (65536, 11.31), (524288, 14.83))),
+]
+
+
+# --- engines -----------------------------------------------------------------------------
+
+def one_core_matmul():
+    """The NKI kernel-optimization tutorial's FP32 matmul on one NeuronCore: a chip of one
+    core whose HBM is the core's DMA engines' peak (16 x 23 B/ns)."""
+    core = ChipSpec(neuron_cores=1, hbm_bandwidth=16 * 23e9)
+    topology = get_topology("trn2", chip=core)
+    mesh = jax_trn2.make_mesh((1,), ("core",), topology=topology)
+    args = (jax.ShapeDtypeStruct((4096, 8192), jnp.float32),
+            jax.ShapeDtypeStruct((8192, 8192), jnp.float32))
+    f = jax.shard_map(jnp.matmul, mesh=mesh, in_specs=(P(), P()), out_specs=P())
+    return jax_trn2.jit(f, topology=topology), args
+
+
+ENGINES = [
+    Case("fp32 matmul 4096x8192 @ 8192x8192", "calibration",
+         "one NeuronCore, NKI kernel with hoisted loads (tutorial v3)", 28.197982e-3,
+         "Neuron docs, nki/guides/tutorials/kernel-optimization.rst (profile)",
+         one_core_matmul),
+]
+
+
+# --- whole programs: inference -----------------------------------------------------------
+
+def decode(config: llama.Llama, chips: int, batch: int, bucket: int):
+    def build():
+        split = llama.Split(config, chips)
+        mesh = jax_trn2.make_mesh((chips,), (llama.TP,), topology="trn2")
+        return llama.decode_step(split, mesh), llama.decode_args(split, batch, bucket)
+    return build
+
+
+def prefill(config: llama.Llama, chips: int, length: int):
+    def build():
+        split = llama.Split(config, chips)
+        mesh = jax_trn2.make_mesh((chips,), (llama.TP,), topology="trn2")
+        return llama.prefill(split, mesh), llama.prefill_args(split, 1, length)
+    return build
+
+
+SERVED = "client-side through vLLM (includes the server's time per token)"
+PROGRAMS = [
+    Case("Llama-3.3-70B TPOT", "validation",
+         "TP64 (16 chips) BF16, batch 1, decode at 10,000-11,500 tokens (12,800 bucket); "
+         "vLLM + llmperf, SDK 2.22 docs", 19.6e-3, f"{NXDI}/trn2-llama3.3-70b-tutorial.rst",
+         decode(llama.LLAMA_3_70B, 16, 1, 12800), SERVED),
+    Case("Llama-3.3-70B TTFT", "validation",
+         "TP64 (16 chips) BF16, batch 1, 10,000-token prompt (12,288 bucket); SDK 2.22 docs",
+         814.2e-3, f"{NXDI}/trn2-llama3.3-70b-tutorial.rst",
+         prefill(llama.LLAMA_3_70B, 16, 12288), SERVED),
+    Case("Llama-3.3-70B TTFT", "validation",
+         "as above, the SDK 2.21 version of the tutorial", 575.6e-3,
+         f"{NXDI}/trn2-llama3.3-70b-tutorial.rst (commit 06f33784)",
+         prefill(llama.LLAMA_3_70B, 16, 12288), SERVED),
+    Case("Llama-3.1-405B TPOT", "validation",
+         "TP64 (16 chips) BF16, batch 1, decode at ~10,000-11,800 tokens (12,800 bucket)",
+         37.9e-3, f"{NXDI}/trn2-llama3.1-405b-speculative-tutorial.rst",
+         decode(llama.LLAMA_3_405B, 16, 1, 12800), SERVED),
+    Case("Llama-3.1-405B TTFT", "validation",
+         "TP64 (16 chips) BF16, batch 1, 10,000-token prompt (12,288 bucket)", 2442e-3,
+         f"{NXDI}/trn2-llama3.1-405b-speculative-tutorial.rst",
+         prefill(llama.LLAMA_3_405B, 16, 12288), SERVED),
+    Case("Llama-3.1-8B TPOT", "validation",
+         "TP8 (2 chips) BF16, 2 requests at a time (batch 2, 2,048 bucket), ~512 in / 128 "
+         "out; vLLM-Neuron, SDK 2.32 (\"illustrative\")", 10.52e-3,
+         "vllm-neuron/docs/tutorials/tutorial-eagle3-speculative-decoding-llama-3-1.md",
+         decode(llama.LLAMA_3_8B, 2, 2, 2048), SERVED),
+    Case("Llama-3.1-8B TTFT", "validation",
+         "TP8 (2 chips) BF16, ~512-token prompt, 2 requests at a time", 51.07e-3,
+         "vllm-neuron/docs/tutorials/tutorial-eagle3-speculative-decoding-llama-3-1.md",
+         prefill(llama.LLAMA_3_8B, 2, 512),
+         SERVED + "; a prompt may wait behind the other request's decode step"),
+    Case("Llama-3.1-8B inter-token latency", "validation",
+         "trn2.3xlarge (1 chip, TP4) BF16, compiled for batch 32 and 4,096 tokens, one "
+         "request at a time (~1,500 in / 250 out); optimum-neuron + guidellm", 22.136e-3,
+         f"{OPTIMUM}/llama3.1-8b (commit b52f1a3a)", decode(llama.LLAMA_3_8B, 1, 32, 4096),
+         SERVED + "; the batch-32 graph runs padded"),
+    Case("Llama-3.1-8B TTFT", "validation",
+         "trn2.3xlarge (1 chip, TP4) BF16, ~1,500-token prompt (2,048 bucket)", 197.2e-3,
+         f"{OPTIMUM}/llama3.1-8b (commit b52f1a3a)", prefill(llama.LLAMA_3_8B, 1, 2048),
+         SERVED),
+    Case("Qwen3-32B inter-token latency", "validation",
+         "trn2.3xlarge (1 chip, TP4) BF16, compiled for batch 2 and 4,096 tokens, one "
+         "request at a time", 32.084e-3, f"{OPTIMUM}/qwen3-32b (commit 56c35e6d)",
+         decode(llama.QWEN_3_32B, 1, 2, 4096), SERVED),
+    Case("Qwen3-32B TTFT", "validation",
+         "trn2.3xlarge (1 chip, TP4) BF16, ~1,500-token prompt (2,048 bucket)", 770.9e-3,
+         f"{OPTIMUM}/qwen3-32b (commit 56c35e6d)", prefill(llama.QWEN_3_32B, 1, 2048), SERVED),
+]
+
+CASES = COLLECTIVES + ENGINES + PROGRAMS
+
+
+def seconds_text(s: float) -> str:
+    return f"{s * 1e3:,.2f} ms" if s >= 1e-3 else f"{s * 1e6:,.2f} us"
+
+
+def run(cases=CASES) -> list[tuple[Case, float, float]]:
+    results = []
+    for case in cases:
+        started = time.perf_counter()
+        expected, ideal = estimate(case)
+        results.append((case, expected, ideal))
+        print(f"  {case.kind:<11} {case.name:<36} measured {seconds_text(case.measured_seconds):>11}"
+              f"  expected {seconds_text(expected):>11} ({expected / case.measured_seconds:5.2f}x)"
+              f"  ideal {seconds_text(ideal):>11} ({ideal / case.measured_seconds:5.2f}x)"
+              f"  [{time.perf_counter() - started:.1f} s]", file=sys.stderr, flush=True)
+    return results
+
+
+def summary(results) -> list[str]:
+    lines = []
+    for kind in ("calibration", "validation"):
+        ratios = [e / c.measured_seconds for c, e, _ in results if c.kind == kind]
+        ideal_ratios = [i / c.measured_seconds for c, _, i in results if c.kind == kind]
+        if not ratios:
+            continue
+        within = sum(0.75 <= r <= 1.25 for r in ratios)
+        within_2x = sum(0.5 <= r <= 2.0 for r in ratios)
+        lines.append(f"{kind}: {len(ratios)} figures; expected/measured median "
+                     f"{statistics.median(ratios):.2f}, {within} within +-25%, {within_2x} "
+                     f"within 2x; ideal above the measurement in "
+                     f"{sum(r > 1 for r in ideal_ratios)}")
+    return lines
+
+
+def markdown(results) -> str:
+    rows = ["| kind | figure | configuration | measured | expected | ratio | ideal | ratio | "
+            "source | note |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for case, expected, ideal in results:
+        m = case.measured_seconds
+        rows.append(f"| {case.kind} | {case.name} | {case.configuration} | {seconds_text(m)} | "
+                    f"{seconds_text(expected)} | {expected / m:.2f} | {seconds_text(ideal)} | "
+                    f"{ideal / m:.2f} | {case.source} | {case.note} |")
+    return "\n".join(rows + [""] + summary(results))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--markdown", action="store_true", help="print a markdown table")
+    parser.add_argument("--only", choices=("calibration", "validation"),
+                        help="only the rows of one kind")
+    args = parser.parse_args()
+    cases = [c for c in CASES if args.only in (None, c.kind)]
+    results = run(cases)
+    if args.markdown:
+        print(markdown(results))
+    else:
+        print("\n".join(summary(results)))
+
+
+if __name__ == "__main__":
+    main()
