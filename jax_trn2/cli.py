@@ -29,7 +29,7 @@ import jax
 
 import lowering
 from jax_trn2.executable import LoadedExecutable
-from jax_trn2.mesh import placement_for, smallest_topology
+from jax_trn2.mesh import DEFAULT_TOPOLOGY, default_topology, placement_for
 from jax_trn2.jit import Jitted, jit
 from jax_trn2.numerics import compare
 from mesh.perf import trace
@@ -52,8 +52,8 @@ def add_inspect(subparsers) -> None:
                              "jax.jit(f).lower(...).as_text()")
     parser.add_argument("--topology", type=topology_name, default=None,
                         help=f"the machine: {', '.join(TOPOLOGY_NAMES)} or "
-                             f"{ULTRACLUSTER_PREFIX}N (default: the smallest that holds the "
-                             "program's mesh)")
+                             f"{ULTRACLUSTER_PREFIX}N (default: {DEFAULT_TOPOLOGY}, as "
+                             "make_mesh's, or the smallest that holds a larger mesh)")
     parser.add_argument("--trace", type=Path, metavar="OUT.json",
                         help="also write the timeline as Chrome trace-event JSON "
                              "(open in ui.perfetto.dev or chrome://tracing)")
@@ -112,15 +112,15 @@ def inspect(args: argparse.Namespace) -> int:
 
 def machine(program: str | bytes, args: argparse.Namespace
             ) -> tuple[Topology | str | None, tuple[int, ...] | None]:
-    """The topology `inspect` runs `program` on (--topology, else the smallest that holds
-    its mesh) with the --fail-link and --fail-chip faults, and the chip of each logical
+    """The topology `inspect` runs `program` on (--topology, else default_topology of its
+    mesh) with the --fail-link and --fail-chip faults, and the chip of each logical
     device when --origin moves the mesh (None: the default placement)."""
     if not (args.fail_link or args.fail_chip or args.origin is not None):
         return args.topology, None
     mesh = lowering.lower(program, module_name=str(args.program)).mesh
     # The module's own mesh, not one this process's make_mesh remembers a machine for.
     topology = get_topology(args.topology) if args.topology is not None else \
-        smallest_topology(mesh.axis_sizes)
+        default_topology(mesh.axis_sizes)
     try:
         for a, b in args.fail_link:
             topology = topology.with_failed_cable(a, b)
@@ -133,8 +133,8 @@ def machine(program: str | bytes, args: argparse.Namespace
         if args.topology is not None:
             raise
         # Chip ids and coordinates are the topology's: say it was chosen, not given.
-        raise ValueError(f"{e} ({topology.name} is the smallest topology that holds the "
-                         f"module's {mesh.num_devices}-device mesh; choose another with "
+        raise ValueError(f"{e} (no --topology given: {topology.name} is the default for "
+                         f"the module's {mesh.num_devices}-device mesh; choose another with "
                          "--topology NAME)") from None
     return topology, placement.device_to_chip
 
