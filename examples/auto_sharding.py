@@ -21,8 +21,8 @@ import dataclasses
 import os
 from collections import Counter
 
-import harness  # noqa: F401  (64 CPU host devices for the reference)
-import decoder  # noqa: E402
+from support import harness  # noqa: F401  (64 CPU host devices for the reference)
+from support import decoder  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
