@@ -1,11 +1,12 @@
 """The jax-trn2 command line.
 
-    jax-trn2 inspect program.mlir [--topology NAME] [--trace out.json]
+    jax-trn2 inspect program.mlir [--topology NAME] [--trace out.json] [--plot out.png]
                      [--fail-link A,B ...] [--fail-chip C ...] [--origin X,Y,Z]
 
 `inspect` lowers a StableHLO file (MLIR text or bytecode, e.g. what
 `jax.jit(f).lower(...).as_text()` gives) to a Trn2 program, maps it onto the machine and
-prints the listing with estimated times and the cost summary.
+prints the listing with estimated times and the cost summary; `--plot` draws the step
+(jax_trn2.plot: engines over time, HBM in use, torus link loads; needs matplotlib).
 
     jax-trn2 compare script.py:function [--args example_args] [--rounding stochastic]
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import inspect as pyinspect
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -32,6 +34,7 @@ from jax_trn2.executable import LoadedExecutable
 from jax_trn2.mesh import DEFAULT_TOPOLOGY, default_topology, placement_for
 from jax_trn2.jit import Jitted, jit
 from jax_trn2.numerics import compare
+from jax_trn2.plot import save_plot
 from mesh.perf import trace
 from mesh.machine import TOPOLOGY_NAMES, ULTRACLUSTER_PREFIX, Topology, get_topology
 
@@ -57,6 +60,10 @@ def add_inspect(subparsers) -> None:
     parser.add_argument("--trace", type=Path, metavar="OUT.json",
                         help="also write the timeline as Chrome trace-event JSON "
                              "(open in ui.perfetto.dev or chrome://tracing)")
+    parser.add_argument("--plot", type=Path, metavar="OUT.png",
+                        help="also draw the step: engines busy over time, HBM in use with "
+                             "its peak, bytes on each torus link (png, svg or pdf by the "
+                             "extension; needs matplotlib: pip install 'jax-trn2[plot]')")
     parser.add_argument("--fail-link", type=chip_pair, action="append", default=[],
                         metavar="A,B", help="the cable between neighbour chips A and B failed "
                                             "(both directions); repeatable")
@@ -107,6 +114,9 @@ def inspect(args: argparse.Namespace) -> int:
     if args.trace is not None:
         trace.write_trace(args.trace, estimate.trace())
         print(f"\ntrace written to {args.trace} (open in ui.perfetto.dev or chrome://tracing)")
+    if args.plot is not None:
+        save_plot(estimate, args.plot)
+        print(f"\nplot written to {args.plot}")
     return 0
 
 
@@ -247,6 +257,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (OSError, ValueError, NotImplementedError) as e:  # LoweringError is a ValueError
+    except BrokenPipeError:  # the reader went away (`jax-trn2 inspect ... | head`): stop
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error
+        return 1
+    # LoweringError is a ValueError; ImportError: an optional dependency (matplotlib)
+    except (OSError, ValueError, NotImplementedError, ImportError) as e:
         print(f"jax-trn2 {args.command}: error: {e}", file=sys.stderr)
         return 1
