@@ -23,6 +23,7 @@ STDERR_FD = 2
 FULL_REMATERIALIZATION = re.compile(
     r"Involuntary full rematerialization\. The compiler cannot go from sharding (.+?) to "
     r"(.+?) efficiently for HLO operation (%\S+) = (\w+\[[\d,]*\])")
+_REPORTED: set[str] = set()  # the values warned about, once per process
 
 
 @contextlib.contextmanager
@@ -45,8 +46,8 @@ def captured_stderr() -> Iterator[list[str]]:
 
 
 def report(lines: Sequence[str]) -> None:
-    """Warn once about the values XLA's partitioner rematerialized in full; write every
-    other line back to stderr."""
+    """Warn once about the values XLA's partitioner rematerialized in full (once per
+    process for the same values); write every other line back to stderr."""
     found = [(line, FULL_REMATERIALIZATION.search(line)) for line in lines]
     others = [line for line, match in found if match is None]
     if others:
@@ -56,6 +57,9 @@ def report(lines: Sequence[str]) -> None:
         return
     values = "; ".join(f"{m.group(4)} ({m.group(3)}) from {m.group(1)} to {m.group(2)}"
                        for m in rematerialized)
+    if values in _REPORTED:  # the same program partitioned again (by CPU JAX, say)
+        return
+    _REPORTED.add(values)
     warnings.warn(
         f"XLA's SPMD partitioner found no efficient way to reshard {len(rematerialized)} "
         "value(s) of this program (its 'Involuntary full rematerialization' warning, which "

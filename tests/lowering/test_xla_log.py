@@ -1,6 +1,7 @@
 """lowering.xla_log: XLA's C++ log captured around a compile and re-reported."""
 
 import os
+import warnings
 
 import pytest
 
@@ -31,6 +32,10 @@ def test_rematerializations_become_one_warning_and_other_lines_pass_on(capfd):
     assert "bf16[64,1024] (%dot.3) from {devices=[4,16]<=[64] last_tile_dim_replicate} to " \
            "{replicated}; bf16[64,1024] (%dot.4)" in text
     assert capfd.readouterr().err == "I0000 something else\n"
+    with warnings.catch_warnings(record=True) as again:  # the same values: said already
+        warnings.simplefilter("always")
+        xla_log.report([REMAT, REMAT.replace("%dot.3", "%dot.4")])
+    assert not again
 
 
 def test_no_log_no_warning(recwarn, capfd):
