@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 import jax
 
 import lowering
+from jax_trn2 import __version__
 from jax_trn2.executable import LoadedExecutable
 from jax_trn2.mesh import DEFAULT_TOPOLOGY, default_topology, placement_for
 from jax_trn2.jit import Jitted, jit
@@ -246,6 +247,7 @@ COMMANDS = (add_inspect, add_compare)
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jax-trn2", description="Run and study JAX programs "
                                      "on a simulated AWS Trainium2 mesh.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="command")
     for add in COMMANDS:
         add(subparsers)
