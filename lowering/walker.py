@@ -42,6 +42,11 @@ class Region:
         return tuple(mlir.value_type(a.type) for a in self.block.arguments)
 
 
+# The name jax gives, in the name stack, the ops that recompute what jax.checkpoint did
+# not keep (jax._src.interpreters.partial_eval's remat).
+REMAT_SCOPE = "rematted_computation"
+
+
 @dataclass(frozen=True)
 class Op:
     """A decoded StableHLO op."""
@@ -135,7 +140,8 @@ class LoweringContext:
             varying = frozenset().union(*(self.varying(v) for v in ins))
         layouts = [varying] * len(out_types) if out_layouts is None else list(out_layouts)
         outs = tuple(self.builder.new_value(t, v) for t, v in zip(out_types, layouts, strict=True))
-        self.builder.instructions.append(cls(outs, ins, loc=op.loc, **params))
+        self.builder.instructions.append(cls(outs, ins, loc=op.loc,
+                                             recomputed=REMAT_SCOPE in op.scope, **params))
         return outs
 
     def inline_region(self, region: Region, args: Sequence[int]) -> list[int]:

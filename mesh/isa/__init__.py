@@ -139,13 +139,16 @@ class Instruction:
 
     `loc` is the user's source location of the StableHLO op it came from; `why` says why
     a compiler put it there when the user did not write it (a collective XLA's SPMD
-    partitioner inserted, with the sharding change that needed it).
+    partitioner inserted, with the sharding change that needed it); `recomputed` marks the
+    recomputation of a value jax.checkpoint did not keep for the backward pass (jax names
+    such ops `rematted_computation`).
     """
 
     outs: tuple[int, ...]
     ins: tuple[int, ...]
     loc: str = field(default="", kw_only=True)
     why: str = field(default="", kw_only=True)
+    recomputed: bool = field(default=False, kw_only=True)
 
     engine: ClassVar[str] = NONE
 
@@ -155,7 +158,7 @@ class Instruction:
 
     def params(self) -> dict:
         """The instruction's own parameters, for the listing."""
-        skip = {"outs", "ins", "loc", "why"}
+        skip = {"outs", "ins", "loc", "why", "recomputed"}
         return {k: v for k, v in self.__dict__.items() if k not in skip}
 
 

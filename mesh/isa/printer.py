@@ -62,35 +62,37 @@ def plan_lines(instr: isa.Instruction, indent: str) -> list[str]:
          for line in value.describe().splitlines()]
 
 
-def _region_lines(instr: isa.Instruction, indent: str) -> list[str]:
+def _region_lines(instr: isa.Instruction, indent: str, prefix, pad: str) -> list[str]:
     """The sub-programs of a loop or conditional, indented under it: `body x4(%inputs):`,
-    their instructions, and `yield %outputs`."""
+    their instructions (each after `prefix(sub, i)` when given), and `yield %outputs`."""
     if not isinstance(instr, isa_control.ControlFlow):
         return []
     lines = []
     for label, sub in instr.regions():
-        lines.append(f"{indent}{label}({', '.join(value_text(sub, v) for v in sub.inputs)}):")
-        for inner in sub.instructions:
-            lines.append(f"{indent}  {instruction_text(sub, inner)}")
-            lines += plan_lines(inner, indent + "      ")
-            lines += _region_lines(inner, indent + "    ")
-        lines.append(f"{indent}  yield " + ", ".join(f"%{v}" for v in sub.outputs))
+        lines.append(f"{pad}{indent}{label}({', '.join(value_text(sub, v) for v in sub.inputs)}):")
+        for i, inner in enumerate(sub.instructions):
+            lines.append((prefix(sub, i) if prefix else pad) + f"{indent}  "
+                         + instruction_text(sub, inner))
+            lines += plan_lines(inner, pad + indent + "      ")
+            lines += _region_lines(inner, indent + "    ", prefix, pad)
+        lines.append(f"{pad}{indent}  yield " + ", ".join(f"%{v}" for v in sub.outputs))
     return lines
 
 
-def program_text(program: isa.Program, prefix: Callable[[int], str] | None = None) -> str:
+def program_text(program: isa.Program,
+                 prefix: Callable[[isa.Program, int], str] | None = None) -> str:
     """The whole program: a header with the mesh, inputs, instructions, outputs.
 
-    `prefix(i)` (e.g. estimated times) starts the line of instruction i; other lines are
-    padded to line up."""
-    width = len(prefix(0)) if prefix and program.instructions else 0
+    `prefix(p, i)` (e.g. estimated times) starts the line of instruction i of program `p`
+    (`program` or one of its loop bodies and branches); other lines are padded to line up."""
+    width = len(prefix(program, 0)) if prefix and program.instructions else 0
     pad = " " * width
     lines = [f"trn2.program @{program.name} mesh={program.mesh} "
              f"({program.mesh.num_devices} chips)"]
     lines.append(pad + "  inputs: " + ", ".join(value_text(program, v) for v in program.inputs))
     for i, instr in enumerate(program.instructions):
-        lines.append((prefix(i) if prefix else "") + "  " + instruction_text(program, instr))
+        lines.append((prefix(program, i) if prefix else "") + "  " + instruction_text(program, instr))
         lines += plan_lines(instr, pad + "      ")
-        lines += _region_lines(instr, pad + "    ")
+        lines += _region_lines(instr, "    ", prefix, pad)
     lines.append(pad + "  outputs: " + ", ".join(value_text(program, v) for v in program.outputs))
     return "\n".join(lines)

@@ -6,30 +6,32 @@ not a law, and any field can be overridden: ``ChipSpec(tensor_clock_hz=2.0e9)``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 MIB = 2**20
 GIB = 2**30
 FP32_BYTES = 4
 
-# Dense peak per chip in FLOP/s (AWS "Trainium2" page; SemiAnalysis: 667 BF16).
-BF16_PEAK_FLOPS = 667e12
-FP32_PEAK_FLOPS = 181e12
-FP8_PEAK_FLOPS = 1299e12
+REFERENCE_DTYPE = "bfloat16"  # matmul rates are relative to this dtype
 
-REFERENCE_DTYPE = "bfloat16"  # matmul_rate_factor is relative to this dtype
-
-DEFAULT_PEAK_FLOPS: tuple[tuple[str, float], ...] = (
-    ("bfloat16", BF16_PEAK_FLOPS),
-    ("float16", BF16_PEAK_FLOPS),
-    ("float32", FP32_PEAK_FLOPS),
-    ("float8_e4m3fn", FP8_PEAK_FLOPS),
-    ("float8_e5m2", FP8_PEAK_FLOPS),
-    ("float8_e4m3", FP8_PEAK_FLOPS),
-    ("float8_e3m4", FP8_PEAK_FLOPS),  # "cFP8"
-    ("int8", FP8_PEAK_FLOPS),  # INT8 runs at the FP8 rate
+# Tensor Engine matmuls per PE cycle relative to BF16, per input dtype (NKI Trainium2 guide:
+# BF16/FP16/TF32 one multiply-add per PE per cycle, FP32 a quarter of that, FP8 and INT8
+# twice BF16 only in double-row mode, which takes K in pairs of 128-row tiles;
+# mesh.perf.tensor_engine applies that condition). The chip's peak follows from the array:
+# 8 cores x 128 x 128 PEs x 2 FLOPs x 2.4 GHz = 629 TFLOP/s BF16, the figure the Neuron
+# profiler and nki-library divide by for MFU (AWS's Trainium2 page quotes 667, which no
+# clock of the published array reaches).
+DEFAULT_MATMUL_RATES: tuple[tuple[str, float], ...] = (
+    ("bfloat16", 1.0),
+    ("float16", 1.0),
+    ("float32", 0.25),
+    ("float8_e4m3fn", 2.0),
+    ("float8_e5m2", 2.0),
+    ("float8_e4m3", 2.0),
+    ("float8_e3m4", 2.0),  # "cFP8"
+    ("int8", 2.0),  # INT8 runs at the FP8 rate
 )
+FLOPS_PER_MAC = 2
 
 
 @dataclass(frozen=True)
@@ -41,11 +43,13 @@ class ChipSpec:
     28 MiB per core in 128 partitions of 224 KiB (AWS Neuron "NeuronCore-v3 architecture"
     page: 28 MB of on-chip SRAM; NKI Trainium3 guide: "32MiB (up from 28 MiB in
     NeuronCore-v3)"), PSUM of 2 MiB = 128 partitions x 8 banks x 512 FP32 (NKI Trainium2
-    guide); 96 GiB HBM at 2.9 TB/s and dense peaks BF16/FP16 667, FP8 1299, FP32 181
-    TFLOP/s per chip (AWS "Trainium2" page).
+    guide); 96 GiB HBM at 2.9 TB/s (AWS "Trainium2" page). Peaks come from the array:
+    629 BF16, 1,258 FP8 (double-row), 157 FP32 TFLOP/s per chip (8 x the NKI guide's 79,
+    158 and 20 per core; the Trainium2 page's 667, 1,299 and 181 exceed them).
 
-    ``peak_flops`` is a tuple of ``(dtype_name, flop_per_s)`` pairs so the spec stays
-    hashable; dtype names are numpy/ml_dtypes names (``"bfloat16"``, ``"float8_e4m3fn"``).
+    ``matmul_rates`` is a tuple of ``(dtype_name, rate)`` pairs, matmuls per PE cycle
+    relative to BF16, so the spec stays hashable; dtype names are numpy/ml_dtypes names
+    (``"bfloat16"``, ``"float8_e4m3fn"``). Peak FLOP/s follow from the PE array and clock.
     """
 
     name: str = "Trainium2"
@@ -63,13 +67,14 @@ class ChipSpec:
     psum_bank_fp32_per_partition: int = 512  # FP32 words per partition per bank
     hbm_bytes: int = 96 * GIB  # per chip
     hbm_bandwidth: float = 2.9e12  # bytes/s per chip
-    peak_flops: tuple[tuple[str, float], ...] = DEFAULT_PEAK_FLOPS  # FLOP/s per chip
+    matmul_rates: tuple[tuple[str, float], ...] = DEFAULT_MATMUL_RATES
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "peak_flops", tuple((str(k), float(v)) for k, v in self.peak_flops))
+        object.__setattr__(self, "matmul_rates",
+                           tuple((str(k), float(v)) for k, v in self.matmul_rates))
         self._check_positive()
         self._check_memories()
-        self._check_peak_flops()
+        self._check_matmul_rates()
 
     def _check_positive(self) -> None:
         for field in (
@@ -101,35 +106,37 @@ class ChipSpec:
                 f"{self.psum_banks} * {self.psum_bank_fp32_per_partition} * {FP32_BYTES} = {psum}"
             )
 
-    def _check_peak_flops(self) -> None:
-        names = [name for name, _ in self.peak_flops]
+    def _check_matmul_rates(self) -> None:
+        names = [name for name, _ in self.matmul_rates]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
-            raise ValueError(f"ChipSpec.peak_flops lists {duplicates} more than once")
-        for name, flops in self.peak_flops:
-            if not flops > 0:
-                raise ValueError(f"ChipSpec.peak_flops[{name!r}] must be positive, got {flops}")
-        if REFERENCE_DTYPE not in names:
+            raise ValueError(f"ChipSpec.matmul_rates lists {duplicates} more than once")
+        for name, rate in self.matmul_rates:
+            if not rate > 0:
+                raise ValueError(f"ChipSpec.matmul_rates[{name!r}] must be positive, got {rate}")
+        if dict(self.matmul_rates).get(REFERENCE_DTYPE) != 1.0:
             raise ValueError(
-                f"ChipSpec.peak_flops must include {REFERENCE_DTYPE!r} (the rate reference), "
-                f"got {names}"
+                f"ChipSpec.matmul_rates must give {REFERENCE_DTYPE!r} (the rate reference) the "
+                f"rate 1.0, got {self.matmul_rates}"
             )
 
+    @property
+    def matmul_dtypes(self) -> frozenset[str]:
+        """The input dtypes the Tensor Engine has a rate for."""
+        return frozenset(name for name, _ in self.matmul_rates)
+
     def peak_flops_for(self, dtype_name: str) -> float:
-        """Dense peak FLOP/s of the whole chip for matmul inputs of ``dtype_name``."""
-        for name, flops in self.peak_flops:
-            if name == dtype_name:
-                return flops
-        known = [name for name, _ in self.peak_flops]
-        raise ValueError(f"no peak FLOP/s for dtype {dtype_name!r} on {self.name}; known: {known}")
+        """Dense peak FLOP/s of the whole chip for matmul inputs of ``dtype_name``: every PE
+        of every core busy at the dtype's rate (for FP8, in double-row mode)."""
+        macs_per_cycle = self.neuron_cores * self.pe_rows * self.pe_cols
+        return FLOPS_PER_MAC * macs_per_cycle * self.tensor_clock_hz * \
+            self.matmul_rate_factor(dtype_name)
 
     def matmul_rate_factor(self, dtype_name: str) -> float:
-        """Tensor Engine rate of ``dtype_name`` relative to BF16: FP8 2.0, BF16/FP16 1.0, FP32 0.25.
-
-        Derived from ``peak_flops``, rounded to the nearest power of two: the PE array
-        processes a power-of-two number of rows per cycle (NKI guide: "FP8 2x BF16 rate",
-        "FP32 inputs ~4x slower"), while the published chip peaks are rounded
-        (1299/667 = 1.95, 181/667 = 0.27).
-        """
-        ratio = self.peak_flops_for(dtype_name) / self.peak_flops_for(REFERENCE_DTYPE)
-        return 2.0 ** round(math.log2(ratio))
+        """Tensor Engine matmuls per cycle of ``dtype_name`` relative to BF16: FP8 2.0 (in
+        double-row mode), BF16/FP16 1.0, FP32 0.25."""
+        rates = dict(self.matmul_rates)
+        if dtype_name not in rates:
+            raise ValueError(f"no Tensor Engine rate for dtype {dtype_name!r} on {self.name}; "
+                             f"known: {[name for name, _ in self.matmul_rates]}")
+        return rates[dtype_name]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 
 from mesh.machine.chip import ChipSpec
+from mesh.machine.runtime import RuntimeSpec
 
 # Seconds per hop; trn2_facts: "about 1-2 us per hop inside a server" (AWS Neuron runtime
 # docs). The facts give no separate figure for the z ring between servers, so it uses the same.
@@ -23,14 +24,16 @@ DEFAULT_HOP_LATENCY_S = 1.5e-6
 IN_SERVER_LINK_BANDWIDTH = 128e9  # x, y: inside a 16-chip server
 ACROSS_SERVER_LINK_BANDWIDTH = 64e9  # z: the ring across the 4 servers of an UltraServer
 # EFA between UltraServers (trn2_facts: EFAv3, 200 Gbit/s per chip = 25 GB/s each way,
-# 12.8 Tb/s per UltraServer; 6.5 us packet latency). The cluster axis is modelled as a ring
+# 12.8 Tb/s per UltraServer; a minimal packet takes 15 us from the HBM of one server to the
+# HBM of another, measured with ib_write_lat: Neuron runtime collectives page, which also
+# gives ~15 us per inter-node hop). The cluster axis is modelled as a ring
 # of UltraServers in which each chip talks to the chip at its own position in the previous
 # and next UltraServer, its 25 GB/s shared between the two: 12.5 GB/s per direction per
 # neighbour. (EFA is a switched network; for the ring and hierarchical algorithms used
 # across servers the ring carries the same bytes per NIC, for all-to-all it is pessimistic.)
 EFA_BYTES_PER_CHIP = 200e9 / 8
 EFA_LINK_BANDWIDTH = EFA_BYTES_PER_CHIP / 2
-EFA_LATENCY_S = 6.5e-6
+EFA_LATENCY_S = 15e-6
 ULTRACLUSTER_PREFIX = "trn2-ultracluster-"
 
 
@@ -70,6 +73,9 @@ class Topology:
     link_bandwidth: tuple[float, ...]  # bytes/s per direction per neighbour link, per axis
     link_latency: tuple[float, ...]  # seconds per hop, per axis
     chip: ChipSpec = field(default_factory=ChipSpec)
+    # The measured costs of the runtime and engines: the expected estimate's constants
+    # (the ideal estimate leaves them out).
+    runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
     # Axes whose links are EFA between UltraServers (the others are NeuronLink).
     efa_axes: frozenset[int] = frozenset()
     # Faults. A failed link carries nothing: routes go around it the way the torus allows.
@@ -107,6 +113,9 @@ class Topology:
             raise ValueError(f"Topology.link_latency must be >= 0 seconds, got {self.link_latency}")
         if not isinstance(self.chip, ChipSpec):
             raise ValueError(f"Topology.chip must be a ChipSpec, got {type(self.chip).__name__}")
+        if not isinstance(self.runtime, RuntimeSpec):
+            raise ValueError(f"Topology.runtime must be a RuntimeSpec, got "
+                             f"{type(self.runtime).__name__}")
         self._check_faults()
 
     def _check_faults(self) -> None:

@@ -12,7 +12,9 @@ so every chip of the mesh holds the same bytes):
   chip holds the whole value.
 - Some instructions write no new buffer: `Reshape` is a bitcast, and so is a
   `BroadcastInDim` that only adds dimensions of size 1 in order (a scan's
-  `x[None]` before it is written into the stacked outputs), `Shard` of a value stored
+  `x[None]` before it is written into the stacked outputs), a slice that its readers'
+  DMA reads in place (mesh.perf.cost.view_values: a scan's layer of stacked weights
+  feeding a matmul), `Shard` of a value stored
   in those pieces and `Unshard` into them are views. `DynamicUpdateSlice`, a one-operand
   `Scatter` and a loop's carried state write in place into an operand whose buffer dies
   there (XLA's in-place buffer reuse), so a loop-carried value counts once; so does an
@@ -52,7 +54,7 @@ from typing import Iterable, Sequence
 
 from mesh import isa, sharding
 from mesh.isa import control
-from mesh.perf.cost import STREAMING_CONSUMERS, on_chip_values
+from mesh.perf.cost import STREAMING_CONSUMERS, on_chip_values, view_values
 
 ARGUMENT = "argument"
 OUTPUT = "output"
@@ -200,9 +202,12 @@ class _Builder:
 
     def _views(self) -> None:
         """Values that are views of another value's buffer, whatever the timing."""
+        read_in_place = view_values(self.program)
         for instr in self.program.instructions:
             if isinstance(instr, isa.Reshape) or \
                     self._adds_unit_dims(instr) or (
+                    isinstance(instr, (isa.Slice, isa.DynamicSlice)) and
+                    instr.outs[0] in read_in_place) or (
                     isinstance(instr, (isa.Shard, isa.Unshard)) and
                     self.stored_type(instr.ins[0]).nbytes == self.stored_type(instr.outs[0]).nbytes):
                 self.root[instr.outs[0]] = self.find(instr.ins[0])

@@ -26,11 +26,26 @@ others; P is the group size):
                   latency-optimal choice for small messages); all-reduce as one-shot (full
                   buffers, reduced at the receiver) or two-shot (direct reduce-scatter then
                   direct all-gather); all-to-all also axis by axis.
-Like a collective library's tuner, the plan takes the candidate with the least estimated
-time for this message size, and keeps the others' times for the listing.
+  recursive halving-doubling
+                  the group as a hypercube (a 4x4 torus is a 4-D one): log2(P) exchanges
+                  with partners at distance P/2, P/4, ... of halving blocks (reduce-scatter),
+                  then of doubling blocks (all-gather); groups of a power of two.
+The ideal time is the least alpha-beta time of every candidate: what the links and their
+per-hop latency allow.
 
-Not modelled: the reduction arithmetic of the collective cores, HBM traffic of the
-collective DMA, software launch overhead, and congestion from other traffic.
+The expected time is what the Neuron runtime takes (mesh.machine.runtime.RuntimeSpec):
+  - the algorithm it picks by message size (its intra-node collectives page): mesh (the
+    direct algorithms) below 1 MB, recursive halving-doubling to 56 MB, rings above; the
+    fastest of that family;
+  - a fixed cost per collective, and a larger one for a reduction;
+  - the per-hop latency of every step, as in the ideal;
+  - the transfer time: the busiest link (EFA at its sustained share), the bytes a chip's
+    collective DMA rings send, or the HBM traffic the collective makes, whichever is
+    longest. HBM traffic: every byte sent is read, every byte received written, and a
+    reduction reads the local part and writes the sum for each byte it combines. That
+    traffic also occupies HBM against compute (the schedule puts it on the DMA queue).
+Not modelled: the collective cores' arithmetic itself, and congestion from other
+collectives running at the same time.
 """
 
 from __future__ import annotations
@@ -90,12 +105,25 @@ class CollectivePlan(isa.Plan):
     latency_seconds: float
     bandwidth_seconds: float
     candidates: tuple[tuple[str, float], ...]  # (algorithm, seconds) of every one considered
+    # The expected time: the runtime's algorithm, its fixed cost, per-hop latency and
+    # transfer time (see the module doc), and the HBM bytes it reads and writes per chip.
+    expected_algorithm: str = "none"
+    fixed_seconds: float = 0.0
+    expected_latency_seconds: float = 0.0
+    transfer_seconds: float = 0.0
+    transfer_bound: str = ""  # "links", "collective DMA" or "HBM"
+    hbm_bytes: float = 0.0
     detours: int = 0  # transfers of the chosen algorithm routed around faults
     healthy_seconds: float | None = None  # the same collective without the topology's faults
 
     @property
     def seconds(self) -> float:
+        """The ideal time."""
         return self.latency_seconds + self.bandwidth_seconds
+
+    @property
+    def expected_seconds(self) -> float:
+        return self.fixed_seconds + self.expected_latency_seconds + self.transfer_seconds
 
     def describe(self) -> str:
         axes = ",".join(self.logical_axes) if self.logical_axes is not None else \
@@ -111,11 +139,18 @@ class CollectivePlan(isa.Plan):
             slowdown = self.seconds / self.healthy_seconds if self.healthy_seconds else 1.0
             runner_up += (f"; faults: {detours}{slowdown:.2f}x the healthy "
                           f"{seconds_text(self.healthy_seconds)}")
+        expected = (f"\nexpected (Neuron runtime): {self.expected_algorithm}, "
+                    f"{seconds_text(self.expected_seconds)} = {seconds_text(self.fixed_seconds)} "
+                    f"fixed + {seconds_text(self.expected_latency_seconds)} latency + "
+                    f"{seconds_text(self.transfer_seconds)} transfer (bound by "
+                    f"{self.transfer_bound}); HBM {bytes_text(self.hbm_bytes)} per chip"
+                    if self.expected_algorithm != "none" else "")
         return (f"torus: {self.kind} of {bytes_text(self.message_bytes)} over logical {axes} "
-                f"-> torus {torus}{rings}{routed}; {self.algorithm}, {self.steps} steps, "
+                f"-> torus {torus}{rings}{routed}\n"
+                f"ideal: {self.algorithm}, {self.steps} steps, "
                 f"busiest link {bytes_text(self.link_bytes)}/direction; "
                 f"{seconds_text(self.seconds)} = {seconds_text(self.latency_seconds)} latency + "
-                f"{seconds_text(self.bandwidth_seconds)} transfer{runner_up}")
+                f"{seconds_text(self.bandwidth_seconds)} transfer{runner_up}{expected}")
 
 
 def plan_collective(instr: isa.Instruction, message_bytes: int, topology: Topology,
@@ -150,6 +185,7 @@ def _plan_grouped(kind: str, groups: isa.Groups, message_bytes: int, topology: T
     best = min(candidates, key=lambda name: candidates[name].seconds)
     plan = _plan(kind, message_bytes, size, logical, net.torus_axes(grids[0].ravel()),
                  candidates[best].max_hops > 1, best, rings[best], candidates)
+    plan = _with_expected(plan, candidates, topology)
     if not topology.has_faults:
         return plan
     healthy = _plan_grouped(kind, groups, message_bytes, topology.healthy(), placement)
@@ -172,6 +208,7 @@ def _plan_permute(pairs: tuple[tuple[int, int], ...], message_bytes: int, topolo
     plan = _plan("collective-permute", message_bytes, 2, _moved_axes(placement, src, dst),
                  net.torus_axes(np.concatenate([moved.src, moved.dst])),
                  result.max_hops > 1, "direct", (), {"direct": result})
+    plan = _with_expected(plan, {"direct": result}, topology)
     if not topology.has_faults:
         return plan
     healthy = _plan_permute(pairs, message_bytes, topology.healthy(), placement)
@@ -255,6 +292,8 @@ def _algorithms(kind: str, grids: list[np.ndarray], m: float, net: _Network, on_
             yield label, ring_stages(grids, order, m, stage), tuple(shape[d] for d in order)
         if len(dims) > 1:
             yield from _rotated(kind, ring_stages, grids, names, m, net)
+        if _is_power_of_two(grids[0].size):
+            yield RDH, _recursive_halving_doubling(kind, grids, m), ()
     if grids[0].size <= DIRECT_MAX_GROUP or ring_stages is None:
         yield from _direct(kind, grids, m)
 
@@ -366,6 +405,34 @@ def _rotated(kind, ring_stages, grids, names, m, net: _Network):
                 tuple(grids[0].shape[d] for d in cyclic)
 
 
+RDH = "recursive halving-doubling"
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n > 1 and n & (n - 1) == 0
+
+
+def _recursive_halving_doubling(kind: str, grids: list[np.ndarray], m: float) -> Steps:
+    """Recursive halving (reduce-scatter: at step s each member exchanges half of what it
+    holds with the member P/2^(s+1) ranks away) and recursive doubling (all-gather: it
+    exchanges all it holds with the member 2^s ranks away); all-reduce is both. Members are
+    ranked in the grid's row-major order, so on a torus of power-of-two rings the partners
+    lie along one axis at a time (a 4x4 torus is a 4-D hypercube)."""
+    size = grids[0].size
+    rounds = size.bit_length() - 1
+    rank = np.arange(size)
+
+    def exchange(distance: int, nbytes: float) -> tuple[_Pattern, int]:
+        parts = [_Pattern(g.ravel(), g.ravel()[rank ^ distance], np.full(size, nbytes))
+                 for g in grids]
+        return _Pattern.concat(parts), 1
+
+    halving = [exchange(size >> (s + 1), m / 2 ** (s + 1)) for s in range(rounds)]
+    doubling = [exchange(1 << s, m * 2 ** s / size) for s in range(rounds)]
+    return {"reduce-scatter": halving, "all-gather": doubling,
+            "all-reduce": halving + doubling}[kind]
+
+
 def _cyclic_orders(dims: list[int]) -> list[list[int]]:
     """Axis orders up to rotation (each rotation is one part of the rotated algorithm)."""
     first, rest = dims[0], dims[1:]
@@ -428,6 +495,9 @@ class _StepCost:
     max_hops: int
     steps: int
     detours: int = 0  # transfers routed around faults
+    efa_bandwidth: float = 0.0  # `bandwidth` with EFA links at their sustained share
+    sent_bytes: float = 0.0  # the most any chip sends over all steps
+    received_bytes: float = 0.0  # the most any chip receives
 
     @property
     def seconds(self) -> float:
@@ -450,6 +520,11 @@ class _Network:
                     self.link_bandwidth[link] = topology.link_bandwidth[axis] * \
                         topology.bandwidth_factor(a, b)
                     self.failed[link] = not topology.link_usable(a, b)
+        # Bytes/s of each link as the runtime sustains it: EFA at its measured share.
+        efa = np.tile(np.repeat([a in topology.efa_axes for a in range(topology.ndim)], 2),
+                      topology.num_chips)
+        self.sustained_bandwidth = np.where(
+            efa, self.link_bandwidth * topology.runtime.efa_efficiency, self.link_bandwidth)
         self._healthy = topology.healthy()  # the machine templates route on (_template)
         self._templates: dict[int, tuple] = {}
         self._detours: dict[tuple[int, int], tuple] = {}
@@ -583,18 +658,24 @@ class _Network:
 
     def evaluate(self, steps: Steps) -> _StepCost:
         """Alpha-beta time of `steps`: per step, the longest route's latency plus the
-        busiest link's bytes over its bandwidth."""
-        latency = bandwidth = 0.0
+        busiest link's bytes over its bandwidth; and what each chip sends and receives."""
+        latency = bandwidth = efa_bandwidth = 0.0
         totals = np.zeros(self.n_links)
+        sent = np.zeros(self.topology.num_chips)
+        received = np.zeros(self.topology.num_chips)
         max_hops = count = detours = 0
         for pattern, times in steps:
             loads, step_latency, step_hops, step_detours = self.loads(pattern)
             latency += times * step_latency
             bandwidth += times * float(np.max(loads / self.link_bandwidth))
+            efa_bandwidth += times * float(np.max(loads / self.sustained_bandwidth))
             totals += times * loads
+            sent += times * np.bincount(pattern.src, pattern.nbytes, len(sent))
+            received += times * np.bincount(pattern.dst, pattern.nbytes, len(received))
             max_hops, count = max(max_hops, step_hops), count + times
             detours += times * step_detours
-        return _StepCost(latency, bandwidth, float(totals.max()), max_hops, count, detours)
+        return _StepCost(latency, bandwidth, float(totals.max()), max_hops, count, detours,
+                         efa_bandwidth, float(sent.max()), float(received.max()))
 
     def spanned_axes(self, chips: np.ndarray) -> list[int]:
         """Physical axes along which `chips` differ."""
@@ -636,6 +717,53 @@ def _trivial(kind, message_bytes, size, logical) -> CollectivePlan:
                           logical_axes=logical, torus_axes=(), routed=False, algorithm="none",
                           rings=(), steps=0, link_bytes=0.0, max_hops=0, latency_seconds=0.0,
                           bandwidth_seconds=0.0, candidates=(("none", 0.0),))
+
+
+# Which candidates belong to the runtime's algorithm families (see _with_expected).
+MESH_FAMILY = ("direct", "one-shot", "two-shot", "direct axis by axis")
+REDUCTIONS = ("all-reduce", "reduce-scatter")
+
+
+def _family(name: str) -> str:
+    return "mesh" if name in MESH_FAMILY else "rdh" if name == RDH else "ring"
+
+
+def _with_expected(plan: CollectivePlan, candidates: dict[str, _StepCost],
+                   topology: Topology) -> CollectivePlan:
+    """`plan` with the expected time: the fastest candidate (by expected time) of the family
+    the runtime uses at this message size, or the next family that has candidates."""
+    runtime = topology.runtime
+    m = plan.message_bytes
+    wanted = ("mesh", "rdh", "ring") if m < runtime.mesh_max_bytes else \
+        ("rdh", "ring", "mesh") if m < runtime.rdh_max_bytes else ("ring", "rdh", "mesh")
+    family = next(f for f in wanted if any(_family(n) == f for n in candidates))
+    timed = {name: _expected(plan.kind, name, cost, topology)
+             for name, cost in candidates.items() if _family(name) == family}
+    name = min(timed, key=lambda n: sum(timed[n][:3]))
+    fixed, latency, transfer, bound, hbm = timed[name]
+    return dataclasses.replace(plan, expected_algorithm=name, fixed_seconds=fixed,
+                               expected_latency_seconds=latency, transfer_seconds=transfer,
+                               transfer_bound=bound, hbm_bytes=hbm)
+
+
+def _expected(kind: str, name: str, cost: _StepCost,
+              topology: Topology) -> tuple[float, float, float, str, float]:
+    """(fixed, latency, transfer seconds, what bounds the transfer, HBM bytes) of one
+    candidate as the runtime runs it."""
+    runtime = topology.runtime
+    fixed = runtime.collective_launch_seconds + \
+        runtime.reduction_launch_seconds * (kind in REDUCTIONS)
+    # the share of the bytes a chip receives that it adds into its own (reading both and
+    # writing the sum): all of them in a reduce-scatter and a one-shot all-reduce, the
+    # reduce-scatter half of any other all-reduce
+    reduced = 1.0 if kind == "reduce-scatter" or name == "one-shot" else \
+        0.5 if kind == "all-reduce" else 0.0
+    hbm = cost.sent_bytes + cost.received_bytes * (1 + 2 * reduced)
+    times = {"links": cost.efa_bandwidth,
+             "collective DMA": cost.sent_bytes / runtime.collective_dma_bytes_per_second,
+             "HBM": hbm / (topology.chip.hbm_bandwidth * runtime.hbm_efficiency)}
+    bound = max(times, key=times.get)
+    return fixed, cost.latency, times[bound], bound, hbm
 
 
 def _plan(kind, message_bytes, size, logical, torus_axes, routed, best, rings,

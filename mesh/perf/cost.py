@@ -30,6 +30,7 @@ one per element of exp, log, tanh...; `bytes_accessed` is HBM traffic (JAX's key
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field, fields
@@ -38,6 +39,7 @@ from typing import Callable, Mapping
 from mesh import isa
 from mesh.perf import tensor_engine
 from mesh.machine.chip import ChipSpec
+from mesh.machine.runtime import IDEAL_RUNTIME, RuntimeSpec
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,8 @@ class Cost:
     nothing overlapped); `engine_seconds` how long it occupies each engine queue (its HBM
     traffic occupies the DMA queue); `optimal_seconds` its share of the scheduled step time
     (its time on the critical path; set by the schedule); `peak_seconds` the time its FLOPs
-    would take at the chip's published peak for their dtype (for MFU).
+    would take at the chip's published peak for their dtype (for MFU); `recomputed_*` the
+    part of `flops` and `peak_seconds` that recomputes values jax.checkpoint did not keep.
     """
 
     flops: float = 0.0
@@ -58,6 +61,8 @@ class Cost:
     engine_seconds: Mapping[str, float] = field(default_factory=dict)
     optimal_seconds: float = 0.0
     peak_seconds: float = 0.0
+    recomputed_flops: float = 0.0
+    recomputed_peak_seconds: float = 0.0
 
     def __add__(self, other: Cost) -> Cost:
         if not isinstance(other, Cost):
@@ -108,16 +113,111 @@ def on_chip_values(program: isa.Program) -> frozenset[int]:
         and all(isinstance(c, STREAMING_CONSUMERS) for c in consumers[v]))
 
 
+# Data movement the reader's DMA does as it reads: a slice (static, or at a start the DMA
+# descriptor takes at run time) or a bitcast (a reshape; a broadcast adding only dimensions
+# of size 1, elements in order). Such a value is an access pattern over its operand's
+# buffer, never written to HBM, when every reader reads it through DMA.
+VIEW_PRODUCERS = (isa.Slice, isa.DynamicSlice, isa.Reshape, isa.BroadcastInDim)
+
+
+def adds_unit_dims(instr: isa.Instruction, program: isa.Program) -> bool:
+    """A BroadcastInDim that keeps its operand's elements in order, adding only dimensions
+    of size 1 (a scan's `x[None]` before it is written into the stacked outputs): a
+    bitcast."""
+    return isinstance(instr, isa.BroadcastInDim) and \
+        list(instr.dimensions) == sorted(instr.dimensions) and \
+        program.values[instr.ins[0]].type.size == program.values[instr.outs[0]].type.size
+
+
+def _reads_in_place(instr: isa.Instruction, operand: int) -> bool:
+    """Whether `instr` reads `operand` through DMA at whatever address it has: not as the
+    buffer it writes in place (a dynamic-update-slice's or scatter's operand), not as a loop
+    or conditional's operand (their sub-programs take whole buffers), not on the host."""
+    if isinstance(instr, (isa.DynamicUpdateSlice, isa.Scatter)) and instr.ins[0] == operand:
+        return False
+    return not isinstance(instr, isa.HostCallback) and not isa.subprogram_fields(instr)
+
+
+@functools.lru_cache(maxsize=64)
+def readers_of(program: isa.Program) -> dict[int, list[isa.Instruction]]:
+    """The instructions that read each value of `program`, in program order."""
+    readers: dict[int, list[isa.Instruction]] = {}
+    for instr in program.instructions:
+        for v in dict.fromkeys(instr.ins):
+            readers.setdefault(v, []).append(instr)
+    return readers
+
+
+@functools.lru_cache(maxsize=64)
+def producers_of(program: isa.Program) -> dict[int, isa.Instruction]:
+    """The instruction that makes each value of `program` (inputs have none)."""
+    return {v: instr for instr in program.instructions for v in instr.outs}
+
+
+@functools.lru_cache(maxsize=64)
+def view_values(program: isa.Program) -> frozenset[int]:
+    """Values of `program` that are access patterns over another value's buffer (see
+    VIEW_PRODUCERS): bitcasts of stored values always; slices when everything that reads
+    them reads through DMA and they are not program outputs. mesh.memory stores them in
+    their operand's buffer."""
+    readers = readers_of(program)
+    on_chip, outputs = on_chip_values(program), set(program.outputs)
+    read_by_dma: dict[int, bool] = {}  # of bitcast results: only DMA reads them
+
+    def only_dma_reads(value: int) -> bool:
+        if value in outputs:
+            return False
+        for r in readers.get(value, ()):
+            if _is_bitcast(r, program) and r.ins[0] == value:
+                if not read_by_dma.get(r.outs[0], False):
+                    return False
+            elif not (isinstance(r, (isa.Slice, isa.DynamicSlice)) and r.ins[0] == value) \
+                    and not _reads_in_place(r, value):
+                return False
+        return True
+
+    views: set[int] = set()
+    for instr in reversed(program.instructions):  # readers before the values they read
+        if not isinstance(instr, VIEW_PRODUCERS) or instr.ins[0] in on_chip:
+            continue
+        (out,) = instr.outs
+        if _is_bitcast(instr, program):
+            views.add(out)
+            read_by_dma[out] = only_dma_reads(out)
+        elif isinstance(instr, (isa.Slice, isa.DynamicSlice)) and only_dma_reads(out):
+            views.add(out)
+    return frozenset(views)
+
+
+def _is_bitcast(instr: isa.Instruction, program: isa.Program) -> bool:
+    return isinstance(instr, isa.Reshape) or adds_unit_dims(instr, program)
+
+
 @dataclass(frozen=True)
 class CostContext:
-    """What a cost rule may look at: the program (for value types) and the chip."""
+    """What a cost rule may look at: the program (for value types), the chip and the
+    runtime costs in effect (RuntimeSpec.ideal() for the ideal estimate)."""
 
     program: isa.Program
     chip: ChipSpec
+    runtime: RuntimeSpec = IDEAL_RUNTIME
+
+    def hbm_seconds(self, nbytes: float) -> float:
+        """Time to stream `nbytes` between HBM and the chip's SBUF (at the DMA's sustained
+        rate in the expected estimate)."""
+        return nbytes / (self.chip.hbm_bandwidth * self.runtime.hbm_efficiency)
+
+    def dma_latency(self, nbytes: float) -> float:
+        """The fixed cost of the DMA an instruction moving `nbytes` of HBM waits for."""
+        return self.runtime.dma_fixed_seconds if nbytes else 0.0
 
     @functools.cached_property
     def on_chip(self) -> frozenset[int]:
         return on_chip_values(self.program)
+
+    @functools.cached_property
+    def views(self) -> frozenset[int]:
+        return view_values(self.program)
 
     def type(self, value: int) -> isa.TensorType:
         return self.program.values[value].type
@@ -151,44 +251,57 @@ def has_rule(instr: isa.Instruction) -> bool:
     return type(instr) in RULES
 
 
-def instruction_cost(instr: isa.Instruction, program: isa.Program, chip: ChipSpec) -> Cost:
-    """The cost of `instr` (an instruction of `program`) on one chip.
+def instruction_cost(instr: isa.Instruction, program: isa.Program, chip: ChipSpec,
+                     runtime: RuntimeSpec | None = None) -> Cost:
+    """The cost of `instr` (an instruction of `program`) on one chip: expected with the
+    runtime costs `runtime`, ideal without them (the default).
 
     Classes without a rule are costed by their engine: elements of their results through a
     compute engine, or bytes through DMA. Instructions with sub-programs (loops,
     conditionals) are costed by walking those (mesh.perf.estimate), not here.
     """
-    ctx = CostContext(program, chip)
+    ctx = CostContext(program, chip, runtime if runtime is not None else IDEAL_RUNTIME)
     rule = RULES.get(type(instr), _by_engine)
     return rule(instr, ctx)
 
 
 def engine_op(engine: str, elements: int, nbytes: int, ctx: CostContext, *,
               flops: float = 0.0, transcendentals: float = 0.0,
-              passes: float = 1.0) -> Cost:
-    """A Vector/Scalar/GpSimd op over `elements` (times `passes`) moving `nbytes` of HBM."""
-    chip = ctx.chip
+              passes: float = 1.0, rate: float = 1.0) -> Cost:
+    """A Vector/Scalar/GpSimd op over `elements` (times `passes`) at `rate` elements per
+    lane per cycle, moving `nbytes` of HBM. Each NeuronCore's engine has one lane per SBUF
+    partition; the chip's elements are spread over its cores. The expected time adds each
+    instruction's overhead (instructions of at most RuntimeSpec.instruction_free_elements
+    per lane) and the DMA's fixed cost."""
+    chip, runtime = ctx.chip, ctx.runtime
     clock = {isa.VECTOR: chip.vector_clock_hz, isa.SCALAR: chip.scalar_clock_hz,
              isa.GPSIMD: chip.gpsimd_clock_hz}[engine]
-    lanes = chip.neuron_cores * chip.sbuf_partitions  # elements per cycle per chip
-    compute = math.ceil(elements / lanes) * passes / clock
-    hbm = nbytes / chip.hbm_bandwidth
-    seconds = max(compute, hbm)
+    per_lane = math.ceil(elements / (chip.neuron_cores * chip.sbuf_partitions))
+    instructions = math.ceil(per_lane / runtime.instruction_free_elements) * passes
+    cycles = per_lane * passes / rate + instructions * runtime.instruction_overhead_cycles
+    hbm = ctx.hbm_seconds(nbytes)
+    seconds = max(cycles / clock, hbm) + ctx.dma_latency(nbytes)
     return Cost(flops=flops, transcendentals=transcendentals, bytes_accessed=nbytes,
                 seconds=seconds, engine_seconds=_engines(engine, seconds, hbm))
 
 
 def dma_op(nbytes: int, ctx: CostContext) -> Cost:
     """A copy through HBM of `nbytes` read plus written."""
-    seconds = nbytes / ctx.chip.hbm_bandwidth
+    seconds = ctx.hbm_seconds(nbytes) + ctx.dma_latency(nbytes)
     return Cost(bytes_accessed=nbytes, seconds=seconds, engine_seconds={isa.DMA: seconds})
 
 
 def tensor_op(tiling: tensor_engine.MatmulTiling, ctx: CostContext) -> Cost:
-    seconds = tiling.seconds
+    """A tiling's time on the Tensor Engine: its cycles or its HBM traffic, whichever is
+    longer (DMA is double-buffered against the matmuls); the expected time adds the
+    engine's warm-up and the first DMA's fixed cost."""
+    hbm = ctx.hbm_seconds(tiling.hbm_bytes)
+    busy = tiling.compute_seconds > 0
+    seconds = max(tiling.compute_seconds, hbm) + ctx.dma_latency(tiling.hbm_bytes) + \
+        ctx.runtime.tensor_warmup_seconds * busy
     return Cost(flops=tiling.flops, bytes_accessed=tiling.hbm_bytes, seconds=seconds,
-                engine_seconds=_engines(isa.TENSOR, seconds, tiling.hbm_seconds),
-                peak_seconds=tiling.flops / _published_peak(tiling.dtype, ctx.chip))
+                engine_seconds=_engines(isa.TENSOR, seconds, hbm),
+                peak_seconds=tiling.flops / _peak(tiling.dtype, ctx.chip))
 
 
 def _engines(engine: str, seconds: float, hbm_seconds: float) -> dict[str, float]:
@@ -198,9 +311,10 @@ def _engines(engine: str, seconds: float, hbm_seconds: float) -> dict[str, float
     return engines
 
 
-def _published_peak(dtype: str, chip: ChipSpec) -> float:
-    known = {name for name, _ in chip.peak_flops}
-    return chip.peak_flops_for(dtype if dtype in known else "float32")
+def _peak(dtype: str, chip: ChipSpec) -> float:
+    """The chip's peak FLOP/s for matmul inputs of `dtype` (types the Tensor Engine has
+    no rate for run at its FP32 rate)."""
+    return chip.peak_flops_for(dtype if dtype in chip.matmul_dtypes else "float32")
 
 
 # --- rules -----------------------------------------------------------------------------------
@@ -281,11 +395,12 @@ def _linear_algebra(instr: isa.LinearAlgebra, ctx: CostContext) -> Cost:
     tensor = flops / ctx.chip.peak_flops_for("float32")
     panel = columns * PANEL_STEP_CYCLES / ctx.chip.vector_clock_hz
     nbytes = ctx.nbytes((*instr.ins, *instr.outs))
-    hbm = nbytes / ctx.chip.hbm_bandwidth
-    engines = {isa.TENSOR: max(tensor, hbm), isa.VECTOR: panel}
+    hbm = ctx.hbm_seconds(nbytes)
+    tensor = max(tensor, hbm) + ctx.dma_latency(nbytes)
+    engines = {isa.TENSOR: tensor, isa.VECTOR: panel}
     if hbm:
         engines[isa.DMA] = hbm
-    return Cost(flops=flops, bytes_accessed=nbytes, seconds=max(tensor, hbm) + panel,
+    return Cost(flops=flops, bytes_accessed=nbytes, seconds=tensor + panel,
                 engine_seconds=engines)
 
 
@@ -306,9 +421,10 @@ def _fft(instr: isa.Fft, ctx: CostContext) -> Cost:
         flops += (4 * n * (n // 2 + 1) if real_axis else 8 * n * n) * rows
     tensor = flops / ctx.chip.peak_flops_for("float32")
     nbytes = ctx.nbytes((*instr.ins, *instr.outs))
-    hbm = nbytes / ctx.chip.hbm_bandwidth
-    return Cost(flops=flops, bytes_accessed=nbytes, seconds=max(tensor, hbm),
-                engine_seconds=_engines(isa.TENSOR, max(tensor, hbm), hbm),
+    hbm = ctx.hbm_seconds(nbytes)
+    seconds = max(tensor, hbm) + ctx.dma_latency(nbytes)
+    return Cost(flops=flops, bytes_accessed=nbytes, seconds=seconds,
+                engine_seconds=_engines(isa.TENSOR, seconds, hbm),
                 peak_seconds=flops / ctx.chip.peak_flops_for("float32"))
 
 
@@ -333,7 +449,11 @@ def _matmul(instr: isa.Matmul | isa.RaggedMatmul, ctx: CostContext) -> Cost:
     if instr.tiling is None:
         raise ValueError(f"Matmul at {instr.loc or 'unknown location'} has no tiling: plan the "
                          "program first (lowering.plan.plan_program)")
-    return tensor_op(instr.tiling, ctx)
+    cost = tensor_op(instr.tiling, ctx)
+    if instr.recomputed:
+        return dataclasses.replace(cost, recomputed_flops=cost.flops,
+                                   recomputed_peak_seconds=cost.peak_seconds)
+    return cost
 
 
 @cost_rule(isa.Convolution)
@@ -361,7 +481,33 @@ def _elementwise(instr: isa.Elementwise, ctx: CostContext) -> Cost:
     return engine_op(instr.engine, 0 if streamed else elements,
                      ctx.hbm_bytes(instr.ins + instr.outs), ctx,
                      flops=0 if transcendental else elements,
-                     transcendentals=elements if transcendental else 0)
+                     transcendentals=elements if transcendental else 0,
+                     rate=_vector_rate(instr, ctx))
+
+
+# The Vector Engine's performance mode on Trainium2 (NKI Trainium2 guide): with every tensor
+# BF16 or FP16, an op of one tensor operand (tensor_copy, tensor_scalar) runs at 4x the
+# element rate, one of two tensor operands (tensor_tensor) at 2x. FP32 and the other engines
+# run at one element per lane per cycle.
+HALF_PRECISION = ("bfloat16", "float16")
+VECTOR_FAST_RATES = {1: 4.0, 2: 2.0}
+
+
+def _vector_rate(instr: isa.Elementwise, ctx: CostContext) -> float:
+    if instr.engine != isa.VECTOR:
+        return 1.0
+    values = instr.ins + instr.outs
+    if any(ctx.type(v).dtype not in HALF_PRECISION for v in values):
+        return 1.0
+    producers = producers_of(ctx.program)
+
+    def scalar(v: int) -> bool:  # a scalar, or one broadcast to the op's shape
+        made_by = producers.get(v)
+        return ctx.type(v).size <= 1 or (isinstance(made_by, isa.BroadcastInDim)
+                                         and ctx.type(made_by.ins[0]).size <= 1)
+
+    tensors = sum(1 for v in instr.ins if not scalar(v))
+    return VECTOR_FAST_RATES.get(max(tensors, 1), 1.0)
 
 
 @cost_rule(isa.Reduce)
@@ -396,7 +542,10 @@ def _sort(instr: isa.Sort, ctx: CostContext) -> Cost:
 @cost_rule(isa.BroadcastInDim, isa.Iota, isa.DeviceId)
 def _fill(instr, ctx: CostContext) -> Cost:
     """Writes its result; reads its (smaller) operand if it has one. A broadcast that stays
-    in SBUF is an access pattern of its consumers: it only reads its operand."""
+    in SBUF is an access pattern of its consumers: it only reads its operand; one that only
+    adds dimensions of size 1 is a bitcast: free."""
+    if set(instr.outs) <= ctx.views:
+        return Cost()
     streamed = isinstance(instr, isa.BroadcastInDim) and set(instr.outs) <= ctx.on_chip
     return engine_op(instr.engine, 0 if streamed else ctx.size(instr.outs),
                      ctx.hbm_bytes(instr.ins + instr.outs), ctx)
@@ -404,14 +553,45 @@ def _fill(instr, ctx: CostContext) -> Cost:
 
 @cost_rule(isa.Slice, isa.DynamicSlice)
 def _slice(instr, ctx: CostContext) -> Cost:
-    """Reads only the slice, writes it."""
+    """Reads only the slice, writes it; nothing when its readers' DMA reads it in place
+    (`view_values`: the bytes are counted where they are read)."""
+    if set(instr.outs) <= ctx.views:
+        return Cost()
+    return dma_op(2 * ctx.nbytes(instr.outs) + ctx.nbytes(instr.ins[1:]), ctx)
+
+
+@cost_rule(isa.Gather)
+def _gather(instr, ctx: CostContext) -> Cost:
+    """An indirect DMA: reads the indices and the gathered slices only (a row of an
+    embedding table, not the table), writes them."""
     return dma_op(2 * ctx.nbytes(instr.outs) + ctx.nbytes(instr.ins[1:]), ctx)
 
 
 @cost_rule(isa.DynamicUpdateSlice)
 def _update_slice(instr, ctx: CostContext) -> Cost:
-    """In place: reads the update and writes it into the operand."""
-    return dma_op(2 * ctx.nbytes(instr.ins[1:2]) + ctx.nbytes(instr.ins[2:]), ctx)
+    """In place: reads the update and writes it into the operand. An update that an
+    instruction computes for this write alone is written by that instruction straight into
+    the operand (XLA's in-place dynamic-update-slice fusion: a scan writing each step's
+    output into its stacked outputs): then only the start indices are read."""
+    indices = ctx.nbytes(instr.ins[2:])
+    if _written_straight_into(instr, ctx):
+        return dma_op(indices, ctx)
+    return dma_op(2 * ctx.nbytes(instr.ins[1:2]) + indices, ctx)
+
+
+def _written_straight_into(instr: isa.DynamicUpdateSlice, ctx: CostContext) -> bool:
+    """Whether the update is made by an instruction (through bitcasts) only for `instr`."""
+    producers = producers_of(ctx.program)
+    readers = readers_of(ctx.program)
+    value, reader = instr.ins[1], instr
+    while True:
+        if value in ctx.program.outputs or value in ctx.on_chip or \
+                readers.get(value, []) != [reader] or value not in producers:
+            return False
+        producer = producers[value]
+        if not _is_bitcast(producer, ctx.program):  # a slice read in place writes nothing
+            return not isinstance(producer, isa.Constant) and value not in ctx.views
+        value, reader = producer.ins[0], producer
 
 
 @cost_rule(isa.AllReduce, isa.AllGather, isa.ReduceScatter, isa.AllToAll,
@@ -420,9 +600,14 @@ def _collective(instr, ctx: CostContext) -> Cost:
     if instr.plan is None:
         raise ValueError(f"{instr.mnemonic} at {instr.loc or 'unknown location'} has no torus "
                          "plan: plan the program first (lowering.plan.plan_program)")
-    seconds = instr.plan.seconds
-    return Cost(bytes_accessed=ctx.nbytes(instr.ins) + ctx.nbytes(instr.outs), seconds=seconds,
-                engine_seconds={isa.COLLECTIVE: seconds})
+    plan = instr.plan
+    if ctx.runtime.is_ideal:
+        return Cost(bytes_accessed=plan.hbm_bytes, seconds=plan.seconds,
+                    engine_seconds={isa.COLLECTIVE: plan.seconds})
+    # the collective's own HBM traffic competes with compute for HBM (the DMA queue)
+    hbm = ctx.hbm_seconds(plan.hbm_bytes)
+    return Cost(bytes_accessed=plan.hbm_bytes, seconds=plan.expected_seconds,
+                engine_seconds=_engines(isa.COLLECTIVE, plan.expected_seconds, hbm))
 
 
 def _by_engine(instr: isa.Instruction, ctx: CostContext) -> Cost:
@@ -450,4 +635,16 @@ def _reduce_window(instr: isa.ReduceWindow, ctx: CostContext) -> Cost:
 
 # Instructions whose Program-valued fields are per-element bodies (reducers, comparators),
 # costed by their engine, not walked as sub-programs.
-cost_rule(isa.Scatter, isa.SelectAndScatter)(_by_engine)
+cost_rule(isa.SelectAndScatter)(_by_engine)
+
+
+@cost_rule(isa.Scatter)
+def _scatter(instr: isa.Scatter, ctx: CostContext) -> Cost:
+    """In place, as XLA and the Neuron compiler write a scatter into an operand that dies
+    there (the dynamic-update-slice rule assumes the same): reads the indices and the
+    updates, and reads, combines and writes back only the windows they update."""
+    n = len(instr.outs)
+    updates = instr.ins[n + 1:]
+    nbytes = ctx.nbytes(instr.ins[n:]) + 2 * ctx.nbytes(updates)
+    per_element = 1 if instr.body is None else max(1, len(instr.body.instructions))
+    return engine_op(instr.engine, ctx.size(updates), nbytes, ctx, passes=per_element)

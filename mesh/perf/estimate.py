@@ -16,6 +16,8 @@ of which the slowest is counted.
 from __future__ import annotations
 
 import dataclasses
+import os
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Sequence
 
@@ -24,24 +26,73 @@ from mesh.isa import printer
 from mesh.perf import schedule, trace
 from mesh.perf.cost import Cost, has_rule, instruction_cost
 from mesh.machine import Placement, Topology, chips_text
+from mesh.machine.runtime import IDEAL_RUNTIME
 from mesh.memory import MemoryAnalysis
 from mesh.units import bandwidth_text, bytes_text, seconds_text
 
 
+@dataclass(frozen=True)
+class RegionEstimate:
+    """A sub-program of a loop or conditional and its estimate: `runs` times per run of the
+    instruction (a loop's trip count), its first run starting `offset` seconds after the
+    instruction starts, one run every `period` seconds (the loop's iteration)."""
+
+    label: str
+    estimate: ProgramEstimate
+    runs: int
+    offset: float
+    period: float
+
+
+@dataclass(frozen=True)
+class TimelineEvent:
+    """One run of an instruction on one chip's timeline (seconds from the step's start):
+    instruction `index` of `program`, `iteration` counting the runs of the loops around it
+    (() at the top level)."""
+
+    program: isa.Program
+    index: int
+    engine: str
+    start: float
+    seconds: float
+    hbm_seconds: float
+    cost: Cost
+    iteration: tuple[int, ...] = ()
+
+
+# A trace with more events than this per chip draws the first iterations of long loops and
+# their last one (the others repeat them), so that a viewer opens it.
+MAX_TRACE_EVENTS = 200_000
+
+
+EXPECTED, IDEAL = "expected", "ideal"
+
+
 class ProgramEstimate:
     """One chip's estimated costs and timeline for `program` (planned by
-    lowering.plan.plan_program) on `topology` with the mesh placed by `placement`."""
+    lowering.plan.plan_program) on `topology` with the mesh placed by `placement`.
+
+    `model` EXPECTED (the default) includes the runtime's measured costs
+    (topology.runtime: mesh.machine.runtime); IDEAL leaves them out: the hardware's limits.
+    `estimate.ideal` is the ideal estimate of the same program."""
 
     def __init__(self, program: isa.Program, topology: Topology,
-                 placement: Placement | None = None, input_names: Sequence[str] | None = None):
+                 placement: Placement | None = None, input_names: Sequence[str] | None = None,
+                 model: str = EXPECTED):
+        if model not in (EXPECTED, IDEAL):
+            raise ValueError(f"model must be {EXPECTED!r} or {IDEAL!r}, got {model!r}")
         self.program = program
         self.topology = topology
         self.placement = placement
         self.input_names = input_names  # for memory messages: `argument 'w'`
+        self.model = model
+        self.runtime = topology.runtime if model == EXPECTED else IDEAL_RUNTIME
         # Exposed communication inside sub-programs, and loops of unknown trip count.
         self._inner_exposed_seconds = 0.0
         self.unknown_trip_counts = 0
-        own = [self._cost(instr) for instr in program.instructions]
+        # The estimates of each loop's or conditional's sub-programs, by instruction index.
+        self.regions: dict[int, tuple[RegionEstimate, ...]] = {}
+        own = [self._cost(i, instr) for i, instr in enumerate(program.instructions)]
         self.schedule = schedule.schedule(program, [self._task(instr, c)
                                                     for instr, c in zip(program.instructions, own)])
         # Each instruction's share of the step time is its time on the critical path.
@@ -51,6 +102,14 @@ class ProgramEstimate:
     @property
     def chip(self):
         return self.topology.chip
+
+    @cached_property
+    def ideal(self) -> ProgramEstimate:
+        """The ideal estimate of the same program (itself if it is one)."""
+        if self.model == IDEAL:
+            return self
+        return ProgramEstimate(self.program, self.topology, self.placement, self.input_names,
+                               model=IDEAL)
 
     @cached_property
     def total(self) -> Cost:
@@ -71,8 +130,17 @@ class ProgramEstimate:
 
     @property
     def mfu(self) -> float:
-        """Model FLOP utilisation: the time the dots' FLOPs take at the chip's published peak
-        for their dtype, over the step time."""
+        """Model FLOP utilisation: the time the dots' FLOPs the model needs (not jax's
+        recomputation under jax.checkpoint) take at the chip's published peak for their
+        dtype, over the step time."""
+        step = self.step_seconds
+        return (self.total.peak_seconds - self.total.recomputed_peak_seconds) / step \
+            if step else 0.0
+
+    @property
+    def hfu(self) -> float:
+        """Hardware FLOP utilisation: as `mfu`, counting every dot the chips run
+        (recomputation included)."""
         step = self.step_seconds
         return self.total.peak_seconds / step if step else 0.0
 
@@ -91,33 +159,53 @@ class ProgramEstimate:
         total = self.total
         busy = self.busy_seconds()
         result = total.jax_dict()
+        ideal = self.ideal
         result["trn2"] = {
             "topology": self.topology.name,
             "chips": self.topology.num_chips,
+            "model": self.model,
             "step_seconds": self.step_seconds,
+            "ideal_step_seconds": ideal.step_seconds,
             "mfu": self.mfu,
+            "hfu": self.hfu,
+            "ideal_mfu": ideal.mfu,
+            "ideal_hfu": ideal.hfu,
+            "recomputed_flops": total.recomputed_flops,
             "serial_seconds": total.seconds,
             "engine_busy_seconds": busy,
             "communication_seconds": busy[isa.COLLECTIVE],
             "exposed_communication_seconds": self.exposed_communication_seconds,
             "peak_flops_seconds": total.peak_seconds,
             "instructions": len(self.program.instructions),
-            "critical_path_seconds": self._critical_by_engine(),
+            "critical_path_seconds": self.critical_path_by_engine(),
+            "critical_path_by_source": self.critical_path_by_source(),
             "loops_of_unknown_trip_count": self.unknown_trip_counts,
+            "runtime": dict(self.runtime.items()),
         }
         return result
 
     def listing(self) -> str:
         """The program listing with `start +duration` on every instruction (microseconds;
-        `*` marks the critical path), between a target header and the summary."""
-        slots = self.schedule.slots
+        `*` marks the critical path; inside a loop, its first iteration), between a target
+        header and the summary."""
+        first_runs = {}  # id(program) -> (its estimate, when its first run starts)
 
-        def prefix(i: int) -> str:
-            slot = slots[i]
+        def note(estimate: ProgramEstimate, start: float) -> None:
+            first_runs[id(estimate.program)] = (estimate, start)
+            for i, regions in estimate.regions.items():
+                for region in regions:
+                    note(region.estimate, start + estimate.schedule.slots[i].start + region.offset)
+
+        note(self, 0.0)
+
+        def prefix(program: isa.Program, i: int) -> str:
+            estimate, start = first_runs[id(program)]
+            slot = estimate.schedule.slots[i]
             mark = "*" if slot.critical_seconds > 0 else " "
-            return f"{slot.start * 1e6:10.3f} +{slot.seconds * 1e6:9.3f}{mark}"
+            return f"{(start + slot.start) * 1e6:10.3f} +{slot.seconds * 1e6:9.3f}{mark}"
 
-        head = f"{'start us':>10} {'+time us':>10} (* critical path)"
+        head = (f"{'start us':>10} {'+time us':>10} (* critical path; inside a loop: its first "
+                "iteration)")
         return "\n".join([target_text(self.topology, self.placement), head,
                           printer.program_text(self.program, prefix), "", self.summary()])
 
@@ -128,10 +216,17 @@ class ProgramEstimate:
         step = self.step_seconds
         busy = info["engine_busy_seconds"]
         share = (lambda s: f"{s / step:6.1%}") if step else (lambda s: "     -")
+        ideal = self.ideal
+        recomputed = (f"; HFU {self.hfu:.1%} / {ideal.hfu:.1%} counting jax.checkpoint's "
+                      f"recomputation" if info["recomputed_flops"] else "")
+        peak = self.chip.peak_flops_for("bfloat16") / 1e12
         lines = [
-            f"estimated step time {seconds_text(step)} per chip on {self.topology.name} "
-            f"({self.program.mesh.num_devices} of its {self.topology.num_chips} chips); "
-            f"MFU {self.mfu:.1%} of the published peak",
+            f"estimated step time per chip on {self.topology.name} "
+            f"({self.program.mesh.num_devices} of its {self.topology.num_chips} chips): "
+            f"expected {seconds_text(step)} (with the Neuron runtime's measured costs), "
+            f"ideal {seconds_text(ideal.step_seconds)} (the hardware's limits)",
+            f"MFU {self.mfu:.1%} expected / {ideal.mfu:.1%} ideal of the chips' peak "
+            f"({peak:,.0f} TFLOP/s BF16){recomputed}",
             f"per chip: {cost['flops']:.4g} FLOPs, {bytes_text(cost['bytes accessed'])} "
             f"HBM traffic, {cost['transcendentals']:.4g} transcendentals; "
             f"{seconds_text(info['serial_seconds'])} if nothing overlapped",
@@ -142,53 +237,122 @@ class ProgramEstimate:
             "critical path: " + "  ".join(f"{e} {seconds_text(s)}" for e, s in
                                           info["critical_path_seconds"].items() if s),
         ]
+        by_source = sorted(info["critical_path_by_source"].items(), key=lambda kv: -kv[1])
+        if by_source and step:
+            shown = by_source[:SOURCE_LINES_SHOWN]
+            lines.append("critical path by source line: " + "  ".join(
+                f"{os.path.basename(line) or '(no source line)'} {s / step:.0%}"
+                for line, s in shown)
+                + (f"  ... {len(by_source) - len(shown)} more" if len(by_source) > len(shown)
+                   else ""))
         if self.unknown_trip_counts:
             lines.append(f"{self.unknown_trip_counts} loop(s) of unknown trip count are "
                          "counted as running once")
+        lines.append("the expected time's runtime costs (mesh.machine.runtime): " + ", ".join(
+            f"{name} {value:g}" for name, value in self.runtime.items()))
         lines.append(self.memory.summary())
         return "\n".join(lines)
 
     def trace(self, chips=None) -> dict:
         """Chrome trace-event JSON (a dict) of the timeline, one process per chip."""
-        return trace.chrome_trace(self.program, self.schedule, self.costs, self.topology,
-                                  self.placement, chips, self.memory)
+        return trace.chrome_trace(self, chips)
 
-    def _critical_by_engine(self) -> dict[str, float]:
+    def timeline(self, max_events: int = MAX_TRACE_EVENTS) -> list[TimelineEvent]:
+        """Every instruction run of one chip's step, loops unrolled into their iterations
+        (beyond `max_events`, long loops show their first iterations and their last)."""
+        events: list[TimelineEvent] = []
+        self._unroll(0.0, (), events, max_events)
+        return events
+
+    def _unroll(self, start: float, iteration: tuple[int, ...], events: list,
+                budget: int) -> None:
+        for slot, cost in zip(self.schedule.slots, self.costs):
+            events.append(TimelineEvent(self.program, slot.index, slot.engine,
+                                        start + slot.start, slot.seconds, slot.hbm_seconds,
+                                        cost, iteration))
+            for region in self.regions.get(slot.index, ()):
+                size = max(1, region.estimate.event_count)
+                room = max(1, (budget - len(events)) // size)
+                runs = range(region.runs) if region.runs <= room else \
+                    [*range(max(1, room - 1)), region.runs - 1]
+                for k in runs:
+                    region.estimate._unroll(start + slot.start + region.offset
+                                            + k * region.period, (*iteration, k), events,
+                                            budget)
+
+    @cached_property
+    def event_count(self) -> int:
+        """Timeline events of one run, loops unrolled."""
+        return len(self.schedule.slots) + sum(
+            region.runs * region.estimate.event_count
+            for regions in self.regions.values() for region in regions)
+
+    def critical_path_by_engine(self) -> dict[str, float]:
+        """Seconds of the critical path on each engine; a loop's share is split among the
+        engines inside it as its iterations' critical paths are."""
         shares: dict[str, float] = {}
-        for slot in self.schedule.slots:
-            if slot.critical_seconds:
-                shares[slot.engine] = shares.get(slot.engine, 0.0) + slot.critical_seconds
+        for instr, engine, seconds in self._critical_leaves():
+            shares[engine] = shares.get(engine, 0.0) + seconds
         return shares
 
-    def _cost(self, instr: isa.Instruction) -> Cost:
-        regions = _regions(instr)
-        if has_rule(instr) or not regions:
-            return instruction_cost(instr, self.program, self.chip)
+    def critical_path_by_source(self) -> dict[str, float]:
+        """Seconds of the critical path at each user source line (`file:line`), loops
+        split among the lines inside them: where a step's time goes, layer by layer."""
+        shares: dict[str, float] = {}
+        for instr, engine, seconds in self._critical_leaves():
+            line = instr.loc.rsplit(":", 1)[0] if instr.loc.count(":") >= 2 else instr.loc
+            shares[line] = shares.get(line, 0.0) + seconds
+        return shares
+
+    def _critical_leaves(self, scale: float = 1.0):
+        """(instruction, engine, seconds) of the critical path, loops opened up."""
+        for slot in self.schedule.slots:
+            if not slot.critical_seconds:
+                continue
+            regions = self.regions.get(slot.index)
+            if not regions or not slot.seconds:
+                yield self.program.instructions[slot.index], slot.engine, \
+                    scale * slot.critical_seconds
+                continue
+            inner = scale * slot.critical_seconds / slot.seconds
+            for region in regions:
+                yield from region.estimate._critical_leaves(inner * region.runs)
+
+    def _cost(self, index: int, instr: isa.Instruction) -> Cost:
+        fields = list(isa.subprogram_fields(instr).values())
+        if has_rule(instr) or not fields:
+            return instruction_cost(instr, self.program, self.chip, self.runtime)
         trips = getattr(instr, "trip_count", 1)
         if trips is None:
             self.unknown_trip_counts += 1
             trips = 1
-        total = Cost()
-        for alternatives in regions:
-            estimates = [ProgramEstimate(p, self.topology, self.placement) for p in alternatives]
-            slowest = max(estimates, key=lambda e: e.step_seconds)
-            total += trips * dataclasses.replace(slowest.total, seconds=slowest.step_seconds)
-            self._inner_exposed_seconds += trips * slowest.exposed_communication_seconds
-            self.unknown_trip_counts += slowest.unknown_trip_counts
+        slowest = []  # of each field: its alternatives' slowest (a branch), in run order
+        for alternatives in fields:
+            estimates = [ProgramEstimate(p, self.topology, self.placement, model=self.model)
+                         for p in alternatives]
+            slowest.append(max(estimates, key=lambda e: e.step_seconds))
+        period = sum(e.step_seconds for e in slowest)
+        total, offset, regions = Cost(), 0.0, []
+        for (name, alternatives), estimate in zip(isa.subprogram_fields(instr).items(),
+                                                  slowest):
+            total += trips * dataclasses.replace(estimate.total, seconds=estimate.step_seconds)
+            self._inner_exposed_seconds += trips * estimate.exposed_communication_seconds
+            self.unknown_trip_counts += estimate.unknown_trip_counts
+            regions.append(RegionEstimate(name, estimate, trips, offset, period))
+            offset += estimate.step_seconds
+        self.regions[index] = tuple(regions)
         return total
 
-    @staticmethod
-    def _task(instr: isa.Instruction, cost: Cost) -> schedule.Task:
-        if _regions(instr) and not has_rule(instr):
+    def _task(self, instr: isa.Instruction, cost: Cost) -> schedule.Task:
+        if isa.subprogram_fields(instr) and not has_rule(instr):
             return schedule.Task(schedule.ALL, cost.seconds)
         engine = instr.engine
         hbm = cost.engine_seconds.get(isa.DMA, 0.0) if engine != isa.DMA else 0.0
         return schedule.Task(engine, cost.seconds, hbm)
 
 
-def _regions(instr: isa.Instruction) -> list[tuple[isa.Program, ...]]:
-    """The instruction's sub-programs: one tuple per field (alternatives when several)."""
-    return list(isa.subprogram_fields(instr).values())
+# The summary names the source lines that take the largest shares of the critical path.
+SOURCE_LINES_SHOWN = 5
 
 
 def target_text(topology: Topology, placement: Placement | None) -> str:

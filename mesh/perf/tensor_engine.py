@@ -9,7 +9,8 @@ mesh/machine/trn2_facts.md):
   FP32 in the same PSUM bank, so they run on the same NeuronCore.
 - A matmul streams the moving tile through the array one column per cycle: it takes
   max(n, MIN_MATMUL_CYCLES) cycles at the BF16 rate, divided by the dtype's rate factor (FP8
-  twice BF16, FP32 a quarter: ChipSpec.matmul_rate_factor).
+  twice BF16 in double-row mode, i.e. with K of at least two 128-row tiles; FP32 a quarter:
+  ChipSpec.matmul_rate_factor).
 - Loading the next stationary tile overlaps the current matmul, so a core running matmuls
   back to back pays the array's fill (pe_rows cycles, the first stationary load) and drain
   (pe_cols cycles, the last partial sums leaving the array) once per dot, not per tile.
@@ -38,6 +39,10 @@ from mesh.units import bytes_text, seconds_text
 # A back-to-back matmul instruction takes at least this many cycles, however narrow its
 # moving tile (NKI architecture guide: "about max(N, 64) cycles").
 MIN_MATMUL_CYCLES = 64
+# FP8 and INT8 run at twice the BF16 rate only in the Tensor Engine's double-row mode, which
+# takes the contraction as pairs of 128-row tiles (NKI Trainium2 guide, nc_matmul perf_mode):
+# a contraction shorter than a pair runs at the BF16 rate.
+DOUBLE_ROW_TILES = 2
 STATIONARY_SIDES = ("lhs", "rhs")
 
 
@@ -131,6 +136,8 @@ def tile_matmul(batch: int, m: int, n: int, k: int, lhs_dtype: str, rhs_dtype: s
         return dataclasses.replace(tile_matmul(products * batch, m, n, k, *real, chip),
                                    real_products=products)
     dtype, rate = _slowest_rate(lhs_dtype, rhs_dtype, chip)
+    if rate > 1 and k < DOUBLE_ROW_TILES * chip.pe_rows:
+        rate = 1.0  # FP8's double rate needs double-row mode: K in pairs of 128-row tiles
     sizes = {"lhs": (m, dtypes.itemsize(lhs_dtype)), "rhs": (n, dtypes.itemsize(rhs_dtype))}
     candidates = []
     for stationary in STATIONARY_SIDES:
@@ -251,8 +258,7 @@ def _slowest_rate(lhs_dtype: str, rhs_dtype: str, chip: ChipSpec) -> tuple[str, 
     """(dtype, rate factor) of the slower input. Types the Tensor Engine has no rate for
     (int32, float64, ...) are costed at the FP32 rate, the slowest it has."""
     def rate(name: str) -> tuple[float, str]:
-        known = {n for n, _ in chip.peak_flops}
-        return (chip.matmul_rate_factor(name), name) if name in known else \
+        return (chip.matmul_rate_factor(name), name) if name in chip.matmul_dtypes else \
             (chip.matmul_rate_factor("float32"), "float32")
 
     slow, name = min(rate(lhs_dtype), rate(rhs_dtype))

@@ -1,8 +1,10 @@
 """A schedule as Chrome trace-event JSON, for Perfetto (ui.perfetto.dev) or chrome://tracing.
 
 One process per chip (pid = chip id, named with its torus coordinates and logical device),
-one thread per engine, one complete ("X") event per instruction with its name, result
-shapes and bytes; a compute instruction's HBM traffic is a second event on the DMA thread.
+one thread per engine, one complete ("X") event per run of an instruction with its name,
+result shapes and bytes (a loop's instructions once per iteration, on their engines, the
+iteration in their args; the loop itself spans them on a thread of its own); a compute
+instruction's HBM traffic is a second event on the DMA thread.
 Each chip also has an `HBM` counter track: the bytes of HBM live over the step (mesh.memory).
 Every chip runs the same program on the same local shapes, so every chip shows the same
 timeline. Times are microseconds, as the format wants.
@@ -12,42 +14,44 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from mesh import isa
 from mesh.isa import printer
-from mesh.perf.cost import Cost
-from mesh.perf.schedule import ALL, ENGINES, Schedule
+from mesh.perf.schedule import ALL, ENGINES
 from mesh.machine import Placement, Topology
 from mesh.machine.chip import GIB
 from mesh.memory import MemoryAnalysis
 
-# Thread order in the viewer: the engines, then instructions that hold all of them (loops),
-# then free ones (constants, reshapes).
+if TYPE_CHECKING:
+    from mesh.perf.estimate import ProgramEstimate, TimelineEvent
+
+# Thread order in the viewer: the engines, then instructions that hold all of them (loops,
+# whose iterations' instructions are drawn on the engines), then free ones (constants,
+# reshapes).
 THREADS = ENGINES + (ALL, isa.NONE)
-THREAD_NAMES = {ALL: "Control (loops, branches)", isa.NONE: "Free (no engine)"}
+THREAD_NAMES = {ALL: "Loops and branches (their instructions run on the engines above)",
+                isa.NONE: "Free (no engine)"}
 US = 1e6  # trace-event times are microseconds
 HBM_COUNTER = "HBM"
 
 
-def chrome_trace(program: isa.Program, schedule: Schedule, costs: Sequence[Cost],
-                 topology: Topology, placement: Placement | None,
-                 chips: Iterable[int] | None = None,
-                 memory: MemoryAnalysis | None = None) -> dict:
-    """The trace as a dict ({"traceEvents": [...]}); `costs[i]` is instruction i's cost;
-    `chips` selects chip ids (all by default; a program without a mesh runs on chip 0);
-    `memory` gives each chip its HBM counter track."""
+def chrome_trace(estimate: ProgramEstimate, chips: Iterable[int] | None = None) -> dict:
+    """The trace of `estimate` as a dict ({"traceEvents": [...]}): its timeline with loops
+    unrolled into iterations (ProgramEstimate.timeline); `chips` selects chip ids (all by
+    default; a program without a mesh runs on chip 0)."""
+    topology, placement = estimate.topology, estimate.placement
     chips = _chips(topology, placement, chips)
-    timeline = list(_instruction_events(program, schedule, costs))
+    timeline = list(_instruction_events(estimate.timeline()))
+    step = estimate.step_seconds
     events = []
     for chip in chips:
         events += _process_metadata(chip, topology, placement)
         events += [dict(event, pid=chip) for event in timeline]
-        if memory is not None:
-            events += _hbm_counter(chip, memory, schedule.step_seconds)
+        events += _hbm_counter(chip, estimate.memory, step)
     return {"traceEvents": events, "displayTimeUnit": "ns",
-            "otherData": {"topology": topology.name, "program": program.name,
-                          "step_us": schedule.step_seconds * US}}
+            "otherData": {"topology": topology.name, "program": estimate.program.name,
+                          "step_us": step * US}}
 
 
 def write_trace(path: str | os.PathLike, trace: dict) -> None:
@@ -99,25 +103,28 @@ def _hbm_counter(chip: int, memory: MemoryAnalysis, step_seconds: float) -> list
              "args": {"GiB": live / GIB}} for t, live in samples]
 
 
-def _instruction_events(program: isa.Program, schedule: Schedule, costs: Sequence[Cost]):
+def _instruction_events(timeline: Sequence[TimelineEvent]):
     """The events of one chip (without pid)."""
-    for slot, cost in zip(schedule.slots, costs):
-        instr = program.instructions[slot.index]
+    for event in timeline:
+        program, cost = event.program, event.cost
+        instr = program.instructions[event.index]
         args = {
             "outputs": [printer.value_text(program, v) for v in instr.outs],
             "inputs": [f"%{v}" for v in instr.ins],
             "bytes": cost.bytes_accessed,
             "flops": cost.flops,
-            "critical_us": slot.critical_seconds * US,
+            "critical_us": cost.optimal_seconds * US,
         }
+        if event.iteration:
+            args["iteration"] = list(event.iteration)
         if instr.loc:
             args["loc"] = instr.loc
         args.update({name: value.describe() for name, value in instr.params().items()
                      if isinstance(value, isa.Plan)})
-        yield {"ph": "X", "tid": THREADS.index(slot.engine), "name": instr.mnemonic,
-               "cat": slot.engine, "ts": slot.start * US, "dur": slot.seconds * US,
+        yield {"ph": "X", "tid": THREADS.index(event.engine), "name": instr.mnemonic,
+               "cat": event.engine, "ts": event.start * US, "dur": event.seconds * US,
                "args": args}
-        if slot.hbm_seconds and slot.engine not in (isa.DMA, ALL):
+        if event.hbm_seconds and event.engine not in (isa.DMA, ALL):
             yield {"ph": "X", "tid": THREADS.index(isa.DMA), "name": f"hbm {instr.mnemonic}",
-                   "cat": isa.DMA, "ts": slot.start * US, "dur": slot.hbm_seconds * US,
+                   "cat": isa.DMA, "ts": event.start * US, "dur": event.hbm_seconds * US,
                    "args": {"for": args["outputs"], "bytes": args["bytes"]}}

@@ -1,0 +1,105 @@
+"""What the Neuron runtime, the compiler's instruction streams and the engines' real rates add
+to the hardware's limits: the constants of the expected estimate.
+
+Every estimate comes twice (mesh.perf): the ideal time, what the hardware's published limits
+allow (the PE array at full rate, HBM and links at their bandwidth, the per-hop latency), and
+the expected time, which adds what AWS measured or specified for the machine as it runs:
+fixed costs per collective and per DMA, the sustained rate of DMA from HBM, the engines'
+per-instruction overhead, the Tensor Engine's warm-up. The ideal is this spec with every
+cost zero and every efficiency one (`RuntimeSpec.ideal()`).
+
+Each default below names its source; the figures are collected, with their configurations,
+in mesh/machine/trn2_facts.md ("Runtime costs") and checked against published whole-program
+measurements by benchmarks/validate.py (docs/validation.md). Every one can be overridden:
+``get_topology("trn2-ultra", runtime=RuntimeSpec(reduction_launch_seconds=50e-6))``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """The measured costs of a Trainium2 machine running a program (seconds, bytes/s)."""
+
+    # --- collectives (Neuron runtime; nccom-test outputs in the Neuron docs) ----------------
+    # Fixed cost of any collective: the trigger, the handshake between the ranks' collective
+    # cores and the first DMA. nccom-test's smallest all-gathers: 6.16 us over 32 ranks,
+    # 10.0 us over 8 (tools/neuron-sys-tools/nccom-test.rst, SDK 2.24 and 2.28 examples).
+    collective_launch_seconds: float = 5e-6
+    # Added to a collective that reduces (all-reduce, reduce-scatter): the reduction's own
+    # synchronisation of every rank's partial sums. A 1 KiB bf16 all-reduce over 16 ranks
+    # (4 chips) took 101 us (nccom-test --streams-json example, SDK 2.32), against ~6-10 us
+    # for an all-gather.
+    reduction_launch_seconds: float = 95e-6
+    # Bytes per second a chip's collective DMA rings move: a 32 MiB permute ran at 37.52
+    # GB/s per rank (nccom-test --custom-src-target-pairs example), and a chip has 4 ranks
+    # at the default logical-core setting LNC=2. Below the links' bandwidth: the runtime's
+    # collectives are DMA-bound, as its documentation says of large messages.
+    collective_dma_bytes_per_second: float = 4 * 37.52e9
+    # The runtime picks the algorithm by message size (intra-node collectives page,
+    # "Algorithm Comparison"): mesh (all-to-all in one or two steps) below 1 MB, recursive
+    # halving-doubling from 1 to 56 MB, rings (KangaRing) above.
+    mesh_max_bytes: int = 1 * MIB
+    rdh_max_bytes: int = 56 * MIB
+    # EFA between servers sustains this share of its nominal 200 Gbit/s per chip: 19.3 GB/s
+    # measured HBM to HBM on trn2.48xlarge (third party: Mooncake transfer engine, PR #3888).
+    efa_efficiency: float = 19.3e9 / 25e9
+
+    # --- engines and DMA (NKI guides) ---------------------------------------------------------
+    # Sustained HBM-to-SBUF DMA as a share of the peak: 314.1 GB/s of a core's 368 GB/s
+    # (16 DMA engines x 23 B/ns) in the Trn2 matmul tutorial's profile (NKI kernel
+    # optimization tutorial, v3: DMA and Tensor Engine both 99.8% active).
+    hbm_efficiency: float = 314.1 / 368.0
+    # Fixed cost of a DMA transfer: descriptor set-up, synchronisation and semaphore-to-start
+    # ("~1300 ns cross-engine", NKI DMA bandwidth guide). An instruction that reads or writes
+    # HBM waits for one before its data arrives.
+    dma_fixed_seconds: float = 1.3e-6
+    # Per-instruction overhead of the Vector, Scalar and GpSimd engines: 46-62 cycles per
+    # instruction measured on Trn2 (matmul tutorial v5 profile: 5,403 Vector instructions
+    # took 0.26-0.35 ms beyond their elements' cycles); instructions of at most
+    # `instruction_free_elements` elements per partition, a PSUM bank of FP32 (512), the tile
+    # that profile's instructions work on.
+    instruction_overhead_cycles: float = 60.0
+    instruction_free_elements: int = 512
+    # The Tensor Engine starts at about 50% utilisation and ramps to full over the first
+    # ~3 us of work after idling (Neuron Explorer glossary, "dI/dt throttling"): a matmul
+    # loses about half of that ramp.
+    tensor_warmup_seconds: float = 1.5e-6
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value < 0:
+                raise ValueError(f"RuntimeSpec.{f.name} must be >= 0, got {value}")
+        for name in ("collective_dma_bytes_per_second", "efa_efficiency", "hbm_efficiency"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"RuntimeSpec.{name} must be positive, got {getattr(self, name)}")
+        for name in ("efa_efficiency", "hbm_efficiency"):
+            if getattr(self, name) > 1:
+                raise ValueError(f"RuntimeSpec.{name} is a share of the peak (<= 1), got "
+                                 f"{getattr(self, name)}")
+
+    @staticmethod
+    def ideal() -> RuntimeSpec:
+        """The hardware's limits: no fixed costs, every rate at its peak, collectives as
+        fast as their links allow."""
+        return RuntimeSpec(collective_launch_seconds=0.0, reduction_launch_seconds=0.0,
+                           collective_dma_bytes_per_second=float("inf"), efa_efficiency=1.0,
+                           hbm_efficiency=1.0, dma_fixed_seconds=0.0,
+                           instruction_overhead_cycles=0.0, tensor_warmup_seconds=0.0)
+
+    @property
+    def is_ideal(self) -> bool:
+        return self == IDEAL_RUNTIME
+
+    def items(self) -> list[tuple[str, float]]:
+        """(name, value) of every constant, for listings."""
+        return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
+
+
+IDEAL_RUNTIME = RuntimeSpec.ideal()
