@@ -4,9 +4,9 @@
     jax-trn2 inspect program.mlir --plot step.png
 
 Three parts, from the estimate's public data (mesh.perf.estimate.ProgramEstimate):
-- the engines of a chip over the step (its schedule's slots; every chip running the program
-  runs the same timeline), instructions on the critical path in a darker shade, and the HBM
-  traffic of compute instructions on the DMA row;
+- the engines of a chip over the step (its timeline, loops unrolled into their iterations;
+  every chip running the program runs the same one), instructions on the critical path in a
+  darker shade, and the HBM traffic of compute instructions on the DMA row;
 - the HBM in use on a chip over the step (mesh.memory's liveness), its peak marked;
 - the bytes the step's collectives put on each torus link (mesh.perf.collective_model's
   routing of each collective's chosen algorithm), drawn on the torus: one panel per plane of
@@ -31,7 +31,6 @@ from mesh.machine import Topology
 from mesh.perf.collective_model import link_bytes
 from mesh.perf.estimate import ProgramEstimate
 from mesh.perf.schedule import ALL, ENGINES
-from mesh.perf.trace import THREAD_NAMES
 from mesh.units import bytes_text
 
 WIDTH_INCHES = 13.0
@@ -44,6 +43,7 @@ CRITICAL = "#1f2f57"  # and on it
 HBM_TRAFFIC = "#a6bddb"  # a compute instruction's HBM traffic on the DMA queue
 TICK_ANGLES_DEGREES = (45.0, 135.0, -45.0, -135.0)  # ticks of out-of-plane axes, in order
 TICK_LENGTH = 0.4  # of the spacing between chips
+LOOPS_LABEL = "loops, branches"  # the span of each; their instructions run on the engines
 
 
 def save_plot(estimate: ProgramEstimate, path: str | os.PathLike) -> None:
@@ -105,22 +105,22 @@ def _time_unit(seconds: float) -> tuple[float, str]:
 # --- engines -----------------------------------------------------------------------------
 
 def _draw_engines(axes, estimate: ProgramEstimate, scale: float) -> None:
-    slots = estimate.schedule.slots
-    rows = list(ENGINES) + ([ALL] if any(s.engine == ALL for s in slots) else [])
+    events = estimate.timeline()  # loops unrolled: their instructions on their engines
+    rows = list(ENGINES) + ([ALL] if any(e.engine == ALL for e in events) else [])
     for row, engine in enumerate(rows):
-        mine = [s for s in slots if s.engine == engine and s.seconds > 0]
+        mine = [e for e in events if e.engine == engine and e.seconds > 0]
         for critical, colour in ((False, BUSY), (True, CRITICAL)):
-            bars = [(s.start * scale, s.seconds * scale) for s in mine
-                    if (s.critical_seconds > 0) == critical]
+            bars = [(e.start * scale, e.seconds * scale) for e in mine
+                    if (e.cost.optimal_seconds > 0) == critical]
             axes.broken_barh(bars, (row - 0.4, 0.8), color=colour)
         if engine == isa.DMA:  # other engines' HBM traffic occupies the DMA queue too
-            traffic = [(s.start * scale, s.hbm_seconds * scale) for s in slots
-                       if s.hbm_seconds and s.engine not in (isa.DMA, ALL)]
+            traffic = [(e.start * scale, e.hbm_seconds * scale) for e in events
+                       if e.hbm_seconds and e.engine not in (isa.DMA, ALL)]
             axes.broken_barh(traffic, (row - 0.4, 0.8), color=HBM_TRAFFIC)
     busy = estimate.busy_seconds()
     step = estimate.step_seconds
     labels = [f"{engine} {busy[engine] / step:.0%}" if engine in busy and step else
-              THREAD_NAMES.get(engine, engine) for engine in rows]
+              LOOPS_LABEL for engine in rows]
     axes.set_yticks(range(len(rows)), labels)
     axes.set_ylim(len(rows) - 0.5, -0.5)
     chips = len(estimate.placement.device_to_chip) if estimate.placement is not None else 1
