@@ -35,7 +35,8 @@ def test_a_psum_over_the_cross_server_axis_alone_is_a_flat_ring_over_efa():
         body = lambda x, axes=axes: lax.psum(x, axes)  # noqa: E731
         step = jax_trn2.jit(jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P()))
         listings[axes] = step.lower(x).compile().as_text()
-    assert "over logical dp -> torus s rings 16; ring," in listings["dp"]
-    assert "hierarchical" not in listings["dp"]
-    assert ("over logical dp,fsdp -> torus s,x,y,z rings 4x4x4x16; hierarchical: "
-            "reduce-scatter x>y>z, all-reduce over EFA s" in listings[("dp", "fsdp")])
+    assert "over logical dp -> torus s rings 16" in listings["dp"]
+    assert "ideal: ring," in listings["dp"] and "hierarchical" not in listings["dp"]
+    assert "over logical dp,fsdp -> torus s,x,y,z rings 4x4x4x16" in listings[("dp", "fsdp")]
+    assert "ideal: hierarchical: reduce-scatter x>y>z, all-reduce over EFA s" in \
+        listings[("dp", "fsdp")]
