@@ -9,7 +9,7 @@ training steps are checked against CPU JAX, and the loss must fall.
     python examples/fsdp.py
 """
 
-import harness  # noqa: I001  (first: sets up the CPU reference devices)
+from support import harness  # noqa: I001  (first: sets up the CPU reference devices)
 
 import jax
 import jax.numpy as jnp

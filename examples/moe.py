@@ -12,7 +12,7 @@ all_to_alls run in reverse) are checked against CPU JAX.
     python examples/moe.py
 """
 
-import harness  # noqa: I001  (first: sets up the CPU reference devices)
+from support import harness  # noqa: I001  (first: sets up the CPU reference devices)
 
 import jax
 import jax.numpy as jnp

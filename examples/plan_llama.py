@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-import decoder
+from support import decoder
 import jax_trn2
 from mesh.machine import get_topology
 from mesh.machine.chip import GIB

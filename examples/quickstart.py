@@ -14,6 +14,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import AxisType, PartitionSpec as P  # noqa: E402
 
 import jax_trn2  # noqa: E402
+from jax_trn2 import numerics  # noqa: E402
 
 BATCH, D_MODEL, D_HIDDEN = 256, 512, 2048
 
@@ -45,18 +46,15 @@ def main():
     want = jax.jit(tensor_parallel_mlp(cpu_mesh))(x, w1, w2)
 
     print(step.lower(x, w1, w2).as_text())
-    got, ref = np.asarray(out, np.float32), np.asarray(want, np.float32)
-    scale = np.abs(ref).max()
-    bf16_ulp = 2.0 ** (np.floor(np.log2(scale)) - 7)  # one BF16 ulp at the output's scale
-    diff = np.abs(got - ref)
     print(f"\nresult {out.dtype}{list(out.shape)} on {len(jax_trn2.client().devices())} "
           f"simulated Trainium2 chips")
-    print(f"vs CPU JAX: max abs diff {diff.max():.3g} = {diff.max() / bf16_ulp:.2f} BF16 ulps "
-          f"at the output's scale; {np.mean(diff == 0):.1%} of elements bit-identical")
+    report = numerics.report(out, want, want_label="CPU JAX")
+    print(report)
     # The two runs add the same BF16 products in different orders (PSUM passes of 128 here,
     # XLA's own blocking on CPU) and round to BF16 once: results may land on neighbouring
     # BF16 values, so they must agree within 2 ulps at the output's scale.
-    assert diff.max() <= 2 * bf16_ulp, "simulated result differs from CPU JAX"
+    (leaf,) = report.leaves
+    assert leaf.max_ulp_error <= 2, "simulated result differs from CPU JAX"
     print("OK: matches CPU JAX within 2 BF16 ulps")
 
 

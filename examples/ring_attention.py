@@ -13,7 +13,7 @@ checked against CPU JAX running the same program and against plain causal attent
     python examples/ring_attention.py
 """
 
-import harness  # noqa: I001  (first: sets up the CPU reference devices)
+from support import harness  # noqa: I001  (first: sets up the CPU reference devices)
 
 import jax
 import jax.numpy as jnp

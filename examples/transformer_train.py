@@ -12,7 +12,7 @@ the loss must fall.
     python examples/transformer_train.py
 """
 
-import harness  # noqa: I001  (first: sets up the CPU reference devices)
+from support import harness  # noqa: I001  (first: sets up the CPU reference devices)
 
 import jax
 import jax.numpy as jnp

@@ -5,6 +5,8 @@
     out = step(a, b)                     # runs on the simulated mesh
 """
 
+from importlib import metadata as _metadata
+
 from jax_trn2 import numerics
 from jax_trn2.attention import flash_attention
 from jax_trn2.client import Client, client
@@ -16,6 +18,11 @@ from lowering import LoweringError, UnsupportedOpError
 from mesh.isa.kernels.participation import SplitCollectiveError
 from mesh.machine import TOPOLOGY_NAMES
 from mesh.memory import MemoryStats, OutOfHBMError
+
+try:
+    __version__ = _metadata.version("jax-trn2")  # pyproject.toml's, as installed
+except _metadata.PackageNotFoundError:  # a source tree on sys.path that pip never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "Buffer", "Client", "Compiled", "Device", "HostMemoryError", "Jitted", "LoadedExecutable",

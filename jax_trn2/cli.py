@@ -1,11 +1,12 @@
 """The jax-trn2 command line.
 
-    jax-trn2 inspect program.mlir [--topology NAME] [--trace out.json]
+    jax-trn2 inspect program.mlir [--topology NAME] [--trace out.json] [--plot out.png]
                      [--fail-link A,B ...] [--fail-chip C ...] [--origin X,Y,Z]
 
 `inspect` lowers a StableHLO file (MLIR text or bytecode, e.g. what
 `jax.jit(f).lower(...).as_text()` gives) to a Trn2 program, maps it onto the machine and
-prints the listing with estimated times and the cost summary.
+prints the listing with estimated times and the cost summary; `--plot` draws the step
+(jax_trn2.plot: engines over time, HBM in use, torus link loads; needs matplotlib).
 
     jax-trn2 compare script.py:function [--args example_args] [--rounding stochastic]
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import inspect as pyinspect
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -28,10 +30,12 @@ from typing import Callable, Sequence
 import jax
 
 import lowering
+from jax_trn2 import __version__
 from jax_trn2.executable import LoadedExecutable
-from jax_trn2.mesh import placement_for, smallest_topology
+from jax_trn2.mesh import DEFAULT_TOPOLOGY, default_topology, placement_for
 from jax_trn2.jit import Jitted, jit
 from jax_trn2.numerics import compare
+from jax_trn2.plot import save_plot
 from mesh.perf import trace
 from mesh.machine import TOPOLOGY_NAMES, ULTRACLUSTER_PREFIX, Topology, get_topology
 
@@ -52,11 +56,15 @@ def add_inspect(subparsers) -> None:
                              "jax.jit(f).lower(...).as_text()")
     parser.add_argument("--topology", type=topology_name, default=None,
                         help=f"the machine: {', '.join(TOPOLOGY_NAMES)} or "
-                             f"{ULTRACLUSTER_PREFIX}N (default: the smallest that holds the "
-                             "program's mesh)")
+                             f"{ULTRACLUSTER_PREFIX}N (default: {DEFAULT_TOPOLOGY}, as "
+                             "make_mesh's, or the smallest that holds a larger mesh)")
     parser.add_argument("--trace", type=Path, metavar="OUT.json",
                         help="also write the timeline as Chrome trace-event JSON "
                              "(open in ui.perfetto.dev or chrome://tracing)")
+    parser.add_argument("--plot", type=Path, metavar="OUT.png",
+                        help="also draw the step: engines busy over time, HBM in use with "
+                             "its peak, bytes on each torus link (png, svg or pdf by the "
+                             "extension; needs matplotlib: pip install 'jax-trn2[plot]')")
     parser.add_argument("--fail-link", type=chip_pair, action="append", default=[],
                         metavar="A,B", help="the cable between neighbour chips A and B failed "
                                             "(both directions); repeatable")
@@ -107,20 +115,23 @@ def inspect(args: argparse.Namespace) -> int:
     if args.trace is not None:
         trace.write_trace(args.trace, estimate.trace())
         print(f"\ntrace written to {args.trace} (open in ui.perfetto.dev or chrome://tracing)")
+    if args.plot is not None:
+        save_plot(estimate, args.plot)
+        print(f"\nplot written to {args.plot}")
     return 0
 
 
 def machine(program: str | bytes, args: argparse.Namespace
             ) -> tuple[Topology | str | None, tuple[int, ...] | None]:
-    """The topology `inspect` runs `program` on (--topology, else the smallest that holds
-    its mesh) with the --fail-link and --fail-chip faults, and the chip of each logical
+    """The topology `inspect` runs `program` on (--topology, else default_topology of its
+    mesh) with the --fail-link and --fail-chip faults, and the chip of each logical
     device when --origin moves the mesh (None: the default placement)."""
     if not (args.fail_link or args.fail_chip or args.origin is not None):
         return args.topology, None
     mesh = lowering.lower(program, module_name=str(args.program)).mesh
     # The module's own mesh, not one this process's make_mesh remembers a machine for.
     topology = get_topology(args.topology) if args.topology is not None else \
-        smallest_topology(mesh.axis_sizes)
+        default_topology(mesh.axis_sizes)
     try:
         for a, b in args.fail_link:
             topology = topology.with_failed_cable(a, b)
@@ -133,8 +144,8 @@ def machine(program: str | bytes, args: argparse.Namespace
         if args.topology is not None:
             raise
         # Chip ids and coordinates are the topology's: say it was chosen, not given.
-        raise ValueError(f"{e} ({topology.name} is the smallest topology that holds the "
-                         f"module's {mesh.num_devices}-device mesh; choose another with "
+        raise ValueError(f"{e} (no --topology given: {topology.name} is the default for "
+                         f"the module's {mesh.num_devices}-device mesh; choose another with "
                          "--topology NAME)") from None
     return topology, placement.device_to_chip
 
@@ -236,6 +247,7 @@ COMMANDS = (add_inspect, add_compare)
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jax-trn2", description="Run and study JAX programs "
                                      "on a simulated AWS Trainium2 mesh.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="command")
     for add in COMMANDS:
         add(subparsers)
@@ -247,6 +259,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (OSError, ValueError, NotImplementedError) as e:  # LoweringError is a ValueError
+    except BrokenPipeError:  # the reader went away (`jax-trn2 inspect ... | head`): stop
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error
+        return 1
+    # LoweringError is a ValueError; ImportError: an optional dependency (matplotlib)
+    except (OSError, ValueError, NotImplementedError, ImportError) as e:
         print(f"jax-trn2 {args.command}: error: {e}", file=sys.stderr)
         return 1

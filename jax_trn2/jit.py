@@ -21,6 +21,7 @@ from jax.experimental.layout import Format, Layout
 
 from jax_trn2 import compose
 from jax_trn2.executable import LoadedExecutable
+from jax_trn2.plot import save_plot
 from lowering import partition
 from mesh import isa, numerics
 from mesh.machine import Topology
@@ -468,6 +469,12 @@ class Compiled(_StageInfo):
         chrome://tracing: one process per chip (all, or the chip ids in `chips`), one thread
         per engine."""
         self.executable.save_trace(path, chips)
+
+    def plot(self, path) -> None:
+        """Draw the estimated step into an image file (png, svg, pdf, ...): engines busy
+        over time, HBM in use with its peak, and the bytes on each torus link
+        (jax_trn2.plot; needs matplotlib: pip install 'jax-trn2[plot]')."""
+        save_plot(self.executable.estimate, path)
 
 
 class Lowered(_StageInfo):

@@ -119,26 +119,25 @@ def default_axis_names(rank: int) -> tuple[str, ...]:
 def topology_for(axis_sizes: tuple[int, ...], axis_names: tuple[str, ...],
                  topology: str | Topology | None) -> Topology:
     """The topology a program's mesh runs on: the one asked for, else the one make_mesh
-    made that mesh for, else (trn2-ultra for a program without a mesh) the smallest preset
-    that holds it (trn2: 16 chips,
-    trn2-ultra: 64, trn2-ultra-max: 256, then UltraClusters of as many 64-chip UltraServers
-    as it takes)."""
+    made that mesh for, else default_topology(axis_sizes)."""
     if topology is None:
         topology = _MESH_MACHINES.get((axis_sizes, axis_names), (None, None))[0]
     if isinstance(topology, Topology):
         return topology
     if topology is None:
-        return smallest_topology(axis_sizes)
+        return default_topology(axis_sizes)
     return get_topology(topology)
 
 
-def smallest_topology(axis_sizes: tuple[int, ...]) -> Topology:
-    """The smallest preset that holds a mesh of these sizes (trn2-ultra for a program
-    without a mesh)."""
-    if not axis_sizes:  # a program without a mesh: chip 0
-        return get_topology(DEFAULT_TOPOLOGY)
+def default_topology(axis_sizes: tuple[int, ...]) -> Topology:
+    """make_mesh's default topology (trn2-ultra, 64 chips) when it holds a mesh of these
+    sizes (and for a program without a mesh), else the smallest preset that does
+    (trn2-ultra-max: 256 chips, then UltraClusters of as many 64-chip UltraServers as it
+    takes): a module's mesh and make_mesh's meet the same machine by default."""
     count = math.prod(axis_sizes)
     holding = [t for t in TOPOLOGY_NAMES if get_topology(t).num_chips >= count]
+    if DEFAULT_TOPOLOGY in holding:
+        return get_topology(DEFAULT_TOPOLOGY)
     return get_topology(min(holding, key=lambda t: get_topology(t).num_chips) if holding
                         else f"{ULTRACLUSTER_PREFIX}{-(-count // ULTRASERVER_CHIPS)}")
 

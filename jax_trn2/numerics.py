@@ -5,7 +5,10 @@
 
 `compare` runs a function through `jax_trn2.jit` and through `jax.jit` on CPU JAX and reports,
 per output leaf: dtype, shape, the largest absolute error, the largest error in ULPs of the
-output dtype, the fraction of elements that are bit-exact, and where the worst element is.
+output dtype at the scale of the output (its largest reference magnitude; the largest ULP
+error at each element's own reference value is a detail below the table, as it explodes
+where the reference is zero or tiny), how many elements are bit-exact, and where the largest
+absolute error is.
 `report` does the same for any two pytrees (say an FP8 result against a BF16 one, or against
 a float64 reference). From the shell: `jax-trn2 compare script.py:function`.
 
@@ -29,40 +32,62 @@ from mesh import dtypes
 
 @dataclass(frozen=True)
 class LeafReport:
-    """How one output leaf compares: errors are |got - want|, ULPs those of `dtype` (the
-    checked result's type) at each reference value (`max_ulp_error`) or at the leaf's largest
-    reference magnitude (`max_ulp_error_at_scale`: near-zero results of cancelling sums do not
-    dominate it). NaN against NaN counts as exact; a non-finite value against anything else
-    is an infinite error."""
+    """How one output leaf compares. Errors are |got - want|; `max_ulp_error`, the headline,
+    is the largest in ULPs of `dtype` (the checked result's type) at the leaf's largest
+    finite reference magnitude, so that results near zero (of cancelling sums, say) do not
+    dominate it; `max_ulp_error_per_element` is the largest in ULPs at each element's own
+    reference value, which is huge where the reference is zero or tiny (the ULP at 0 is the
+    smallest subnormal). NaN against NaN counts as exact; a non-finite value against
+    anything else is an infinite error."""
 
     path: str  # the leaf's place in the output pytree, e.g. "[0]['w']"; "" for a lone array
     dtype: str
     shape: tuple[int, ...]
+    differing: int  # elements that are not bit-exact
     max_abs_error: float
-    max_ulp_error: float
-    max_ulp_error_at_scale: float
-    exact_fraction: float
-    worst_index: tuple[int, ...] | None  # None when every element is exact
+    max_ulp_error: float  # ULPs of dtype at the leaf's largest finite |reference|
+    max_ulp_error_per_element: float  # ULPs of dtype at each element's own |reference|
+    worst_index: tuple[int, ...] | None  # the largest absolute error; None when all exact
     got_at_worst: float | complex | None
     want_at_worst: float | complex | None
+    worst_index_per_element: tuple[int, ...] | None  # the largest per-element ULP error
+
+    @property
+    def size(self) -> int:
+        """The number of elements."""
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def exact_fraction(self) -> float:
+        """The fraction of elements that are bit-exact (1.0 for an empty leaf)."""
+        return 1.0 - self.differing / self.size if self.size else 1.0
 
 
 @dataclass(frozen=True, repr=False)
 class NumericsReport:
     """Per-leaf comparison of a result (`got_label`) with a reference (`want_label`); its
-    text (str, and repr, so that a REPL shows `compare(f, x)` as the table) is the table."""
+    text (str, and repr, so that a REPL shows `compare(f, x)` as the table) is the table
+    followed by what its ULPs are measured against."""
 
     leaves: tuple[LeafReport, ...]
     got_label: str = "trn2"
     want_label: str = "reference"
 
     def __str__(self) -> str:
-        header = ("output", "dtype", "shape", "max abs err", "max ulp err", "at scale",
-                  "bit-exact", "worst at", self.got_label, self.want_label)
+        header = ("output", "dtype", "shape", "bit-exact", "differing", "max abs err",
+                  "max ulp err", "worst at", self.got_label, self.want_label)
         rows = [header] + [_row(leaf) for leaf in self.leaves]
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
         lines = [f"numerics: {self.got_label} vs {self.want_label}"]
         lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+        lines.append(f"max ulp err: |error| in ulps of the output's dtype at its largest "
+                     f"|{self.want_label}| value; worst at: the largest absolute error")
+        details = [f"{leaf.path or 'out'} up to {leaf.max_ulp_error_per_element:.4g} at "
+                   f"{leaf.worst_index_per_element}"
+                   for leaf in self.leaves if leaf.worst_index_per_element is not None]
+        if details:
+            lines.append(f"per element, in ulps at each element's own |{self.want_label}| "
+                         f"value (large where it is zero or tiny): {'; '.join(details)}")
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -72,10 +97,22 @@ def _row(leaf: LeafReport) -> tuple[str, ...]:
     worst = "-" if leaf.worst_index is None else str(tuple(leaf.worst_index))
     value = (lambda v: "-" if v is None else f"{v:.6g}")
     return (leaf.path or "out", leaf.dtype, f"[{','.join(map(str, leaf.shape))}]",
-            f"{leaf.max_abs_error:.4g}", f"{leaf.max_ulp_error:.4g}",
-            f"{leaf.max_ulp_error_at_scale:.4g}", f"{leaf.exact_fraction:.2%}", worst,
-            value(leaf.got_at_worst),
+            percent(leaf.size - leaf.differing, leaf.size),
+            f"{leaf.differing:,} of {leaf.size:,}", f"{leaf.max_abs_error:.4g}",
+            f"{leaf.max_ulp_error:.4g}", worst, value(leaf.got_at_worst),
             value(leaf.want_at_worst))
+
+
+def percent(count: int, total: int) -> str:
+    """count / total as a percentage with two decimals, or as many more as it takes not to
+    show 0% or 100% for a fraction that is neither (1 of 32,768 is 0.003%, not 0.00%)."""
+    if not total:
+        return "-"
+    percentage = 100 * count / total
+    decimals = 2
+    while 0 < count < total and round(percentage, decimals) in (0, 100):
+        decimals += 1
+    return f"{percentage:.{decimals}f}%"
 
 
 def ulp(x: Any, dtype: Any) -> np.ndarray:
@@ -125,17 +162,22 @@ def _compare_leaf(path: str, got: np.ndarray, want: np.ndarray) -> LeafReport:
         abs_error = np.where(exact, 0.0, _abs_difference(got, want, g, w))
         abs_error = np.where(np.isnan(abs_error), np.inf, abs_error)
         ulps = abs_error / ulp(np.where(np.isfinite(w), w, 0.0), got.dtype)
-    if not exact.size or exact.all():
-        return LeafReport(path, got.dtype.name, got.shape, 0.0, 0.0, 0.0, 1.0, None, None,
+    if exact.all():  # also an empty leaf
+        return LeafReport(path, got.dtype.name, got.shape, 0, 0.0, 0.0, 0.0, None, None, None,
                           None)
     finite = np.abs(w[np.isfinite(w)])
     scale_ulp = ulp(finite.max() if finite.size else 0.0, got.dtype)
-    worst = np.unravel_index(int(np.argmax(np.where(exact, -1.0, ulps))), got.shape)
+    worst = _index(np.argmax(np.where(exact, -1.0, abs_error)), got.shape)
+    worst_per_element = _index(np.argmax(np.where(exact, -1.0, ulps)), got.shape)
     value = complex if wide is np.complex128 else float
-    return LeafReport(path, got.dtype.name, got.shape, float(abs_error.max()),
-                      float(ulps.max()), float(abs_error.max() / scale_ulp),
-                      float(exact.mean()), tuple(int(i) for i in worst), value(g[worst]),
-                      value(w[worst]))
+    return LeafReport(path, got.dtype.name, got.shape, int(exact.size - exact.sum()),
+                      float(abs_error[worst]), float(abs_error[worst] / scale_ulp),
+                      float(ulps[worst_per_element]), worst, value(g[worst]), value(w[worst]),
+                      worst_per_element)
+
+
+def _index(flat: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.unravel_index(int(flat), shape))
 
 
 def _same_bits(got: np.ndarray, want: np.ndarray) -> np.ndarray:

@@ -345,6 +345,7 @@ _DECODERS: list[tuple[type, Any]] = [
     (hlo.ScatterDimensionNumbers, _scatter_dims),
     (hlo.ConvDimensionNumbers, _conv_dims),
     (hlo.RngAlgorithmAttr, lambda a: a.value),
+    (hlo.RngDistributionAttr, lambda a: a.value),
     (hlo.ComparisonDirectionAttr, lambda a: a.value),
     (hlo.ComparisonTypeAttr, lambda a: a.value),
     (hlo.ChannelHandle, lambda a: (a.handle, a.channel_type)),

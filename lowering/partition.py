@@ -30,7 +30,7 @@ from jaxlib.mlir import ir, passmanager
 from jaxlib.mlir.dialects import sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 
-from lowering import hlo_sharding, mlir, replica_groups
+from lowering import hlo_sharding, mlir, replica_groups, xla_log
 from lowering.errors import LoweringError
 from lowering.host import host_client
 from mesh import isa
@@ -116,11 +116,14 @@ def partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exception
             ("xla_backend_optimization_level", 0),  # only the partitioned module is wanted
         ]
         failure = None
-        try:
-            client.compile_and_load(jax_mlir.module_to_bytecode(module),
-                                    xla_client.DeviceList(tuple(client.devices())), options)
-        except Exception as e:  # jaxlib raises its own XlaRuntimeError
-            failure = e  # after partitioning, XLA:CPU's code generation may lack an op
+        with xla_log.captured_stderr() as log:  # XLA's C++ log, re-reported below
+            try:
+                client.compile_and_load(jax_mlir.module_to_bytecode(module),
+                                        xla_client.DeviceList(tuple(client.devices())),
+                                        options)
+            except Exception as e:  # jaxlib raises its own XlaRuntimeError
+                failure = e  # after partitioning, XLA:CPU's code generation may lack an op
+        xla_log.report(log)
         dumps = sorted(glob.glob(os.path.join(dump, f"*after_{_DUMP_PASS}*.hlo.pb")))
         if not dumps:
             raise LoweringError(

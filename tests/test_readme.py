@@ -1,4 +1,5 @@
-"""Every Python snippet in README.md runs as written, each on its own."""
+"""Every Python snippet in README.md runs as written, each on its own, and prints what the
+README shows it printing (a `text` block after the snippet and one paragraph)."""
 
 import re
 from pathlib import Path
@@ -6,7 +7,9 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-SNIPPETS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+# (snippet, the output shown after it or "")
+SNIPPETS = re.findall(r"```python\n(.*?)```(?:\n\n[^`]*?\n\n```text\n(.*?)```)?",
+                      README.read_text(), flags=re.S)
 
 
 def test_readme_has_snippets():
@@ -16,5 +19,9 @@ def test_readme_has_snippets():
 @pytest.mark.parametrize("index", range(len(SNIPPETS)))
 def test_readme_snippet_runs(index, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # snippets may write files (a trace)
-    exec(compile(SNIPPETS[index], f"README.md snippet {index + 1}", "exec"), {})
-    assert capsys.readouterr().out  # each snippet prints what it shows
+    snippet, shown = SNIPPETS[index]
+    exec(compile(snippet, f"README.md snippet {index + 1}", "exec"), {})
+    out = capsys.readouterr().out
+    assert out  # each snippet prints what it shows
+    if shown:
+        assert out == shown

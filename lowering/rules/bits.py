@@ -1,4 +1,4 @@
-"""rng_bit_generator and reduce_precision."""
+"""rng_bit_generator, rng and reduce_precision."""
 
 from __future__ import annotations
 
@@ -17,6 +17,13 @@ def rng_bit_generator(ctx: LoweringContext, op: Op):
         raise NotImplementedError(f"rng_bit_generator with a {state} state (supported: "
                                   f"{', '.join(map(str, RNG_STATE_TYPES))})")
     return ctx.emit(isa.RngBitGenerator, op, algorithm=op.attr("rng_algorithm", "DEFAULT"))
+
+
+@rule("stablehlo.rng")
+def rng(ctx: LoweringContext, op: Op):
+    """Random numbers of the result's shape from scalars a and b (the shape operand gives
+    the result type, static here; MLIR's verifier has checked the spec's constraints)."""
+    return ctx.emit(isa.Rng, op, ins=op.operands[:2], distribution=op.attr("rng_distribution"))
 
 
 @rule("stablehlo.reduce_precision")

@@ -597,6 +597,16 @@ class RngBitGenerator(Instruction):
 
 
 @dataclass(frozen=True, eq=False)
+class Rng(Instruction):
+    """ins = (a, b) scalars; outs = (random numbers,): StableHLO's rng, uniform on [a, b)
+    (`distribution` "UNIFORM") or normal with mean a and standard deviation b ("NORMAL"),
+    from a counter-based generator (mesh.isa.kernels.bits.rng)."""
+
+    distribution: str
+    engine: ClassVar[str] = GPSIMD
+
+
+@dataclass(frozen=True, eq=False)
 class ReducePrecision(Instruction):
     """Round floats to a format with `exponent_bits` and `mantissa_bits`, kept in their type."""
 

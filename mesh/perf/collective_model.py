@@ -177,7 +177,7 @@ def _plan_grouped(kind: str, groups: isa.Groups, message_bytes: int, topology: T
         return _trivial(kind, message_bytes, size, logical)
     _check_placement(placement, size)
     net = _Network.of(topology)
-    grids, on_rings = net.grids([[placement.chip_of(d) for d in g] for g in groups.device_groups])
+    grids, on_rings = _grids(net, groups, placement)
     candidates, rings = {}, {}
     for name, steps, ring_lengths in _algorithms(kind, grids, message_bytes, net,
                                                   on_rings):
@@ -201,18 +201,58 @@ def _plan_permute(pairs: tuple[tuple[int, int], ...], message_bytes: int, topolo
         return _trivial("collective-permute", message_bytes, 2 if pairs else 1, ())
     _check_placement(placement, 2)
     net = _Network.of(topology)
-    src, dst = (np.array(c, dtype=np.int64) for c in zip(*pairs))
-    chips = np.asarray(placement.device_to_chip, dtype=np.int64)
-    steps = [(_Pattern(chips[src], chips[dst], np.full(len(src), float(message_bytes))), 1)]
+    steps = _permute_steps(pairs, message_bytes, placement)
     result = net.evaluate(steps)
+    src, dst = (np.array(c, dtype=np.int64) for c in zip(*pairs))
+    moved = steps[0][0]
     plan = _plan("collective-permute", message_bytes, 2, _moved_axes(placement, src, dst),
-                 net.torus_axes(np.concatenate([chips[src], chips[dst]])),
+                 net.torus_axes(np.concatenate([moved.src, moved.dst])),
                  result.max_hops > 1, "direct", (), {"direct": result})
     plan = _with_expected(plan, {"direct": result}, topology)
     if not topology.has_faults:
         return plan
     healthy = _plan_permute(pairs, message_bytes, topology.healthy(), placement)
     return dataclasses.replace(plan, detours=result.detours, healthy_seconds=healthy.seconds)
+
+
+def link_bytes(instr: isa.Instruction, topology: Topology,
+               placement: Placement | None) -> np.ndarray:
+    """The bytes planned collective `instr` puts on each torus link over its whole run, for
+    the algorithm its plan chose, routed as the estimate routed it (around faults too): an
+    array [chip the link leaves, torus axis, direction (0: towards lower coordinates, 1:
+    higher)]. Zeros for an instruction without a plan or a collective that moves nothing."""
+    loads = np.zeros((topology.num_chips, topology.ndim, 2))
+    plan = getattr(instr, "plan", None)
+    if not isinstance(plan, CollectivePlan) or plan.algorithm == "none":
+        return loads
+    net = _Network.of(topology)
+    if isinstance(instr, isa.CollectivePermute):
+        steps = _permute_steps(tuple((s, t) for s, t in instr.pairs if s != t),
+                               plan.message_bytes, placement)
+    else:
+        grids, on_rings = _grids(net, instr.groups, placement, every=True)
+        steps = next(steps for name, steps, _ in _algorithms(
+            KINDS[type(instr)], grids, plan.message_bytes, net, on_rings)
+            if name == plan.algorithm)
+    for pattern, times in steps:
+        loads += times * net.loads(pattern)[0].reshape(loads.shape)
+    return loads
+
+
+def _grids(net: _Network, groups: isa.Groups, placement: Placement,
+           every: bool = False) -> tuple:
+    """net.grids of the chips of each group of devices."""
+    return net.grids([[placement.chip_of(d) for d in g] for g in groups.device_groups],
+                     every)
+
+
+def _permute_steps(pairs: tuple[tuple[int, int], ...], message_bytes: int,
+                   placement: Placement) -> Steps:
+    """A permutation's one step: device s sends its whole buffer to device t, every pair
+    (s, t) at once."""
+    src, dst = (np.array(c, dtype=np.int64) for c in zip(*pairs))
+    chips = np.asarray(placement.device_to_chip, dtype=np.int64)
+    return [(_Pattern(chips[src], chips[dst], np.full(len(src), float(message_bytes))), 1)]
 
 
 # --- algorithms -----------------------------------------------------------------------------
@@ -504,9 +544,11 @@ class _Network:
     def of(topology: Topology) -> _Network:
         return _Network(topology)
 
-    def grids(self, groups: list[list[int]]) -> tuple[list[np.ndarray], bool]:
+    def grids(self, groups: list[list[int]], every: bool = False
+              ) -> tuple[list[np.ndarray], bool]:
         """Each group's chips as an array over the torus axes it spans, and whether the
-        groups are whole torus rings (then they use disjoint links and one stands for all).
+        groups are whole torus rings (then they use disjoint links and one stands for all,
+        unless `every`: the load on every link is wanted).
 
         Which member holds which block does not change the traffic of an all-gather,
         reduce-scatter, all-reduce or all-to-all (the collective engines write blocks at
@@ -521,7 +563,7 @@ class _Network:
         whole = not self.topology.has_faults and \
             all(len(np.unique(self.coords[g.ravel(), a])) == self.topology.shape[a]
                 for g in grids for a in spanned)
-        return (grids[:1] if whole else grids), whole
+        return (grids[:1] if whole and not every else grids), whole
 
     def _torus_grid(self, chips: np.ndarray) -> np.ndarray | None:
         coords = self.coords[chips]

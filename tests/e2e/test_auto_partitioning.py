@@ -174,3 +174,22 @@ def test_custom_partitioning_runs_its_partition_callback(rng, auto_mesh):
     x = on(auto_mesh, rng.standard_normal((16, 8)).astype(np.float32), P("x"))
     f = lambda x: triple(x) + 1  # noqa: E731
     assert_matches(jax_trn2.jit(f)(x), jax.jit(f)(x))
+
+
+def test_xlas_full_rematerialization_log_is_explained_not_printed(capfd):
+    """An embedding lookup whose table is split over tensor x fsdp and whose result must be
+    split over the batch: XLA's partitioner rematerializes the gather in full and logs it
+    from C++ to stderr; the user gets a Python warning saying what it costs instead."""
+    mesh = jax_trn2.make_mesh((4, 4, 4), ("data", "fsdp", "tensor"))
+
+    def lookup(embed, tokens):
+        return jax.lax.with_sharding_constraint(
+            embed[tokens], NamedSharding(mesh, P(("data", "fsdp"), None, None)))
+
+    step = jax_trn2.jit(lookup, in_shardings=(NamedSharding(mesh, P("tensor", "fsdp")),
+                                              NamedSharding(mesh, P(("data", "fsdp")))))
+    with pytest.warns(UserWarning, match=r"no efficient way to reshard 1 value\(s\) .* "
+                                         r"f32\[64,16,16\] \(%gather\) from \{devices="):
+        step.lower(jax.ShapeDtypeStruct((512, 64), jnp.float32),
+                   jax.ShapeDtypeStruct((64, 16), jnp.int32))
+    assert "Involuntary full rematerialization. The compiler" not in capfd.readouterr().err

@@ -36,3 +36,12 @@ def test_plan_llama_plans_a_tiny_llama_from_shapes(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "[1/1] fsdp 16 x tp 4, remat on: partitioning" in out  # progress
     assert "tiny  fsdp 16 x tp 4        yes" in out and "host peak RSS" in out
+
+
+def test_every_file_in_examples_is_an_example_that_runs():
+    """Helpers live in examples/support/ (they print nothing when run): every .py file
+    directly in examples/ is a script with something to do when run."""
+    scripts = sorted(EXAMPLES.glob("*.py"))
+    assert len(scripts) >= 8
+    for script in scripts:
+        assert 'if __name__ == "__main__":' in script.read_text(), script.name

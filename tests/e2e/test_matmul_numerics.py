@@ -138,6 +138,19 @@ def test_matmul_agrees_with_cpu_jax(name, rng):
         assert (np.abs(g64 - w64) <= tolerance).all()
 
 
+def test_one_pass_is_the_host_gemm_and_several_are_not(rng):
+    """benchmarks/pass_order.py's figures (README, Performance): at K = 128 the model sums
+    one pass, the host GEMM that CPU JAX runs, so no FP32 result differs (the README once
+    said 49% did); at K = 512 four passes add in PSUM in another order than one GEMM's, and
+    most do."""
+    fun = lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32)
+    for k, differ in ((128, lambda n: n == 0), (512, lambda n: n > 512 * 512 // 2)):
+        a = jnp.asarray(rng.standard_normal((512, k)), jnp.bfloat16)
+        b = jnp.asarray(rng.standard_normal((k, 512)), jnp.bfloat16)
+        got, want = np.asarray(jax_trn2.jit(fun)(a, b)), np.asarray(jax.jit(fun)(a, b))
+        assert differ(int((got.view(np.uint32) != want.view(np.uint32)).sum())), k
+
+
 def test_sharded_matmul_with_fp32_psum_within_the_bound(rng):
     # K = 4 * 75 split over 'y': each chip does a 75-long dot (one pass), the psum adds the
     # 4 FP32 partials along the ring: 3 more roundings.

@@ -18,6 +18,7 @@ import pytest
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+import jax_trn2
 from e2e_reference import assert_matches, assert_same_bits, run_both
 
 MESH = ((4, 4, 4), ("x", "y", "z"))
@@ -116,3 +117,80 @@ def test_clamp_and_optimization_barrier(rng):
 
     got, want = run_both(body, *MESH, (P("x"), P("x")), EVERY_CHIP, x, n)
     assert_matches(got, want)
+
+
+# --- stablehlo.rng (lax.rng_uniform): bits of the implementation's choosing --------------
+
+RNG_TEXT = """module @m {{
+  func.func public @main(%a: tensor<{t}>, %b: tensor<{t}>) -> tensor<{shape}x{t}> {{
+    %s = stablehlo.constant dense<[{dims}]> : tensor<{rank}xi64>
+    %r = stablehlo.rng %a, %b, %s, distribution = {distribution}
+      : (tensor<{t}>, tensor<{t}>, tensor<{rank}xi64>) -> tensor<{shape}x{t}>
+    return %r : tensor<{shape}x{t}>
+  }}
+}}"""
+
+
+def run_rng(distribution, mlir_type, dtype, a, b, shape=(256, 256)):
+    text = RNG_TEXT.format(t=mlir_type, shape="x".join(map(str, shape)), rank=len(shape),
+                           dims=", ".join(map(str, shape)), distribution=distribution)
+    executable = jax_trn2.client().compile(text)
+    args = [np.asarray(a, dtype), np.asarray(b, dtype)]
+    return np.asarray(executable.execute(args)[0]), np.asarray(executable.execute(args)[0])
+
+
+@pytest.mark.parametrize("mlir_type, dtype, a, b", [
+    ("f32", np.float32, -2.0, 3.0), ("f64", np.float64, 1.0, 1.5),
+    ("bf16", ml_dtypes.bfloat16, 0.0, 1.0), ("f8E4M3FN", ml_dtypes.float8_e4m3fn, -1.0, 0.0),
+    ("f8E8M0FNU", ml_dtypes.float8_e8m0fnu, 0.25, 8.0)])
+def test_rng_uniform_floats_lie_in_a_to_b(mlir_type, dtype, a, b):
+    """Uniform on [a, b), rounded to the type: b itself never appears, even where rounding
+    the FP32 draw would reach it (near 1 in BF16, near 0 in FP8); the mean is (a + b) / 2
+    within 5 standard errors (the type's rounding shifts it by far less), and a second run
+    draws the same numbers."""
+    got, again = run_rng("UNIFORM", mlir_type, dtype, a, b)
+    assert got.dtype == dtype and got.shape == (256, 256)
+    np.testing.assert_array_equal(got, again)
+    values = got.astype(np.float64)
+    assert values.min() >= a and values.max() < b
+    if mlir_type != "f8E8M0FNU":  # powers of two only: not uniform, but within bounds
+        assert abs(values.mean() - (a + b) / 2) < 5 * (b - a) / np.sqrt(12 * values.size)
+
+
+@pytest.mark.parametrize("mlir_type, dtype, a, b", [
+    ("i32", np.int32, -3, 4), ("ui8", np.uint8, 250, 255), ("i4", ml_dtypes.int4, -8, 7),
+    ("i64", np.int64, -2**40, 2**40)])
+def test_rng_uniform_integers_take_every_value_in_a_to_b(mlir_type, dtype, a, b):
+    got, _ = run_rng("UNIFORM", mlir_type, dtype, a, b, shape=(64, 64))
+    assert got.dtype == dtype
+    values = got.astype(np.int64)
+    assert values.min() >= a and values.max() < b
+    if b - a < 16:
+        assert set(np.unique(values)) == set(range(a, b))
+
+
+@pytest.mark.parametrize("mlir_type, dtype", [("f32", np.float32), ("bf16", ml_dtypes.bfloat16)])
+def test_rng_normal_has_mean_a_and_standard_deviation_b(mlir_type, dtype):
+    got, _ = run_rng("NORMAL", mlir_type, dtype, 5.0, 2.0)
+    values = got.astype(np.float64)
+    n = values.size
+    assert abs(values.mean() - 5.0) < 5 * 2.0 / np.sqrt(n)
+    assert abs(values.std() - 2.0) < 5 * 2.0 / np.sqrt(2 * n) + 2.0 * 2.0 ** -8  # + BF16's
+
+
+def test_lax_rng_uniform_runs_per_op_and_per_chip_bounds():
+    """Two ops draw different numbers; in a shard_map whose bounds differ per chip each
+    chip draws in its own interval."""
+    mesh = jax_trn2.make_mesh()
+
+    def body(offset):
+        return lax.rng_uniform(offset[0], offset[0] + 1.0, (1, 100))
+
+    step = jax_trn2.jit(jax.shard_map(body, mesh=mesh, in_specs=EVERY_CHIP,
+                                      out_specs=EVERY_CHIP))
+    got = np.asarray(step(np.arange(64, dtype=np.float32)))
+    assert got.shape == (64, 100)
+    assert (np.floor(got) == np.arange(64)[:, None]).all()
+    first, second = jax_trn2.jit(lambda: (lax.rng_uniform(0.0, 1.0, (100,)),
+                                          lax.rng_uniform(0.0, 1.0, (100,))))()
+    assert not np.array_equal(first, second)

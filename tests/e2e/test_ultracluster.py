@@ -23,3 +23,20 @@ def test_two_ultraservers_run_a_step_across_efa(rng):
 def test_mesh_beyond_the_presets_goes_to_an_ultracluster():
     from jax_trn2.mesh import topology_for
     assert topology_for((16, 64), ("dp", "fsdp"), None).name == "trn2-ultracluster-16"
+
+
+def test_a_psum_over_the_cross_server_axis_alone_is_a_flat_ring_over_efa():
+    """README (Topologies): over 'dp' alone each group holds one chip per UltraServer, so
+    the ring runs over EFA with the whole buffer; over both axes it is hierarchical."""
+    mesh = jax_trn2.make_mesh((16, 64), ("dp", "fsdp"), topology="trn2-ultracluster-16")
+    x = jax.ShapeDtypeStruct((4096, 4096), np.float32)  # 64 MiB on every chip
+    listings = {}
+    for axes in ("dp", ("dp", "fsdp")):
+        body = lambda x, axes=axes: lax.psum(x, axes)  # noqa: E731
+        step = jax_trn2.jit(jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P()))
+        listings[axes] = step.lower(x).compile().as_text()
+    assert "over logical dp -> torus s rings 16" in listings["dp"]
+    assert "ideal: ring," in listings["dp"] and "hierarchical" not in listings["dp"]
+    assert "over logical dp,fsdp -> torus s,x,y,z rings 4x4x4x16" in listings[("dp", "fsdp")]
+    assert "ideal: hierarchical: reduce-scatter x>y>z, all-reduce over EFA s" in \
+        listings[("dp", "fsdp")]

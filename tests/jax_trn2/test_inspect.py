@@ -207,17 +207,29 @@ def test_cli_offers_an_origin_off_a_failed_chip_that_it_accepts(small_mesh_file,
     assert "chips 1, 5, 17, 21, 33, 37, 49, 53 (8 of 64)" in capsys.readouterr().out
 
 
-def test_cli_fault_on_the_chosen_topology_says_it_was_chosen(small_mesh_file, capsys):
-    """Without --topology an 8-device module runs on trn2 (16 chips), where trn2-ultra's
-    chip 16 does not exist: the error says which topology was chosen and how to pick one."""
-    assert main(["inspect", str(small_mesh_file), "--fail-link", "0,16"]) == 1
+def test_cli_runs_a_module_on_make_meshs_default_topology(small_mesh_file, capsys):
+    """An 8-device module and a (2, 4) make_mesh both meet trn2-ultra by default: the
+    README's `--fail-link 0,16` (trn2-ultra's chips) works on it without --topology."""
+    assert main(["inspect", str(small_mesh_file), "--fail-link", "0,16"]) == 0
+    out = capsys.readouterr().out
+    assert "target: trn2-ultra torus 4x4x4" in out and "faults: failed links 0->16" in out
+    mesh = jax_trn2.make_mesh((2, 4), ("a", "b"))
+    assert len(mesh.devices.flat) == 8 and mesh.devices.flat[7].id == 7
+    from jax_trn2.mesh import topology_for
+    assert topology_for((2, 4), ("p", "q"), None).name == "trn2-ultra"
+
+
+def test_cli_fault_on_the_default_topology_says_it_was_chosen(small_mesh_file, capsys):
+    """A chip beyond the default topology's: the error says which was chosen and how to
+    pick another."""
+    assert main(["inspect", str(small_mesh_file), "--fail-chip", "200"]) == 1
     err = capsys.readouterr().err
-    assert "chip id 16 is out of range [0, 16) for topology 'trn2' (trn2 is the smallest " \
-           "topology that holds the module's 8-device mesh; choose another with --topology" in err
-    command = ["inspect", str(small_mesh_file), "--fail-link", "0,16", "--topology"]
-    assert main(command + ["trn2"]) == 1
-    assert "smallest" not in capsys.readouterr().err  # the user chose trn2
-    assert main(command + ["trn2-ultra"]) == 0
+    assert "(no --topology given: trn2-ultra is the default for the module's 8-device mesh; " \
+           "choose another with --topology NAME)" in err
+    command = ["inspect", str(small_mesh_file), "--fail-chip", "200", "--topology"]
+    assert main(command + ["trn2-ultra"]) == 1
+    assert "--topology" not in capsys.readouterr().err  # the user chose trn2-ultra
+    assert main(command + ["trn2-ultra-max"]) == 0
 
 
 def test_cli_origin_for_a_module_without_a_mesh_is_an_error(tmp_path, capsys):

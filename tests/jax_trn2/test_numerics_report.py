@@ -40,10 +40,10 @@ def test_report_measures_errors_in_ulps_of_the_result_type():
     (leaf,) = numerics.report(got, want).leaves
     assert (leaf.dtype, leaf.shape) == ("bfloat16", (4,))
     assert leaf.max_abs_error == 2 * 2.0 ** -6
-    assert leaf.max_ulp_error == 2.0  # 2 ulps at 2 (ulp 2**-6); 0.5 is off by 1 ulp
-    assert leaf.max_ulp_error_at_scale == 1.0  # 2**-5 against the ulp at 4, the largest
-    assert leaf.exact_fraction == 0.5
-    assert leaf.worst_index == (1,)
+    assert leaf.max_ulp_error == 1.0  # 2**-5 against the ulp at 4, the largest reference
+    assert leaf.max_ulp_error_per_element == 2.0  # 2 ulps at 2 (ulp 2**-6); 0.5 is off by 1
+    assert (leaf.differing, leaf.exact_fraction) == (2, 0.5)
+    assert leaf.worst_index == leaf.worst_index_per_element == (1,)
     assert (leaf.got_at_worst, leaf.want_at_worst) == (2.0 + 2 * 2.0 ** -6, 2.0)
 
 
@@ -58,6 +58,7 @@ def test_report_is_per_leaf_and_prints_a_table():
     assert "mine vs theirs" in text
     assert "max ulp err" in text and "bit-exact" in text
     assert "['a']" in text and "int32" in text and "[3]" in text and "66.67%" in text
+    assert "1 of 3" in text and "0 of 6" in text  # differing elements
     assert repr(report) == text  # a REPL shows compare(f, x) as the table
 
 
@@ -78,7 +79,8 @@ def test_report_compares_both_parts_of_complex_values(dtype):
     # Only the imaginary part of element 1 differs, by 0.5 = 0.5 / ulp(|2 + 2.5j|) ulps of
     # the parts' type (|2 + 2.5j| is in [2, 4): ulp 2**-22 in float32, 2**-51 in float64).
     parts_ulp = 2.0 ** (1 - np.finfo(dtype).nmant)
-    assert leaf.max_abs_error == 0.5 and leaf.max_ulp_error == 0.5 / parts_ulp
+    assert leaf.max_abs_error == 0.5 and leaf.max_ulp_error_per_element == 0.5 / parts_ulp
+    assert leaf.max_ulp_error == 0.5 / 2 ** (2 - np.finfo(dtype).nmant)  # at |4|, in [4, 8)
     assert leaf.exact_fraction == pytest.approx(2 / 3) and leaf.worst_index == (1,)
     assert (leaf.got_at_worst, leaf.want_at_worst) == (2 + 2j, 2 + 2.5j)
 
@@ -88,6 +90,38 @@ def test_report_gives_64_bit_integers_their_exact_difference():
     (leaf,) = numerics.report(np.array([2 ** 62 + 1, 7], np.int64),
                               np.array([2 ** 62, 7], np.int64)).leaves
     assert (leaf.max_abs_error, leaf.max_ulp_error, leaf.worst_index) == (1.0, 1.0, (0,))
+
+
+def test_percentages_are_never_rounded_to_all_or_none():
+    # gelu(x @ w) in BF16 once differed from CPU JAX in 1 of 32,768 elements: "100.00%".
+    want = np.ones(32768, ml_dtypes.bfloat16)
+    got = want.copy()
+    got[7] = 2
+    (leaf,) = numerics.report(got, want).leaves
+    assert leaf.differing == 1
+    text = str(numerics.report(got, want))
+    assert "99.997%" in text and "1 of 32,768" in text and "100.00%" not in text
+    assert numerics.percent(1, 32768) == "0.003%"
+    assert numerics.percent(32768, 32768) == "100.00%" and numerics.percent(0, 7) == "0.00%"
+    assert numerics.percent(1, 3) == "33.33%"
+
+
+def test_the_headline_ulp_error_is_at_the_outputs_scale():
+    """Against a reference of 0 the ULP is BF16's smallest subnormal (2**-133): an error of
+    2**-7 there is 2**126 such ULPs; at the output's scale (largest |reference| 64, ULP
+    2**-1) it is 2**-6, and the element of the largest absolute error is the worst."""
+    want = np.array([64.0, 0.0, 1.0], np.float32)
+    got = np.array([64.0, 2.0 ** -7, 1.0 + 2.0 ** -6], ml_dtypes.bfloat16)
+    report = numerics.report(got, want, want_label="CPU JAX")
+    (leaf,) = report.leaves
+    assert leaf.max_abs_error == 2.0 ** -6 and leaf.max_ulp_error == 2.0 ** -5
+    assert leaf.worst_index == (2,) and leaf.got_at_worst == 1.0 + 2.0 ** -6
+    assert leaf.max_ulp_error_per_element == 2.0 ** 126
+    assert leaf.worst_index_per_element == (1,)
+    text = str(report)
+    assert "max ulp err: |error| in ulps of the output's dtype at its largest |CPU JAX|" in text
+    assert "per element, in ulps at each element's own |CPU JAX| value" in text
+    assert "out up to 8.507e+37 at (1,)" in text
 
 
 def test_report_rejects_different_structures_and_shapes():
@@ -130,7 +164,7 @@ def test_compare_keeps_a_jitted_functions_statics_and_rounding(rng):
     stochastic = jax_trn2.jit(scale, static_argnums=1, rounding="stochastic", seed=5)
     (leaf,) = numerics.compare(stochastic, x, 3.0).leaves
     assert leaf.exact_fraction < 1.0  # stochastic rounding against CPU's round-to-nearest
-    assert leaf.max_ulp_error <= 1.0  # but always to a neighbour of the exact value
+    assert leaf.max_ulp_error_per_element <= 1.0  # but always to a neighbour of the exact value
     (nearest,) = numerics.compare(jax_trn2.jit(scale, static_argnums=1), x, 3.0).leaves
     assert nearest.exact_fraction == 1.0
 

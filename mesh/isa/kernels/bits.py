@@ -1,12 +1,14 @@
-"""Random bits, bit-level rounding and bitcasts."""
+"""Random bits and numbers, bit-level rounding and bitcasts."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from jax import lax
 
-from mesh import dtypes, emulated_floats, isa
+from mesh import dtypes, emulated_floats, isa, numerics
 from mesh.isa.kernels import kernel
 from mesh.isa.kernels.context import KernelContext
 
@@ -15,6 +17,7 @@ ALGORITHMS = {
     "THREE_FRY": lax.RandomAlgorithm.RNG_THREE_FRY,
     "PHILOX": lax.RandomAlgorithm.RNG_PHILOX,
 }
+RNG_SEED = 0  # of stablehlo.rng's generator: a fixed key, each op its own stream of it
 
 
 @kernel(isa.RngBitGenerator)
@@ -36,6 +39,50 @@ def rng_bit_generator(instr: isa.RngBitGenerator, args, ctx: KernelContext):
     mesh_shape = state.shape[:nm]
     new_states, bits = lax.map(draw, state.reshape((-1,) + state.shape[nm:]))
     return [new_states.reshape(state.shape), bits.reshape(mesh_shape + bits_type.shape)]
+
+
+@kernel(isa.Rng)
+def rng(instr: isa.Rng, args, ctx: KernelContext):
+    """StableHLO's rng, whose bits the spec leaves to the implementation: Threefry-2x32
+    (jax.random's counter-based generator) keyed by RNG_SEED folded with the id of the value
+    the op defines, so each op draws its own numbers, the same on every call, in every trip
+    of a loop and on every chip where a and b are the same (chips whose a or b differ draw
+    their own). Floats are drawn in FP32 (FP64 for FP64), a + (b - a) u for u uniform on
+    [0, 1) or a + b n for n standard normal, and rounded once to the result type; a uniform
+    draw that rounds up to b becomes the largest value below it, so results stay in [a, b).
+    Integers and booleans are uniform on the integers of [a, b)."""
+    a, b = args
+    out = ctx.out_info(instr).type
+    shape = ctx.out_shape(instr)  # mesh dims (1 where a and b do not vary) + the result's
+    a, b = (x.reshape(x.shape + (1,) * out.rank) for x in (a, b))  # broadcast over it
+    key = jax.random.fold_in(jax.random.key(RNG_SEED, impl="threefry2x32"), instr.outs[0])
+    if not dtypes.is_float(out.dtype):
+        wide = jnp.uint64 if out.dtype == "uint64" else jnp.int64
+        drawn = jax.random.randint(key, shape, a.astype(wide), b.astype(wide), dtype=wide)
+        return [drawn != 0 if out.dtype == "bool" else
+                drawn.astype(dtypes.storage_dtype(out.dtype))]
+    wide = jnp.float64 if out.dtype == "float64" else jnp.float32
+    a, b = a.astype(wide), b.astype(wide)
+    if instr.distribution == "NORMAL":
+        return [numerics.round_to(a + b * jax.random.normal(key, shape, wide), out.dtype,
+                                  ctx.rounding)]
+    drawn = numerics.round_to(a + (b - a) * jax.random.uniform(key, shape, wide), out.dtype,
+                              ctx.rounding)
+    top = numerics.round_to(b, out.dtype)
+    return [jnp.where(drawn.astype(wide) >= b, _below(top, out.dtype), drawn)]
+
+
+def _below(x, name: str):
+    """The largest value of float type `name` below each x (of that type), by its bits:
+    one less in magnitude above zero, one more below, the smallest negative one at zero."""
+    bits = _to_unsigned(x, name)
+    sign = np.uint64(1 << (dtypes.bit_width(name) - 1))
+    signed = float(ml_dtypes.finfo(dtypes.numpy_dtype(name)).min) < 0  # not E8M0
+    positive = (bits & sign) == 0 if signed else jnp.ones_like(bits, bool)
+    magnitude = bits & ~sign if signed else bits
+    below = jnp.where(magnitude == 0, sign | np.uint64(1),
+                      jnp.where(positive, bits - np.uint64(1), bits + np.uint64(1)))
+    return _from_unsigned(below, name)
 
 
 @kernel(isa.ReducePrecision)

@@ -1,10 +1,12 @@
 """Collectives on the torus, pinned to the alpha-beta formulas of trn2_facts.md."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from mesh import isa
-from mesh.perf.collective_model import plan_collective
+from mesh.perf.collective_model import link_bytes, plan_collective
 from mesh.machine import get_topology, place_mesh
 
 ULTRA = get_topology("trn2-ultra")
@@ -23,7 +25,8 @@ def mesh_groups(shape, axes):
     return isa.Groups(tuple(tuple(int(d) for d in g) for g in lines), tuple(axes))
 
 
-def plan(kind, axes, nbytes, topology=ULTRA, shape=(4, 4, 4), names=("x", "y", "z")):
+def planned(kind, axes, nbytes, topology=ULTRA, shape=(4, 4, 4), names=("x", "y", "z")):
+    """The collective instruction with its plan, and the placement it was planned for."""
     groups = mesh_groups(shape, axes)
     instr = {"all-reduce": lambda: isa.AllReduce((1,), (0,), groups=groups, reduction="add"),
              "all-gather": lambda: isa.AllGather((1,), (0,), groups=groups, dimension=0),
@@ -31,7 +34,12 @@ def plan(kind, axes, nbytes, topology=ULTRA, shape=(4, 4, 4), names=("x", "y", "
                                                          reduction="add"),
              "all-to-all": lambda: isa.AllToAll((1,), (0,), groups=groups, split_dimension=0,
                                                 concat_dimension=0)}[kind]()
-    return plan_collective(instr, nbytes, topology, place_mesh(topology, shape, names))
+    placement = place_mesh(topology, shape, names)
+    return replace(instr, plan=plan_collective(instr, nbytes, topology, placement)), placement
+
+
+def plan(kind, axes, nbytes, topology=ULTRA, shape=(4, 4, 4), names=("x", "y", "z")):
+    return planned(kind, axes, nbytes, topology, shape, names)[0].plan
 
 
 def test_all_reduce_along_one_axis_is_the_bidirectional_ring_formula():
@@ -236,7 +244,6 @@ def test_all_reduce_over_every_chip_is_hierarchical():
     assert p.bandwidth_seconds == pytest.approx(2 * seconds, rel=1e-9)
 
 
-
 # --- the expected time: the Neuron runtime's algorithm and costs ------------------------
 
 RT = ULTRA.runtime
@@ -292,3 +299,42 @@ def test_expected_efa_runs_at_its_sustained_share():
     # one EFA neighbour each way over 2 servers: the bytes cross EFA at 77% of its rate
     assert p.transfer_bound == "links"
     assert p.transfer_seconds == pytest.approx(p.bandwidth_seconds / RT.efa_efficiency)
+
+
+# --- link loads -----------------------------------------------------------------------------
+
+def test_link_bytes_of_a_ring_load_the_axis_links_evenly():
+    """An all-reduce along x: each of the 64 chips sends (K-1)/K of the buffer each way
+    along x (the plan's busiest link), and no y or z link carries anything."""
+    instr, placement = planned("all-reduce", (0,), BIG)
+    loads = link_bytes(instr, ULTRA, placement)
+    assert loads.shape == (64, 3, 2)
+    np.testing.assert_allclose(loads[:, 0, :], instr.plan.link_bytes)
+    assert instr.plan.link_bytes == pytest.approx((K - 1) / K * BIG)
+    assert not loads[:, 1:, :].any()
+
+
+def test_link_bytes_of_a_broken_ring_leave_the_failed_link_empty():
+    faulty = ULTRA.with_failed_cable(0, 16)  # chip 0 (x=0) and chip 16 (x=1)
+    instr, placement = planned("all-reduce", (0,), BIG, topology=faulty)
+    loads = link_bytes(instr, faulty, placement)
+    assert loads[0, 0, 1] == loads[16, 0, 0] == 0  # 0 -> 16 goes up x, 16 -> 0 down
+    assert loads.max() == pytest.approx(instr.plan.link_bytes)  # the line's, twice a ring's
+    assert instr.plan.link_bytes == pytest.approx(2 * (K - 1) / K * BIG)
+
+
+def test_link_bytes_of_a_permute_follow_its_routes():
+    topo = get_topology("trn2-ultra-max")  # z is a ring of 16
+    placement = place_mesh(topo, (4, 4, 16), ("x", "y", "z"))
+    instr = isa.CollectivePermute((1,), (0,), pairs=((0, 2), (1, 3), (5, 5)))
+    instr = replace(instr, plan=plan_collective(instr, 2**20, topo, placement))
+    loads = link_bytes(instr, topo, placement)
+    # z+ links out of chips 0, 1 and 2: 0->1, 1->2 (both sends), 2->3
+    assert (loads[0, 2, 1], loads[1, 2, 1], loads[2, 2, 1]) == (2**20, 2 * 2**20, 2**20)
+    assert loads.sum() == 4 * 2**20
+
+
+def test_link_bytes_of_what_moves_nothing_are_zeros():
+    instr, placement = planned("all-reduce", (0,), BIG, shape=(1, 64), names=("a", "b"))
+    assert not link_bytes(instr, ULTRA, placement).any()
+    assert not link_bytes(isa.Elementwise((1,), (0,), op="add"), ULTRA, placement).any()

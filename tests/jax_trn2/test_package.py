@@ -1,0 +1,31 @@
+"""What a released package shows: its license, version and authors, as installed."""
+
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+import jax_trn2
+from jax_trn2 import cli
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_license_file_is_the_apache_license_the_metadata_names():
+    text = (REPO / "LICENSE").read_text()
+    assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
+    assert "END OF TERMS AND CONDITIONS" in text and len(text.splitlines()) == 202
+    installed = metadata.metadata("jax-trn2")
+    # PEP 639: `pip show` (pip 25 or later) prints this as License-Expression
+    assert installed["License-Expression"] == "Apache-2.0"
+    assert "LICENSE" in installed.get_all("License-File")
+    assert "maintainers" in installed["Author-email"]
+
+
+def test_the_version_is_the_installed_packages(capsys):
+    assert jax_trn2.__version__ == metadata.version("jax-trn2")
+    assert jax_trn2.__version__[0].isdigit()
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"jax-trn2 {jax_trn2.__version__}\n"
