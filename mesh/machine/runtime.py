@@ -17,6 +17,7 @@ measurements by benchmarks/validate.py (docs/validation.md). Every one can be ov
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 MIB = 2**20
@@ -67,9 +68,9 @@ class RuntimeSpec:
     instruction_overhead_cycles: float = 60.0
     instruction_free_elements: int = 512
     # The Tensor Engine starts at about 50% utilisation and ramps to full over the first
-    # ~3 us of work after idling (Neuron Explorer glossary, "dI/dt throttling"): a matmul
-    # loses about half of that ramp.
-    tensor_warmup_seconds: float = 1.5e-6
+    # ~3 us of work after idling (Neuron Explorer glossary, "dI/dt throttling"); taken as a
+    # linear ramp (RuntimeSpec.warm_compute_seconds), from each matmul's start.
+    tensor_ramp_seconds: float = 3e-6
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -91,7 +92,18 @@ class RuntimeSpec:
         return RuntimeSpec(collective_launch_seconds=0.0, reduction_launch_seconds=0.0,
                            collective_dma_bytes_per_second=float("inf"), efa_efficiency=1.0,
                            hbm_efficiency=1.0, dma_fixed_seconds=0.0,
-                           instruction_overhead_cycles=0.0, tensor_warmup_seconds=0.0)
+                           instruction_overhead_cycles=0.0, tensor_ramp_seconds=0.0)
+
+    def warm_compute_seconds(self, seconds: float) -> float:
+        """How long `seconds` of Tensor Engine work at full rate takes from idle, its rate
+        ramping linearly from half to full over tensor_ramp_seconds: within the ramp t
+        solves t/2 + t^2/(4 R) = work; after it, the ramp's lost quarter is added."""
+        ramp = self.tensor_ramp_seconds
+        if seconds <= 0 or ramp == 0:
+            return seconds
+        if seconds >= 0.75 * ramp:
+            return seconds + ramp / 4
+        return ramp * (math.sqrt(1 + 4 * seconds / ramp) - 1)
 
     @property
     def is_ideal(self) -> bool:

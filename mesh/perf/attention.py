@@ -66,9 +66,9 @@ def _kernel_cost(instr: isa.Instruction, ctx: CostContext, passes: tuple[int, in
     exps = engine_op(isa.SCALAR, int(e), 0, ctx, transcendentals=e, passes=exps_per)
     vector = engine_op(isa.VECTOR, int(e), 0, ctx, passes=vector_per)
     hbm = ctx.hbm_seconds(nbytes)
-    busy = {isa.TENSOR: tensor, isa.SCALAR: exps.seconds, isa.VECTOR: vector.seconds}
-    seconds = max(max(busy.values()), hbm) + ctx.dma_latency(nbytes) + \
-        ctx.runtime.tensor_warmup_seconds
+    busy = {isa.TENSOR: ctx.runtime.warm_compute_seconds(tensor), isa.SCALAR: exps.seconds,
+            isa.VECTOR: vector.seconds}
+    seconds = max(max(busy.values()), hbm) + ctx.dma_latency(nbytes)
     engines = {name: t for name, t in busy.items()}
     engines[isa.TENSOR] = seconds  # the kernel holds the Tensor Engine's queue throughout
     if hbm:

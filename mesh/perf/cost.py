@@ -324,12 +324,11 @@ def dma_op(nbytes: int, ctx: CostContext) -> Cost:
 
 def tensor_op(tiling: tensor_engine.MatmulTiling, ctx: CostContext) -> Cost:
     """A tiling's time on the Tensor Engine: its cycles or its HBM traffic, whichever is
-    longer (DMA is double-buffered against the matmuls); the expected time adds the
-    engine's warm-up and the first DMA's fixed cost."""
+    longer (DMA is double-buffered against the matmuls); the expected time runs the cycles
+    from the engine's warm-up ramp and adds the first DMA's fixed cost."""
     hbm = ctx.hbm_seconds(tiling.hbm_bytes)
-    busy = tiling.compute_seconds > 0
-    seconds = max(tiling.compute_seconds, hbm) + ctx.dma_latency(tiling.hbm_bytes) + \
-        ctx.runtime.tensor_warmup_seconds * busy
+    compute = ctx.runtime.warm_compute_seconds(tiling.compute_seconds)
+    seconds = max(compute, hbm) + ctx.dma_latency(tiling.hbm_bytes)
     return Cost(flops=tiling.flops, bytes_accessed=tiling.hbm_bytes, seconds=seconds,
                 engine_seconds=_engines(isa.TENSOR, seconds, hbm),
                 peak_seconds=tiling.flops / _peak(tiling.dtype, ctx.chip))

@@ -7,7 +7,8 @@ iteration in their args; the loop itself spans them on a thread of its own); a c
 instruction's HBM traffic is a second event on the DMA thread.
 Each chip also has an `HBM` counter track: the bytes of HBM live over the step (mesh.memory).
 Every chip runs the same program on the same local shapes, so every chip shows the same
-timeline. Times are microseconds, as the format wants.
+timeline. Times are microseconds, as the format wants. The timeline is the estimate's own
+(the expected one, as jax_trn2 draws it); `otherData` gives both step times.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def chrome_trace(estimate: ProgramEstimate, chips: Iterable[int] | None = None) 
         events += _hbm_counter(chip, estimate.memory, step)
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"topology": topology.name, "program": estimate.program.name,
-                          "step_us": step * US}}
+                          "model": estimate.model, "step_us": step * US,
+                          "ideal_step_us": estimate.ideal.step_seconds * US}}
 
 
 def write_trace(path: str | os.PathLike, trace: dict) -> None:

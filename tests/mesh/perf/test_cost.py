@@ -167,6 +167,7 @@ def test_expected_engine_op_adds_instruction_overheads_and_the_dma_cost():
 
 
 def test_expected_matmul_adds_the_warm_up_and_the_dma_cost():
+    """Compute-bound: the engine's warm-up ramp slows it; an HBM-bound one it does not."""
     lhs, rhs = isa.TensorType((4096, 4096), "bfloat16"), isa.TensorType((4096, 4096), "bfloat16")
     tiling = tile_matmul(1, 4096, 4096, 4096, "bfloat16", "bfloat16", "bfloat16", CHIP)
     mm = isa.Matmul((2,), (0, 1), lhs_batch=(), rhs_batch=(), lhs_contract=(1,),
@@ -175,8 +176,9 @@ def test_expected_matmul_adds_the_warm_up_and_the_dma_cost():
     ideal = instruction_cost(mm, program, CHIP)
     expected = instruction_cost(mm, program, CHIP, RUNTIME)
     assert tiling.bound == "compute" and ideal.seconds == tiling.seconds
+    # a linear ramp from half to full rate over R loses R/4 of full-rate work
     assert expected.seconds == pytest.approx(tiling.compute_seconds + RUNTIME.dma_fixed_seconds
-                                             + RUNTIME.tensor_warmup_seconds)
+                                             + RUNTIME.tensor_ramp_seconds / 4)
     assert expected.peak_seconds == ideal.peak_seconds == 2 * 4096**3 / (
         8 * 128 * 128 * 2 * 2.4e9)  # the MFU denominator is the array's own peak
 
@@ -222,3 +224,13 @@ def test_a_collectives_hbm_traffic_delays_a_memory_bound_op_beside_it():
     assert start[1] == pytest.approx(expected.costs[0].engine_seconds[isa.DMA])
     ideal = ProgramEstimate(program, TOPOLOGY, model=IDEAL)
     assert [s.start for s in ideal.schedule.slots] == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("work", [0.5e-6, 1e-6, 2.25e-6, 10e-6])
+def test_the_warm_up_ramp_runs_work_at_its_rate(work):
+    """Integrating the rate 1/2 + t/(2R) over the time taken gives the work back."""
+    ramp = RUNTIME.tensor_ramp_seconds
+    t = RUNTIME.warm_compute_seconds(work)
+    ramped = min(t, ramp)
+    done = ramped / 2 + ramped ** 2 / (4 * ramp) + max(0.0, t - ramp)
+    assert done == pytest.approx(work)
