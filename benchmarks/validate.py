@@ -272,7 +272,7 @@ def summary(results) -> list[str]:
 
 DOC_HEAD = """# Validation: the estimates against published Trainium2 measurements
 
-Made by `python benchmarks/validate.py --markdown docs/validation.md` ({machine} took
+Made by `python benchmarks/validate.py --markdown docs/validation.md` (on {machine}, in
 {seconds:.0f} s). Every row is a figure published for real Trainium2 hardware, rebuilt with the
 project's public API at its configuration (from shapes: nothing is allocated), with the
 expected estimate (the hardware plus the Neuron runtime's measured costs,
@@ -306,7 +306,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--markdown", metavar="PATH",
                         help="also write the table as markdown (docs/validation.md)")
-    parser.add_argument("--machine", default="this machine",
+    parser.add_argument("--machine", default="an unnamed machine",
                         help="the host's name for the markdown's header")
     parser.add_argument("--only", choices=("calibration", "validation"),
                         help="only the rows of one kind")
