@@ -581,19 +581,14 @@ def _fill(instr, ctx: CostContext) -> Cost:
                      ctx.hbm_bytes(instr.ins + instr.outs), ctx)
 
 
-@cost_rule(isa.Slice, isa.DynamicSlice)
-def _slice(instr, ctx: CostContext) -> Cost:
-    """Reads only the slice, writes it; nothing when its readers' DMA reads it in place
-    (`view_values`: the bytes are counted where they are read)."""
+@cost_rule(isa.Slice, isa.DynamicSlice, isa.Gather)
+def _selection(instr, ctx: CostContext) -> Cost:
+    """Reads only what it selects and its start indices, and writes it: a slice, or a
+    gather's rows (an indirect DMA: a row of an embedding table, not the table). A slice
+    its readers' DMA reads in place (`view_values`) costs nothing: its bytes are counted
+    where they are read."""
     if set(instr.outs) <= ctx.views:
         return Cost()
-    return dma_op(2 * ctx.nbytes(instr.outs) + ctx.nbytes(instr.ins[1:]), ctx)
-
-
-@cost_rule(isa.Gather)
-def _gather(instr, ctx: CostContext) -> Cost:
-    """An indirect DMA: reads the indices and the gathered slices only (a row of an
-    embedding table, not the table), writes them."""
     return dma_op(2 * ctx.nbytes(instr.outs) + ctx.nbytes(instr.ins[1:]), ctx)
 
 
