@@ -110,8 +110,21 @@ class RuntimeSpec:
         return self == IDEAL_RUNTIME
 
     def items(self) -> list[tuple[str, float]]:
-        """(name, value) of every constant, for listings."""
+        """(name, value) of every constant."""
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
+
+    def text(self) -> str:
+        """The constants in their units, for listings."""
+        def shown(name: str, value: float) -> str:
+            if name.endswith("_bytes_per_second"):
+                return f"{value / 1e9:g} GB/s"
+            if name.endswith("_seconds"):
+                return f"{value * 1e6:g} us"
+            if name.endswith("_bytes"):
+                return f"{value / MIB:g} MiB"
+            return f"{value:g}"
+
+        return ", ".join(f"{name} {shown(name, value)}" for name, value in self.items())
 
 
 IDEAL_RUNTIME = RuntimeSpec.ideal()

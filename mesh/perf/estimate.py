@@ -209,8 +209,8 @@ class ProgramEstimate:
             return timed(start + slot.start, slot.seconds,
                          "*" if slot.critical_seconds > 0 else " ")
 
-        head = (f"{'start us':>10} {'+time us':>10} (* critical path; inside a loop: its first "
-                "iteration)")
+        head = (f"{'start us':>10} {'+time us':>10} ({self.model} times; * critical path; inside "
+                "a loop: its first iteration)")
         return "\n".join([target_text(self.topology, self.placement), head,
                           printer.program_text(self.program, prefix), "", self.summary()])
 
@@ -253,8 +253,8 @@ class ProgramEstimate:
         if self.unknown_trip_counts:
             lines.append(f"{self.unknown_trip_counts} loop(s) of unknown trip count are "
                          "counted as running once")
-        lines.append("the expected time's runtime costs (mesh.machine.runtime): " + ", ".join(
-            f"{name} {value:g}" for name, value in self.runtime.items()))
+        lines.append("the expected time's runtime costs (mesh.machine.runtime): "
+                     + self.topology.runtime.text())
         lines.append(self.memory.summary())
         return "\n".join(lines)
 
