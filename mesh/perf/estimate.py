@@ -60,11 +60,6 @@ class TimelineEvent:
     iteration: tuple[int, ...] = ()
 
 
-# A trace with more events than this per chip draws the first iterations of long loops and
-# their last one (the others repeat them), so that a viewer opens it.
-MAX_TRACE_EVENTS = 200_000
-
-
 EXPECTED, IDEAL = "expected", "ideal"
 
 
@@ -262,9 +257,10 @@ class ProgramEstimate:
         """Chrome trace-event JSON (a dict) of the timeline, one process per chip."""
         return trace.chrome_trace(self, chips)
 
-    def timeline(self, max_events: int = MAX_TRACE_EVENTS) -> list[TimelineEvent]:
+    def timeline(self, max_events: int | None = None) -> list[TimelineEvent]:
         """Every instruction run of one chip's step, loops unrolled into their iterations
         (beyond `max_events`, long loops show their first iterations and their last)."""
+        max_events = self.event_count if max_events is None else max_events
         events: list[TimelineEvent] = []
         self._unroll(0.0, (), events, max_events)
         return events

@@ -34,6 +34,9 @@ THREADS = ENGINES + (ALL, isa.NONE)
 THREAD_NAMES = {ALL: "Loops and branches (their instructions run on the engines above)",
                 isa.NONE: "Free (no engine)"}
 US = 1e6  # trace-event times are microseconds
+# Events in a whole trace (every chip's copy of the timeline), so that a viewer opens it:
+# beyond this, long loops show their first iterations and their last (the others repeat).
+MAX_TRACE_EVENTS = 400_000
 HBM_COUNTER = "HBM"
 
 
@@ -43,7 +46,8 @@ def chrome_trace(estimate: ProgramEstimate, chips: Iterable[int] | None = None) 
     default; a program without a mesh runs on chip 0)."""
     topology, placement = estimate.topology, estimate.placement
     chips = _chips(topology, placement, chips)
-    timeline = list(_instruction_events(estimate.timeline()))
+    per_chip = max(1, MAX_TRACE_EVENTS // len(chips))
+    timeline = list(_instruction_events(estimate.timeline(per_chip)))
     step = estimate.step_seconds
     events = []
     for chip in chips:

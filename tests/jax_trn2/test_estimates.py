@@ -10,6 +10,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jax_trn2
+from mesh.perf import trace
 from mesh.perf.schedule import ALL
 
 BF16 = jnp.bfloat16
@@ -180,3 +181,19 @@ def test_the_ideal_time_is_never_above_the_expected(name):
     for e, i in zip(_estimates(expected), _estimates(ideal)):
         for ce, ci in zip(e.costs, i.costs):
             assert ci.seconds <= ce.seconds
+
+
+def test_a_trace_of_a_long_loop_on_every_chip_stays_small(tmp_path, monkeypatch):
+    """Beyond the trace's event budget (split over the chips drawn), a loop shows its first
+    iterations and its last."""
+    monkeypatch.setattr(trace, "MAX_TRACE_EVENTS", 64 * 40)
+    mesh = jax_trn2.make_mesh((64,), ("i",))
+    body = jax.shard_map(
+        lambda x: jax.lax.fori_loop(0, 500, lambda i, x: jnp.tanh(x) * 2.0, x),
+        mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+    c = jax_trn2.jit(body).lower(jax.ShapeDtypeStruct((64 * 128,), jnp.float32)).compile()
+    c.save_trace(tmp_path / "t.json")
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    tanh = [e for e in events if e.get("name") == "tanh" and e["pid"] == 0]
+    iterations = sorted(e["args"]["iteration"][0] for e in tanh)
+    assert iterations[-1] == 499 and iterations[0] == 0 and len(iterations) < 40
