@@ -1,0 +1,230 @@
+"""A program compiled by the plugin: jax_trn2's LoadedExecutable behind PJRT's interface.
+
+PJRT hands a program per-device buffers (one list per device of the device assignment, in
+its order: partition-major, as jax's meshes list their devices) and takes per-device
+results. The simulator runs on global arrays; each argument is assembled from its pieces
+by how XLA lays it out over the mesh (lowering.partition.layouts), and each result is cut
+into views, one per device. A result's pieces remember the whole, so the next program that
+takes all of them takes the whole without copying.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any, Sequence
+
+import numpy as np
+from jax._src.lib import xla_client
+
+from jax_trn2.plugin import abi, lowerings, options, proto
+from jax_trn2.plugin.handles import Buffer, Device, Memory
+
+_SERIALIZED_MAGIC = b"jax-trn2 executable 1\n"
+
+
+class Executable:
+    """A compiled program: its Trn2 executable, the devices it runs on, and what jaxlib
+    asks of it (output shardings through the optimized program, costs, HBM use)."""
+
+    def __init__(self, client: Any, code: bytes, compile_options: bytes):
+        from jax_trn2.executable import LoadedExecutable  # the simulator: loaded when used
+        from lowering import lower, partition
+        from lowering.mlir import parse_module
+        from mesh import numerics
+
+        self.client = client
+        self.code, self.compile_options = bytes(code), bytes(compile_options)
+        parsed = xla_client.CompileOptions.ParseFromString(self.compile_options)
+        build = parsed.executable_build_options
+        self.num_replicas, self.num_partitions = build.num_replicas, build.num_partitions
+        self.assignment = proto.read_device_assignment(build.device_assignment.serialize()) \
+            if build.device_assignment is not None else \
+            [[r * self.num_partitions + p for p in range(self.num_partitions)]
+             for r in range(self.num_replicas)]
+        self.options = options.program_options(list(parsed.env_option_overrides),
+                                               client.options)
+        self.devices: list[Device] = [client.device(d) for row in self.assignment for d in row]
+        module = parse_module(self.code)
+        program = lower(module, host_callbacks=lowerings.CALLBACKS)
+        mesh = program.mesh
+        if mesh.axis_sizes and mesh.num_devices != len(self.devices):
+            raise ValueError(f"the program's mesh {dict(zip(mesh.axis_names, mesh.axis_sizes))}"
+                             f" has {mesh.num_devices} devices, but it was compiled for "
+                             f"{len(self.devices)} (num_replicas x num_partitions)")
+        topology = self.options.topology
+        if topology.num_chips != len(client.devices):
+            raise ValueError(f"trn2_topology {topology.name!r} has {topology.num_chips} chips, "
+                             f"but the client's machine has {len(client.devices)}: a program "
+                             "runs on the client's chips")
+        self.loaded = LoadedExecutable(
+            program, topology, rounding=numerics.Rounding(self.options.rounding,
+                                                          self.options.seed),
+            device_assignment=[d.id for d in self.devices] if mesh.axis_sizes else None)
+        if self.options.check_memory:
+            self.loaded.check_memory()
+        self.loaded.load()  # the executor compiles here, on jaxlib's compile thread
+        self.in_layouts, self.out_layouts = partition.layouts(module, program)
+        self.out_memory_kinds = [kind or "device"
+                                 for kind in partition.result_memory_kinds(module)]
+        self.donated = sorted({position for position, _ in program.donated_inputs})
+        self.name = _module_name(module)
+        self.fingerprint = hashlib.sha256(self.code + self.compile_options).hexdigest()
+        self._optimized: bytes | None = None
+        self.owned = abi.Owned()
+        self.deleted = False
+
+    # --- running ---------------------------------------------------------------------------
+
+    def execute(self, arguments: Sequence[Sequence[Buffer]],
+                non_donatable: set[int]) -> list[list[Buffer]]:
+        """Run on one argument list per device; returns one result list per device, and
+        deletes the donated arguments (as PJRT does; `non_donatable`: argument positions
+        the caller keeps)."""
+        program = self.loaded.program
+        count = len(program.inputs)
+        for d, row in enumerate(arguments):
+            if len(row) != count:
+                raise ValueError(f"device {d} got {len(row)} arguments; the program takes "
+                                 f"{count}")
+        globals_ = [self._assemble(i, [row[i] for row in arguments]) for i in range(count)]
+        results = self.loaded.execute(globals_)
+        per_device: list[list[Buffer]] = [[] for _ in self.devices]
+        for i, result in enumerate(results):
+            whole = np.asarray(result)
+            layout = self._layout(self.out_layouts, i, whole.ndim)
+            for d, piece in enumerate(self._pieces(whole, layout)):
+                device = self.devices[d]
+                per_device[d].append(Buffer(piece, device, _memory(device), (whole, layout, d)))
+        for i in self.donated:
+            if i not in non_donatable:
+                for row in arguments:
+                    row[i].delete()
+        return per_device
+
+    def _layout(self, layouts: tuple, i: int, ndim: int) -> tuple:
+        """dim_axes of leaf i (replicated: no axes per dim)."""
+        given = layouts[i] if i < len(layouts) else None
+        return given if given is not None else ((),) * ndim
+
+    def _assemble(self, i: int, pieces: list[Buffer]) -> np.ndarray:
+        """Argument i as a global array from its per-device pieces."""
+        first = pieces[0]
+        layout = self._layout(self.in_layouts, i, first.data().ndim)
+        if first.whole is not None and first.whole[1] == layout and all(
+                p.whole is not None and p.whole[0] is first.whole[0] and p.whole[2] == d
+                for d, p in enumerate(pieces)):
+            return first.whole[0]  # all of one earlier result, laid out the same
+        arrays = [p.data() for p in pieces]
+        if not any(layout) and all(a is arrays[0] for a in arrays):
+            return arrays[0]
+        from mesh import sharding
+        sizes = self._mesh_sizes()
+        try:
+            return sharding.assemble(arrays, layout, sizes)
+        except ValueError as e:
+            raise ValueError(f"{self.loaded.arg_names[i]}: {e}") from None
+
+    def _mesh_sizes(self) -> tuple[int, ...]:
+        return self.loaded.program.mesh.axis_sizes or (len(self.devices),)
+
+    def _pieces(self, whole: np.ndarray, layout: tuple) -> list[np.ndarray]:
+        """Each device's piece of a global result: views of it (logical device order)."""
+        sizes = self._mesh_sizes()
+        if not any(layout):
+            return [whole] * math.prod(sizes)
+        pieces = []
+        for coords in np.ndindex(*sizes):
+            index = []
+            for dim, axes in enumerate(layout):
+                parts, block = 1, 0
+                for a in axes:
+                    block = block * sizes[a] + coords[a]
+                    parts *= sizes[a]
+                step = whole.shape[dim] // parts
+                index.append(slice(block * step, (block + 1) * step))
+            pieces.append(whole[tuple(index)])
+        return pieces
+
+    # --- what jaxlib asks of a compiled program ----------------------------------------------
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.loaded.program.outputs)
+
+    def output_types(self) -> list[tuple[np.dtype, tuple[int, ...]]]:
+        """(dtype, per-device shape) of each output."""
+        from mesh import dtypes, sharding
+        program = self.loaded.program
+        out = []
+        for i, v in enumerate(program.outputs):
+            t = program.values[v].type
+            layout = self._layout(self.out_layouts, i, len(t.shape))
+            out.append((dtypes.numpy_dtype(t.dtype),
+                        sharding.local_shape(t.shape, layout, self._mesh_sizes())))
+        return out
+
+    def optimized_program(self) -> bytes:
+        """An HloModuleProtoWithConfig with main's signature and the layouts of its arguments
+        and results over the devices (jax reads the output shardings from it)."""
+        if self._optimized is None:
+            from jax_trn2.plugin.signature import signature_module
+            module, names = signature_module(self)
+            self._optimized = proto.hlo_module_with_config(module, names)
+        return self._optimized
+
+    def cost_analysis(self) -> dict[str, Any]:
+        """The estimate's cost_analysis, its nested entries flattened to 'trn2.key.subkey'
+        (PJRT's named values are flat)."""
+        return _flat(self.loaded.cost_analysis())
+
+    def memory_stats(self) -> Any:
+        return self.loaded.memory_analysis()
+
+    def serialize(self) -> bytes:
+        """The program and its compile options (a deserialized executable is compiled again
+        from them: the simulator's compile is its lowering)."""
+        return _SERIALIZED_MAGIC + proto.field_bytes(1, self.code) + \
+            proto.field_bytes(2, self.compile_options)
+
+
+class View:
+    """A PJRT_Executable: what LoadedExecutable_GetExecutable hands out, destroyed on its own
+    (jaxlib destroys it apart from the loaded executable)."""
+
+    def __init__(self, executable: Executable):
+        self.executable = executable
+
+
+def deserialize(client: Any, data: bytes, compile_options: bytes | None) -> Executable:
+    if not data.startswith(_SERIALIZED_MAGIC):
+        raise ValueError("not an executable serialized by the jax-trn2 plugin")
+    parts = dict(proto.fields(data[len(_SERIALIZED_MAGIC):]))
+    return Executable(client, parts[1], compile_options or parts[2])
+
+
+def _memory(device: Device) -> Memory:
+    return device.memories[0]
+
+
+def _module_name(module: Any) -> str:
+    from jaxlib.mlir import ir
+    attrs = module.operation.attributes
+    return ir.StringAttr(attrs["sym_name"]).value if "sym_name" in attrs else "main"
+
+
+def _flat(values: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{name}."))
+        elif isinstance(value, (bool, int, float, str)):
+            out[name] = value
+        elif isinstance(value, (np.integer, np.floating, np.bool_)):
+            out[name] = value.item()
+        elif value is None:
+            continue
+        else:
+            out[name] = str(value)
+    return out

@@ -1,0 +1,178 @@
+"""The objects behind the opaque PJRT pointers jaxlib holds: one small class each.
+
+A pointer handed to jaxlib is `id()` of a Python object kept in `Handles` until jaxlib
+destroys it (clients, devices and memories live as long as the process). Each object owns
+the C values its getters hand out (abi.Owned).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+
+from jax_trn2.plugin import abi
+
+T = TypeVar("T")
+
+
+class Handles:
+    """Python objects by the pointer jaxlib holds for them.
+
+    A pointer is the address of a C word the object owns: PJRT defines PJRT_Error and
+    PJRT_Memory as structs whose first field is a pointer to a function table (`vtable`),
+    which jaxlib reads; for the other objects the word is 0."""
+
+    def __init__(self):
+        self._objects: dict[int, tuple[Any, ctypes.c_void_p]] = {}
+        self._pointers: dict[int, int] = {}  # id(object) -> its pointer
+
+    def add(self, obj: Any, vtable: int = 0) -> int:
+        """Keep `obj` alive and return its pointer."""
+        word = ctypes.c_void_p(vtable or None)
+        pointer = ctypes.addressof(word)
+        self._objects[pointer] = (obj, word)
+        self._pointers[id(obj)] = pointer
+        return pointer
+
+    def pointer(self, obj: Any) -> int:
+        """The pointer of an object added before."""
+        return self._pointers[id(obj)]
+
+    def get(self, pointer: int, kind: type[T]) -> T:
+        """The object at `pointer`, which must be a `kind`; ValueError otherwise (a pointer
+        jaxlib should not have passed)."""
+        obj = self._objects.get(pointer, (None, None))[0]
+        if not isinstance(obj, kind):
+            raise ValueError(f"{pointer:#x} is not a live PJRT {kind.__name__} of the trn2 "
+                             f"plugin (got {type(obj).__name__})")
+        return obj
+
+    def remove(self, pointer: int) -> None:
+        """Forget the object at `pointer` (NULL and unknown pointers are ignored, as PJRT's
+        Destroy functions accept NULL)."""
+        obj, _ = self._objects.pop(pointer, (None, None))
+        if obj is not None and self._pointers.get(id(obj)) == pointer:
+            del self._pointers[id(obj)]
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+
+class MemoryVtable:
+    """PJRT_Memory_FunctionTable: the user data jaxlib attaches to a memory, by key."""
+
+    _GET = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+    _SET = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                            ctypes.c_void_p)
+
+    class _Table(ctypes.Structure):
+        _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
+                    ("instance_struct_size", ctypes.c_size_t),
+                    ("get_user_data", ctypes.c_void_p), ("set_user_data", ctypes.c_void_p)]
+
+    def __init__(self):
+        self._data: dict[tuple[int, int], int] = {}
+        self._get, self._set = self._GET(self._get_data), self._SET(self._set_data)
+        self.table = self._Table(ctypes.sizeof(self._Table), None, ctypes.sizeof(ctypes.c_void_p),
+                                 ctypes.cast(self._get, ctypes.c_void_p).value,
+                                 ctypes.cast(self._set, ctypes.c_void_p).value)
+        self.address = ctypes.addressof(self.table)
+
+    def _get_data(self, memory: int, key: int) -> int:
+        return self._data.get((memory or 0, key or 0), 0)
+
+    def _set_data(self, memory: int, key: int, data: int, destructor: int) -> None:
+        # memories live as long as the process: their user data is never destroyed
+        self._data[(memory or 0, key or 0)] = data or 0
+
+
+@dataclass(eq=False)
+class Memory:
+    """A device's memory space: its HBM ("device", jax's name for a device's own memory)."""
+
+    id: int
+    kind: str
+    device: "Device"
+    owned: abi.Owned = field(default_factory=abi.Owned)
+
+    KIND_ID = 0  # one kind of memory per device
+
+    def description(self) -> str:
+        return f"HBM of Trainium2 chip {self.device.id} (memory kind {self.kind!r})"
+
+
+@dataclass(eq=False)
+class Device:
+    """One simulated chip, as a PJRT_Device and its PJRT_DeviceDescription (one object:
+    jaxlib never frees either)."""
+
+    id: int
+    coords: tuple[int, ...]
+    kind: str
+    hbm_bytes: int  # capacity, from the chip spec
+    memories: list[Memory] = field(default_factory=list)
+    owned: abi.Owned = field(default_factory=abi.Owned)
+    bytes_in_use: int = 0  # of the buffers on this chip now
+    peak_bytes_in_use: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def attributes(self) -> dict[str, Any]:
+        """PJRT_DeviceDescription_Attributes: jax reads `coords` as TPU devices have it."""
+        return {"coords": list(self.coords), "core_on_chip": 0}
+
+    def to_string(self) -> str:
+        return f"Trn2Device(id={self.id}, coords={self.coords})"
+
+    def allocated(self, nbytes: int) -> None:
+        """Account a buffer of `nbytes` made on this chip (memory_stats)."""
+        with self.lock:
+            self.bytes_in_use += nbytes
+            self.peak_bytes_in_use = max(self.peak_bytes_in_use, self.bytes_in_use)
+
+    def freed(self, nbytes: int) -> None:
+        with self.lock:
+            self.bytes_in_use -= nbytes
+
+
+class Event:
+    """A PJRT_Event. Everything the simulator does is finished when its call returns (or
+    has failed, as the call's own error), so every event is ready, without an error."""
+
+
+class Buffer:
+    """A PJRT_Buffer: one device's array (a read-only numpy array on the host).
+
+    `whole` is set for a piece of an executable's result: (the global result, its layout,
+    this piece's index), so that the next execute that takes all the pieces of it takes the
+    global array as it is, without assembling the pieces again."""
+
+    def __init__(self, array: np.ndarray, device: Device, memory: Memory,
+                 whole: tuple[Any, Any, int] | None = None):
+        array.flags.writeable = False  # shared between buffers and with the executor
+        self.array = array
+        self.device = device
+        self.memory = memory
+        self.whole = whole
+        self.deleted = False
+        self.owned = abi.Owned()
+        self.dtype, self.shape, self.nbytes = array.dtype, array.shape, array.nbytes
+        device.allocated(self.nbytes)
+
+    def delete(self) -> None:
+        """Release the data (PJRT_Buffer_Delete, donation); the handle lives on."""
+        if not self.deleted:
+            self.deleted = True
+            self.device.freed(self.nbytes)
+            self.array = self.whole = None
+
+    def data(self) -> np.ndarray:
+        if self.deleted:
+            raise ValueError("the buffer was deleted (donated to a computation, or deleted)")
+        return self.array
+
+    def __repr__(self) -> str:
+        return f"Buffer({self.dtype}{list(self.shape)} on chip {self.device.id})"
