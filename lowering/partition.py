@@ -141,7 +141,7 @@ def partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exception
 def _unsharded_results(module: ir.Module) -> list[bool]:
     """For each of main's results, whether jax left its sharding to the partitioner (a
     GSPMD module: no mhlo.sharding on it), which jax then lets XLA propagate to it."""
-    main = _main(module)
+    main = main_function(module)
     count = len(main.regions[0].blocks[0].operations[-1].operands)
     attrs = mlir.Attributes(main).get("res_attrs", ())
     return [not (i < len(attrs) and isinstance(attrs[i], dict) and
@@ -154,14 +154,14 @@ _DONATION_ATTRS = ("tf.aliasing_output", "jax.buffer_donor")
 def _carry_donation(source: ir.Module, target: ir.Module) -> None:
     """Mark main's donated arguments in the partitioned module as jax marked them in the
     source (the conversion from HLO drops the marks)."""
-    source_attrs = _main(source).attributes
+    source_attrs = main_function(source).attributes
     if "arg_attrs" not in source_attrs:
         return
     donated = [{name: str(entry[name]) for name in _DONATION_ATTRS if name in entry}
                for entry in map(ir.DictAttr, ir.ArrayAttr(source_attrs["arg_attrs"]))]
     if not any(donated):
         return
-    main = _main(target)
+    main = main_function(target)
     with target.context:
         current = list(map(ir.DictAttr, ir.ArrayAttr(main.attributes["arg_attrs"]))) \
             if "arg_attrs" in main.attributes else [ir.DictAttr.get({})] * len(donated)
@@ -173,7 +173,8 @@ def _carry_donation(source: ir.Module, target: ir.Module) -> None:
         main.attributes["arg_attrs"] = ir.ArrayAttr.get(merged)
 
 
-def _main(module: ir.Module):
+def main_function(module: ir.Module):
+    """The module's function 'main' (its operation)."""
     for op in module.body.operations:
         op = op.operation
         if op.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == "main":
@@ -368,7 +369,7 @@ def _has_gspmd_tiling(module: ir.Module) -> bool:
 
 def main_parameter_count(module: ir.Module) -> int:
     """How many arguments main takes that are not tokens (jax's argument leaves)."""
-    return sum(1 for a in _main(module).regions[0].blocks[0].arguments
+    return sum(1 for a in main_function(module).regions[0].blocks[0].arguments
                if not mlir.is_token(a.type))
 
 
@@ -376,7 +377,7 @@ def result_memory_kinds(module: ir.Module) -> list[str | None]:
     """The memory kind jax gives each leaf of main's results (mhlo.memory_kind:
     "pinned_host" for one jax.device_put or out_shardings placed in host memory), None
     where it names none."""
-    main = _main(module)
+    main = main_function(module)
     return memory_kinds(main.regions[0].blocks[0].operations[-1].operands,
                         mlir.Attributes(main).get("res_attrs", ()))
 

@@ -125,9 +125,6 @@ class Errors:
         struct = getattr(c, f"PJRT_{name}_Args", None)
 
         def call(address: int) -> int | None:
-            import os, sys
-            if os.environ.get("TRN2_TRACE"):
-                print("SLOT", name, file=sys.stderr, flush=True)
             try:
                 function(struct.from_address(address) if struct is not None else address)
                 return None

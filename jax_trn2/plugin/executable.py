@@ -71,6 +71,7 @@ class Executable:
         self.name = _module_name(module)
         self.fingerprint = hashlib.sha256(self.code + self.compile_options).hexdigest()
         self._optimized: bytes | None = None
+        self._module = module  # for the optimized program, made when jaxlib asks
         self.owned = abi.Owned()
         self.deleted = False
 
@@ -169,8 +170,7 @@ class Executable:
         and results over the devices (jax reads the output shardings from it)."""
         if self._optimized is None:
             from jax_trn2.plugin.signature import signature_module
-            module, names = signature_module(self)
-            self._optimized = proto.hlo_module_with_config(module, names)
+            self._optimized = signature_module(self, self._module)
         return self._optimized
 
     def cost_analysis(self) -> dict[str, Any]:

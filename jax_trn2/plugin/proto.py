@@ -20,6 +20,9 @@ _HLO_MODULE, _CONFIG = 1, 2
 _ENTRY_COMPUTATION_LAYOUT = 1
 _PARAMETERS, _RESULT, _PARAMETER_NAMES = 1, 2, 3
 _HOST_PROGRAM_SHAPE = 4
+_SPMD_OUTPUT_SHARDING, _SPMD_PARAMETERS_SHARDINGS = 12, 14
+# OpSharding
+_SHARDING_TYPE, _TUPLE_SHARDINGS, _TUPLE = 1, 5, 2
 
 
 def varint(value: int) -> bytes:
@@ -115,10 +118,14 @@ def write_device_assignment(ids: Sequence[Sequence[int]]) -> bytes:
     return out
 
 
-def hlo_module_with_config(hlo_module: bytes, parameter_names: Sequence[str]) -> bytes:
-    """An HloModuleProtoWithConfig of `hlo_module` (an HloModuleProto) whose config's entry
-    computation layout is the module's program shape with `parameter_names` (jaxlib reads
-    output and parameter layouts from it and checks there is a name per parameter)."""
+def hlo_module_with_config(hlo_module: bytes, parameter_names: Sequence[str],
+                           parameter_shardings: Sequence[bytes],
+                           output_shardings: Sequence[bytes]) -> bytes:
+    """An HloModuleProtoWithConfig of `hlo_module` (an HloModuleProto) with the shardings
+    an SPMD partitioner leaves on a module (`*_shardings`: serialized OpShardings, one per
+    parameter and per output), which jaxlib reads as the executable's, and a config whose
+    entry computation layout is the module's program shape with `parameter_names` (jaxlib
+    reads the layouts from it and checks there is a name per parameter)."""
     shape = next((v for n, v in fields(hlo_module) if n == _HOST_PROGRAM_SHAPE), None)
     if shape is None:
         raise ValueError("the HloModuleProto has no host_program_shape")
@@ -127,4 +134,8 @@ def hlo_module_with_config(hlo_module: bytes, parameter_names: Sequence[str]) ->
     layout = kept + b"".join(field_bytes(_PARAMETER_NAMES, name.encode())
                              for name in parameter_names)
     config = field_bytes(_ENTRY_COMPUTATION_LAYOUT, layout)
-    return field_bytes(_HLO_MODULE, hlo_module) + field_bytes(_CONFIG, config)
+    tuple_sharding = field_varint(_SHARDING_TYPE, _TUPLE) + b"".join(
+        field_bytes(_TUPLE_SHARDINGS, s) for s in output_shardings)
+    module = hlo_module + field_bytes(_SPMD_OUTPUT_SHARDING, tuple_sharding) + b"".join(
+        field_bytes(_SPMD_PARAMETERS_SHARDINGS, s) for s in parameter_shardings)
+    return field_bytes(_HLO_MODULE, module) + field_bytes(_CONFIG, config)

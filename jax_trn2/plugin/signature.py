@@ -13,9 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from jax._src.interpreters import mlir as jax_mlir
 from jax._src.lib import _jax, xla_client
 from jaxlib.mlir import ir
+
+from jax_trn2.plugin import proto
 
 
 def hlo_sharding(dim_axes: tuple | None, axis_sizes: tuple[int, ...]) -> str:
@@ -34,22 +35,26 @@ def hlo_sharding(dim_axes: tuple | None, axis_sizes: tuple[int, ...]) -> str:
     return str(sharding)
 
 
-def signature_module(executable: Any) -> tuple[bytes, list[str]]:
-    """(HloModuleProto, parameter names) of main's signature with the executable's layouts."""
-    program = executable.loaded.program
+def signature_module(executable: Any, module: ir.Module) -> bytes:
+    """An HloModuleProtoWithConfig of main's signature in `module` (jax's, with the global
+    types) with the executable's layouts."""
+    from lowering.partition import main_function
+    main = main_function(module)
+    block = main.regions[0].blocks[0]
+    arg_types = [str(a.type) for a in block.arguments]
+    returned_values = list(block.operations[-1].operands)
+    res_types = [str(v.type) for v in returned_values]
     sizes = executable._mesh_sizes()
-    values = program.values
-    arg_types = [_mlir_type(values[v].type) for v in program.inputs]
-    res_types = [_mlir_type(values[v].type) for v in program.outputs]
     names = [f"arg{i}" for i in range(len(arg_types))]
-    args = ", ".join(
-        f"%{name}: {t} {{mhlo.sharding = \"{hlo_sharding(_at(executable.in_layouts, i), sizes)}\"}}"
-        for i, (name, t) in enumerate(zip(names, arg_types)))
-    results = ", ".join(
-        f"{t} {{mhlo.sharding = \"{hlo_sharding(_at(executable.out_layouts, i), sizes)}\"}}"
-        for i, t in enumerate(res_types))
-    body = [f"    %r{i} = stablehlo.constant dense<{_zero(t)}> : {t}"
-            for i, t in enumerate(res_types)]
+    arg_shardings = [hlo_sharding(_at(executable.in_layouts, i), sizes)
+                     for i in range(len(arg_types))]
+    res_shardings = [hlo_sharding(_at(executable.out_layouts, i), sizes)
+                     for i in range(len(res_types))]
+    args = ", ".join(f"%{name}: {t} {{mhlo.sharding = \"{sharding}\"}}"
+                     for name, t, sharding in zip(names, arg_types, arg_shardings))
+    results = ", ".join(f"{t} {{mhlo.sharding = \"{sharding}\"}}"
+                        for t, sharding in zip(res_types, res_shardings))
+    body = [f"    %r{i} = {_zero(v.type)}" for i, v in enumerate(returned_values)]
     returned = ", ".join(f"%r{i}" for i in range(len(res_types)))
     text = "\n".join([
         f"module @{executable.name} attributes {{mhlo.num_partitions = "
@@ -61,24 +66,30 @@ def signature_module(executable: Any) -> tuple[bytes, list[str]]:
         "}"])
     computation = _jax.mlir.mlir_module_to_xla_computation(text, use_tuple_args=False,
                                                            return_tuple=len(res_types) != 1)
-    return computation.as_serialized_hlo_module_proto(), names
+    return proto.hlo_module_with_config(
+        computation.as_serialized_hlo_module_proto(), names,
+        [_op_sharding(s) for s in arg_shardings], [_op_sharding(s) for s in res_shardings])
+
+
+def _op_sharding(text: str) -> bytes:
+    return xla_client.HloSharding.from_string(text).to_proto().SerializeToString()
 
 
 def _at(layouts: tuple, i: int) -> tuple | None:
     return layouts[i] if i < len(layouts) else None
 
 
-def _mlir_type(tensor_type: Any) -> str:
-    """A TensorType as MLIR's type text (tensor<4x8xbf16>)."""
-    from mesh import dtypes
-    with jax_mlir.make_ir_context():
-        element = jax_mlir.dtype_to_ir_type(dtypes.numpy_dtype(tensor_type.dtype))
-        return str(ir.RankedTensorType.get(tensor_type.shape, element))
-
-
-def _zero(mlir_type: str) -> str:
-    if "complex" in mlir_type:
-        return "(0.0, 0.0)"
-    if "xi1>" in mlir_type or mlir_type == "tensor<i1>":
-        return "false"
-    return "0"
+def _zero(value_type: ir.Type) -> str:
+    """An op making a value of the type (its result is never read)."""
+    if not str(value_type).startswith("tensor<"):
+        return f"stablehlo.create_token : {value_type}"
+    element = str(ir.RankedTensorType(value_type).element_type)
+    if element.startswith("complex<"):
+        literal = "(0.0, 0.0)"
+    elif element == "i1":
+        literal = "false"
+    elif element.startswith(("i", "ui", "si")):
+        literal = "0"
+    else:
+        literal = "0.0"
+    return f"stablehlo.constant dense<{literal}> : {value_type}"
