@@ -19,7 +19,7 @@ _EXPORTS = {
     "Client": "jax_trn2.client", "client": "jax_trn2.client",
     "Buffer": "jax_trn2.device", "Device": "jax_trn2.device",
     "HostMemoryError": "jax_trn2.executable", "LoadedExecutable": "jax_trn2.executable",
-    "jit": "jax_trn2.jit", "listing": "jax_trn2.jit",
+    "jit": "jax_trn2.jit", "listing": "jax_trn2.plugin.executable",
     "make_mesh": "jax_trn2.mesh",
     "LoweringError": "lowering", "UnsupportedOpError": "lowering",
     "SplitCollectiveError": "mesh.isa.kernels.participation",

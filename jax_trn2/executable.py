@@ -62,6 +62,9 @@ class HostMemoryError(MemoryError):
     memory_analysis()'s, and compile() checks it)."""
 
 
+# jax's accelerator backends, where the simulation runs on jax's default device.
+_ACCELERATORS = ("cuda", "rocm", "gpu", "tpu")
+
 # Makes a program's first workspace while its executor compiles (prefetch_workspace).
 _BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                     thread_name_prefix="jax_trn2-workspace")
@@ -140,18 +143,37 @@ class LoadedExecutable:
                 *inputs, *self._workspace_types(workspace)).compile()
 
     @cached_property
-    def _devices(self) -> tuple[jax.Device, ...]:
-        """The JAX devices the simulation runs on: `executor_devices`, else the one device
-        of a CPU client of the simulator's own (lowering.host), never jax's default backend
-        (which may be the trn2 plugin that runs this executable).
+    def _devices(self) -> tuple[jax.Device, ...] | None:
+        """The JAX devices the simulation runs on: `executor_devices`, else, when jax's
+        default backend is a GPU or TPU, its default device (None), else the one device of
+        a CPU client of the simulator's own (lowering.host): never the trn2 plugin's, which
+        runs this executable itself when it is jax's default backend.
 
         The executor is one computation. XLA:CPU runs a kernel slower on a client of many
         devices, as users of sharded JAX on a CPU configure it (jax_num_cpu_devices=64):
         measured, a BF16 GEMM of 1024x128x4096 took 1.3 ms there and 0.86 ms on a client of
-        one device."""
+        one device. Results come back to jax's default device as views, not copies."""
         if self.executor_devices is not None:
             return self.executor_devices
+        if jax.default_backend() in _ACCELERATORS:
+            return None
         return (host_devices(1)[0],)
+
+    def _to_callers_device(self, results: list[Any]) -> list[Any]:
+        """Results of the simulator's own CPU client on jax's default CPU device (their
+        buffers, not copies), as results computed there would be. (A result donated to
+        jax.jit later is then copied there, not updated in place: XLA does not take over a
+        buffer it shares.)"""
+        if self.executor_devices is not None or self._devices is None or \
+                jax.default_backend() != "cpu":
+            return results  # computed where the caller asked, or on jax's default device
+        own = [i for i, r in enumerate(results) if isinstance(r, jax.Array)]
+        with jax.enable_x64(True):  # a 64-bit result keeps its type, as the run gave it
+            moved = jax.device_put([np.asarray(results[i]) for i in own])
+        placed = list(results)
+        for i, result in zip(own, moved):
+            placed[i] = result
+        return placed
 
     @cached_property
     def _workspace_values(self) -> tuple[int, ...]:
@@ -302,9 +324,13 @@ class LoadedExecutable:
         trace.write_trace(path, self.estimate.trace(chips))
 
     def execute(self, args: Sequence[Any]) -> list[jax.Array]:
-        """Run on global arrays; returns the global results, on the device that ran the
-        simulation (of an SPMD module: every device gets `args`, and the results are device
-        0's)."""
+        """Run on global arrays; returns the global results (of an SPMD module: every
+        device gets `args`, and the results are device 0's)."""
+        return self._to_callers_device(self.run(args))
+
+    def run(self, args: Sequence[Any]) -> list[Any]:
+        """`execute`, its results left where the simulation computed them (the trn2 plugin
+        reads them there)."""
         arrays = self._check_args(args)
         run = self._run_global  # compiled first: a program's checks are known after
         with self._host_memory_named():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
@@ -21,6 +22,7 @@ from jax_trn2.plugin import abi, lowerings, options, proto
 from jax_trn2.plugin.handles import Buffer, Device, Memory
 
 _SERIALIZED_MAGIC = b"jax-trn2 executable 1\n"
+_LIVE: "weakref.WeakValueDictionary[str, Executable]" = weakref.WeakValueDictionary()
 
 
 class Executable:
@@ -74,6 +76,7 @@ class Executable:
         self._module = module  # for the optimized program, made when jaxlib asks
         self.owned = abi.Owned()
         self.deleted = False
+        _LIVE[self.fingerprint] = self
 
     # --- running ---------------------------------------------------------------------------
 
@@ -89,7 +92,7 @@ class Executable:
                 raise ValueError(f"device {d} got {len(row)} arguments; the program takes "
                                  f"{count}")
         globals_ = [self._assemble(i, [row[i] for row in arguments]) for i in range(count)]
-        results = self.loaded.execute(globals_)
+        results = self.loaded.run(globals_)
         per_device: list[list[Buffer]] = [[] for _ in self.devices]
         for i, result in enumerate(results):
             whole = np.asarray(result)
@@ -186,6 +189,26 @@ class Executable:
         from them: the simulator's compile is its lowering)."""
         return _SERIALIZED_MAGIC + proto.field_bytes(1, self.code) + \
             proto.field_bytes(2, self.compile_options)
+
+
+def of(compiled: Any) -> Executable:
+    """The plugin's executable behind a jax `Compiled` (jax.jit(f).lower(...).compile()) of
+    the trn2 platform, found by its fingerprint."""
+    fingerprint = compiled.runtime_executable().fingerprint
+    if isinstance(fingerprint, bytes):
+        fingerprint = fingerprint.decode()
+    executable = _LIVE.get(fingerprint or "")
+    if executable is None:
+        raise ValueError("not a program compiled by the trn2 plugin: compile it for "
+                         "jax.devices('trn2')")
+    return executable
+
+
+def listing(compiled: Any) -> str:
+    """The Trn2 program of a jax `Compiled` for the trn2 platform, with an estimated start
+    and duration on every instruction and the step's summary (what
+    `jax_trn2.jit(f).lower(...).compile().as_text()` prints)."""
+    return of(compiled).loaded.timed_text()
 
 
 class View:

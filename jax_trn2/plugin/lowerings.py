@@ -68,6 +68,6 @@ def register(platform: str) -> None:
         return
     tables[platform] = collections.ChainMap(dict(tables.get(platform, {})), tables["cpu"])
     for primitive in (callback.pure_callback_p, callback.io_callback_p,
-                      debugging.debug_callback_p):
+                      debugging.debug_callback_p, debugging.debug_print_p):
         cpu_rule = (tables["cpu"].get(primitive) or mlir._lowerings[primitive]).rule
         tables[platform][primitive] = mlir.LoweringRuleEntry(_with_global_ids(cpu_rule), True)
