@@ -1,0 +1,128 @@
+"""The trn2 PJRT plugin through plain JAX: devices, programs, buffers, errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+import jax_trn2
+from jax_trn2.plugin import table
+from tests.e2e.e2e_reference import cpu_mesh
+
+
+@pytest.fixture(scope="module")
+def devices():
+    return jax.devices("trn2")
+
+
+@pytest.fixture(scope="module")
+def mesh(devices):
+    return jax.make_mesh((8, 8), ("a", "b"), devices=devices, axis_types=(AxisType.Auto,) * 2)
+
+
+def test_devices_are_the_chips(devices):
+    assert len(devices) == 64
+    assert [d.id for d in devices] == list(range(64))
+    assert devices[21].coords == [1, 1, 1]  # chip 21 of the 4x4x4 torus, row-major
+    assert devices[0].device_kind == "Trainium2"
+    assert devices[0].platform == "neuron"
+    assert jax.default_backend() == "cpu"  # installing the plugin leaves jax's default
+    memory = devices[0].default_memory()
+    assert memory.kind == "device" and "HBM" in str(memory)
+    stats = devices[0].memory_stats()
+    assert stats["bytes_limit"] == 96 * 2 ** 30
+
+
+def test_sharded_program_matches_cpu(mesh, rng):
+    x = rng.standard_normal((64, 16)).astype(np.float32)
+    w = rng.standard_normal((16, 32)).astype(np.float32)
+    f = jax.jit(lambda x, w: jnp.tanh(x @ w))
+    xs = jax.device_put(x, NamedSharding(mesh, P("a", "b")))
+    ws = jax.device_put(w, NamedSharding(mesh, P("b", None)))
+    got = f(xs, ws)
+    cpu = cpu_mesh((8, 8), ("a", "b"))
+    want = f(jax.device_put(x, NamedSharding(cpu, P("a", "b"))),
+             jax.device_put(w, NamedSharding(cpu, P("b", None))))
+    assert got.sharding.spec == want.sharding.spec
+    assert got.sharding.mesh.devices.flat[0].platform == "neuron"
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2 ** -14, atol=1e-6)
+
+
+def test_shard_map_psum(mesh):
+    x = np.arange(64 * 16, dtype=np.float32).reshape(64, 16)
+    f = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "b"), mesh=mesh,
+                              in_specs=P("a", "b"), out_specs=P("a")))
+    got = f(jax.device_put(x, NamedSharding(mesh, P("a", "b"))))
+    np.testing.assert_array_equal(np.asarray(got),
+                                  x.reshape(8, 8, 8, 2).sum(axis=2).reshape(64, 2))
+    assert len(got.addressable_shards) == 64
+
+
+def test_resharding_and_device_to_device(mesh, devices):
+    x = np.arange(64 * 8, dtype=np.int32).reshape(64, 8)
+    a = jax.device_put(x, NamedSharding(mesh, P("a", "b")))
+    b = jax.device_put(a, NamedSharding(mesh, P(None, "a")))
+    np.testing.assert_array_equal(np.asarray(b), x)
+    c = jax.device_put(jax.device_put(x[:2], devices[5]), devices[9])
+    assert c.devices() == {devices[9]}
+    np.testing.assert_array_equal(np.asarray(c), x[:2])
+
+
+def test_donation_deletes_the_donor(mesh):
+    a = jax.device_put(np.zeros(64, np.float32), NamedSharding(mesh, P("a")))
+    b = jax.jit(lambda v: v + 1, donate_argnums=0)(a)
+    assert a.is_deleted()
+    np.testing.assert_array_equal(np.asarray(b), np.ones(64, np.float32))
+
+
+def test_cost_and_memory_analysis_are_the_estimates(mesh):
+    x = jax.device_put(np.ones((64, 16), np.float32), NamedSharding(mesh, P("a", "b")))
+    compiled = jax.jit(lambda x: (x @ x.T).sum()).lower(x).compile()
+    cost = compiled.cost_analysis()
+    assert cost["flops"] > 0 and cost["optimal_seconds"] > 0
+    assert cost["trn2.topology"] == "trn2-ultra" and cost["trn2.chips"] == 64
+    memory = compiled.memory_analysis()
+    assert memory.argument_size_in_bytes == 8 * 2 * 4  # each chip's piece of x
+    assert "Trn2" in jax_trn2.listing(compiled) or "DMA" in jax_trn2.listing(compiled)
+
+
+def test_host_callbacks_and_linalg(devices, capfd):
+    @jax.jit
+    def f(x):
+        jax.debug.print("sum {}", x.sum())
+        return jax.pure_callback(lambda a: np.asarray(a) * 3,
+                                 jax.ShapeDtypeStruct(x.shape, x.dtype), x) + 1
+
+    got = f(jax.device_put(np.arange(4.0, dtype=np.float32), devices[0]))
+    np.testing.assert_array_equal(np.asarray(got), [1, 4, 7, 10])
+    assert "sum 6.0" in capfd.readouterr().out
+    values = jax.jit(jnp.linalg.eigvalsh)(jax.device_put(np.diag([3.0, 1.0, 2.0]), devices[1]))
+    np.testing.assert_allclose(np.asarray(values), [1, 2, 3])
+
+
+def test_unsupported_program_names_the_op_and_line(devices):
+    x = jax.device_put(np.ones(4, np.float32), devices[0])
+    with pytest.raises(jax.errors.JaxRuntimeError) as error:
+        jax.jit(lambda v: jax.lax.rng_uniform(v[0], v[1], (4,))).lower(x).compile()
+    message = str(error.value)
+    assert "UNIMPLEMENTED" in message and "test_plugin.py" in message
+    assert isinstance(table.ERRORS.original(message), NotImplementedError)
+
+
+def test_out_of_hbm_is_resource_exhausted(devices):
+    huge = jax.ShapeDtypeStruct((120_000, 120_000), jnp.float32,
+                                sharding=jax.sharding.SingleDeviceSharding(devices[0]))
+    with pytest.raises(jax.errors.JaxRuntimeError, match="RESOURCE_EXHAUSTED"):
+        jax.jit(lambda a, b: a - b).lower(huge, huge).compile()
+
+
+def test_no_buffer_growth_over_many_calls(devices):
+    f = jax.jit(lambda v: v * 2)
+    x = jax.device_put(np.ones(8, np.float32), devices[0])
+    f(x).block_until_ready()
+    before = len(table.HANDLES)
+    for _ in range(2000):
+        f(x).block_until_ready()
+    assert len(table.HANDLES) <= before + 2
+    assert devices[0].memory_stats()["bytes_in_use"] < 10_000
