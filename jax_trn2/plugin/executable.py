@@ -15,6 +15,7 @@ import math
 import weakref
 from typing import Any, Sequence
 
+import jax
 import numpy as np
 from jax._src.lib import xla_client
 
@@ -55,10 +56,11 @@ class Executable:
                              f" has {mesh.num_devices} devices, but it was compiled for "
                              f"{len(self.devices)} (num_replicas x num_partitions)")
         topology = self.options.topology
-        if topology.num_chips != len(client.devices):
-            raise ValueError(f"trn2_topology {topology.name!r} has {topology.num_chips} chips, "
-                             f"but the client's machine has {len(client.devices)}: a program "
-                             "runs on the client's chips")
+        outside = [d.id for d in self.devices if d.id >= topology.num_chips]
+        if outside:
+            raise ValueError(f"devices {outside} are not chips of trn2_topology "
+                             f"{topology.name!r} ({topology.num_chips} chips): run the program "
+                             f"on devices 0..{topology.num_chips - 1}")
         self.loaded = LoadedExecutable(
             program, topology, rounding=numerics.Rounding(self.options.rounding,
                                                           self.options.seed),
@@ -91,7 +93,11 @@ class Executable:
             if len(row) != count:
                 raise ValueError(f"device {d} got {len(row)} arguments; the program takes "
                                  f"{count}")
-        globals_ = [self._assemble(i, [row[i] for row in arguments]) for i in range(count)]
+        # copies XLA owns: the executor may write its results into (donated) inputs, and an
+        # input sharing a numpy array's memory would be freed with that array
+        host = self.loaded._devices[0] if self.loaded._devices else None
+        globals_ = [jax.device_put(self._assemble(i, [row[i] for row in arguments]), host,
+                                   may_alias=False) for i in range(count)]
         results = self.loaded.run(globals_)
         per_device: list[list[Buffer]] = [[] for _ in self.devices]
         for i, result in enumerate(results):
