@@ -445,8 +445,11 @@ def Buffer_ToHostBuffer(args):
     if args.dst_size < data.nbytes:
         raise ValueError(f"a host buffer of {args.dst_size} bytes cannot hold the "
                          f"{data.nbytes} bytes of {buffer}")
-    # np.require, not np.ascontiguousarray: that makes a 0-d array 1-d
-    ctypes.memmove(args.dst, np.require(data, requirements="C").ctypes.data, data.nbytes)
+    # np.require, not np.ascontiguousarray: that makes a 0-d array 1-d. A piece that is a
+    # strided view of a larger result is copied into a temporary here: it must stay bound
+    # until memmove has read it (freed, its first bytes are malloc's free-list links)
+    dense = np.require(data, requirements="C")
+    ctypes.memmove(args.dst, dense.ctypes.data, data.nbytes)
     args.event = HANDLES.add(Event())
 
 

@@ -28,11 +28,7 @@ PROGRAMS = {
                  (P("x"),), P("x"), [(16, 8)], np.float32),
     "psum_scatter": (lambda a: jax.lax.psum_scatter(a, "y", tiled=True), (P(),), P("y"),
                      [(16, 8)], np.float32),
-    "scan_psum": pytest.param(
-        _scan, (P(None, "x"),), (P("x"), P(None, "x")), [(4, 32, 8)], np.float32,
-        marks=pytest.mark.xfail(strict=True, reason=(
-            "known bug: through the plugin, 4 elements of the scan's stacked output come "
-            "back as freed memory (issue 25's closing note)"))),
+    "scan_psum": (_scan, (P(None, "x"),), (P("x"), P(None, "x")), [(4, 32, 8)], np.float32),
 }
 
 

@@ -59,6 +59,22 @@ def test_shard_map_psum(mesh):
     assert len(got.addressable_shards) == 64
 
 
+def test_results_split_along_inner_dims_read_back_whole(mesh):
+    """A result sharded along a dim other than its first: each device's piece is a strided
+    view of the simulator's result, made dense to be copied to the host. (A bug copied it
+    from a temporary already freed: the first 16 bytes of every piece came back as
+    malloc's free-list links; numpy recycles blocks under 1 KiB itself, so the pieces here
+    are 4 KiB.)"""
+    x = np.arange(8 * 64 * 128, dtype=np.float32).reshape(8, 64, 128)
+    f = jax.jit(lambda v: v * 2, out_shardings=NamedSharding(mesh, P(None, "a", "b")))
+    got = f(jax.device_put(x, NamedSharding(mesh, P())))
+    assert got.addressable_shards[9].data.shape == (8, 8, 16)
+    for _ in range(3):  # each read copies every piece again
+        np.testing.assert_array_equal(np.asarray(got), x * 2)
+        np.testing.assert_array_equal(np.asarray(got.addressable_shards[9].data),
+                                      (x * 2)[:, 8:16, 16:32])
+
+
 def test_resharding_and_device_to_device(mesh, devices):
     x = np.arange(64 * 8, dtype=np.int32).reshape(64, 8)
     a = jax.device_put(x, NamedSharding(mesh, P("a", "b")))
