@@ -4,23 +4,23 @@ PJRT hands a program per-device buffers (one list per device of the device assig
 its order: partition-major, as jax's meshes list their devices) and takes per-device
 results. The simulator runs on global arrays; each argument is assembled from its pieces
 by how XLA lays it out over the mesh (lowering.partition.layouts), and each result is cut
-into views, one per device. A result's pieces remember the whole, so the next program that
-takes all of them takes the whole without copying.
+into views, one per device. The pieces share the global array (handles.Whole): the next
+program that takes all of them takes it as it is, without copying or comparing; an
+argument assembled from pieces put on the devices separately is assembled once.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import weakref
 from typing import Any, Sequence
 
-import jax
 import numpy as np
 from jax._src.lib import xla_client
 
 from jax_trn2.plugin import abi, lowerings, options, proto
-from jax_trn2.plugin.handles import Buffer, Device, Memory
+from jax_trn2.plugin.handles import Buffer, Device, Memory, Whole
+from mesh import sharding
 
 _SERIALIZED_MAGIC = b"jax-trn2 executable 1\n"
 _LIVE: "weakref.WeakValueDictionary[str, Executable]" = weakref.WeakValueDictionary()
@@ -87,25 +87,21 @@ class Executable:
         """Run on one argument list per device; returns one result list per device, and
         deletes the donated arguments (as PJRT does; `non_donatable`: argument positions
         the caller keeps)."""
-        program = self.loaded.program
-        count = len(program.inputs)
+        count = len(self.loaded.program.inputs)
         for d, row in enumerate(arguments):
             if len(row) != count:
                 raise ValueError(f"device {d} got {len(row)} arguments; the program takes "
                                  f"{count}")
-        # copies XLA owns: the executor may write its results into (donated) inputs, and an
-        # input sharing a numpy array's memory would be freed with that array
-        host = self.loaded._devices[0] if self.loaded._devices else None
-        globals_ = [jax.device_put(self._assemble(i, [row[i] for row in arguments]), host,
-                                   may_alias=False) for i in range(count)]
-        results = self.loaded.run(globals_)
+        results = self.loaded.run([self._argument(i, [row[i] for row in arguments])
+                                   for i in range(count)])
+        sizes = self._mesh_sizes()
         per_device: list[list[Buffer]] = [[] for _ in self.devices]
         for i, result in enumerate(results):
-            whole = np.asarray(result)
-            layout = self._layout(self.out_layouts, i, whole.ndim)
-            for d, piece in enumerate(self._pieces(whole, layout)):
+            host = np.asarray(result)  # a view of the simulator's result
+            whole = Whole(result, self._layout(self.out_layouts, i, host.ndim), sizes)
+            for d, piece in enumerate(sharding.pieces(host, whole.layout, sizes)):
                 device = self.devices[d]
-                per_device[d].append(Buffer(piece, device, _memory(device), (whole, layout, d)))
+                per_device[d].append(Buffer(piece, device, _memory(device), whole, d))
         for i in self.donated:
             if i not in non_donatable:
                 for row in arguments:
@@ -117,44 +113,27 @@ class Executable:
         given = layouts[i] if i < len(layouts) else None
         return given if given is not None else ((),) * ndim
 
-    def _assemble(self, i: int, pieces: list[Buffer]) -> np.ndarray:
-        """Argument i as a global array from its per-device pieces."""
-        first = pieces[0]
-        layout = self._layout(self.in_layouts, i, first.data().ndim)
-        if first.whole is not None and first.whole[1] == layout and all(
-                p.whole is not None and p.whole[0] is first.whole[0] and p.whole[2] == d
-                for d, p in enumerate(pieces)):
-            return first.whole[0]  # all of one earlier result, laid out the same
-        arrays = [p.data() for p in pieces]
-        if not any(layout) and all(a is arrays[0] for a in arrays):
-            return arrays[0]
-        from mesh import sharding
+    def _argument(self, i: int, pieces: list[Buffer]) -> Any:
+        """Argument i as a global array from its per-device pieces. Pieces of one global
+        array laid out as the program takes it are that array; others are assembled (and
+        their replicas compared) once: the buffers then share the assembled array."""
         sizes = self._mesh_sizes()
+        layout = self._layout(self.in_layouts, i, pieces[0].data().ndim)
+        whole = pieces[0].whole
+        if whole is not None and (whole.layout, whole.sizes) == (layout, sizes) and all(
+                p.whole is whole and p.index == d for d, p in enumerate(pieces)):
+            return whole.value
         try:
-            return sharding.assemble(arrays, layout, sizes)
+            value = sharding.assemble([p.data() for p in pieces], layout, sizes)
         except ValueError as e:
             raise ValueError(f"{self.loaded.arg_names[i]}: {e}") from None
+        whole = Whole(value, layout, sizes)
+        for d, (piece, view) in enumerate(zip(pieces, sharding.pieces(value, layout, sizes))):
+            piece.share(view, whole, d)
+        return value
 
     def _mesh_sizes(self) -> tuple[int, ...]:
         return self.loaded.program.mesh.axis_sizes or (len(self.devices),)
-
-    def _pieces(self, whole: np.ndarray, layout: tuple) -> list[np.ndarray]:
-        """Each device's piece of a global result: views of it (logical device order)."""
-        sizes = self._mesh_sizes()
-        if not any(layout):
-            return [whole] * math.prod(sizes)
-        pieces = []
-        for coords in np.ndindex(*sizes):
-            index = []
-            for dim, axes in enumerate(layout):
-                parts, block = 1, 0
-                for a in axes:
-                    block = block * sizes[a] + coords[a]
-                    parts *= sizes[a]
-                step = whole.shape[dim] // parts
-                index.append(slice(block * step, (block + 1) * step))
-            pieces.append(whole[tuple(index)])
-        return pieces
 
     # --- what jaxlib asks of a compiled program ----------------------------------------------
 
@@ -164,7 +143,7 @@ class Executable:
 
     def output_types(self) -> list[tuple[np.dtype, tuple[int, ...]]]:
         """(dtype, per-device shape) of each output."""
-        from mesh import dtypes, sharding
+        from mesh import dtypes
         program = self.loaded.program
         out = []
         for i, v in enumerate(program.outputs):

@@ -143,24 +143,40 @@ class Event:
     has failed, as the call's own error), so every event is ready, without an error."""
 
 
+@dataclass(eq=False)
+class Whole:
+    """A global array and how it lies over a mesh's devices: the one storage that the
+    buffers of its pieces share (a replicated value is stored once for all its devices)."""
+
+    value: Any  # what the simulator takes and gave: a numpy array or a jax.Array
+    layout: tuple  # mesh axes of each dim (mesh.sharding)
+    sizes: tuple[int, ...]  # the mesh's axis sizes
+
+
 class Buffer:
     """A PJRT_Buffer: one device's array (a read-only numpy array on the host).
 
-    `whole` is set for a piece of an executable's result: (the global result, its layout,
-    this piece's index), so that the next execute that takes all the pieces of it takes the
-    global array as it is, without assembling the pieces again."""
+    `whole` is the global array this buffer is piece `index` of (an executable's result,
+    or an argument assembled from its pieces once): the next execute that takes all its
+    pieces, laid out the same, takes the whole as it is."""
 
     def __init__(self, array: np.ndarray, device: Device, memory: Memory,
-                 whole: tuple[Any, Any, int] | None = None):
+                 whole: Whole | None = None, index: int = 0):
         array.flags.writeable = False  # shared between buffers and with the executor
         self.array = array
         self.device = device
         self.memory = memory
-        self.whole = whole
+        self.whole, self.index = whole, index
         self.deleted = False
         self.owned = abi.Owned()
         self.dtype, self.shape, self.nbytes = array.dtype, array.shape, array.nbytes
         device.allocated(self.nbytes)
+
+    def share(self, view: np.ndarray, whole: Whole, index: int) -> None:
+        """Hold piece `index` of `whole` (equal to this buffer's data) instead of a copy of
+        its own."""
+        view.flags.writeable = False
+        self.array, self.whole, self.index = view, whole, index
 
     def delete(self) -> None:
         """Release the data (PJRT_Buffer_Delete, donation); the handle lives on."""
