@@ -42,7 +42,7 @@ def initialize() -> None:
     path = library_path()
     shim = ctypes.CDLL(path)
     if _api is None:
-        _api = table.build(ctypes.cast(shim.trn2_noop, ctypes.c_void_p).value)
+        _api = table.build(shim)
     shim.trn2_set_api.argtypes = [ctypes.c_void_p]
     shim.trn2_set_api(ctypes.addressof(_api))
     lowerings.register(PLATFORM_NAME)

@@ -24,8 +24,6 @@ SLOTS: tuple[str, ...] = c.FUNCTIONS  # every slot of PJRT_Api, in table order
 # Every PJRT_Api slot takes a pointer to its args struct and returns a PJRT_Error* (NULL:
 # success); the three Error slots that return void are called through the same type.
 SlotFunction = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
-# PJRT_Event_OnReadyCallback: void (*)(PJRT_Error* error, void* user_arg)
-OnReadyCallback = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
 # the deleter PJRT_Executable_Serialize hands back: void (*)(PJRT_SerializedExecutable*)
 Deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 

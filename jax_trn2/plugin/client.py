@@ -8,7 +8,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jax_trn2.plugin import abi
-from jax_trn2.plugin.handles import Buffer, Device, Handles, Memory
+from jax_trn2.plugin.handles import Buffer, Device, Handles, Memory, Record
 from jax_trn2.plugin.options import ClientOptions
 
 PLATFORM_NAME = "neuron"  # what jax lowers for and keys donation and its cache by (README)
@@ -35,7 +35,8 @@ class Client:
         for device in self.devices:
             handles.add(device)
         for memory in self.memories:
-            handles.add(memory, memory_vtable)
+            kind, size = memory.owned.string(memory.kind)
+            handles.add(memory, Record(vtable=memory_vtable, kind=kind, kind_size=size))
 
     @property
     def platform_version(self) -> str:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from jax_trn2.plugin import abi
 from jax_trn2.plugin.abi import c
-from jax_trn2.plugin.handles import Handles
+from jax_trn2.plugin.handles import Handles, Record
 
 # How many raised exceptions `original` can still find (the latest ones).
 _REMEMBERED = 64
@@ -85,7 +85,8 @@ class Errors:
 
     def new(self, code: int, message: str) -> int:
         """A new PJRT_Error* for jaxlib to destroy."""
-        return self._handles.add(PjrtError(code, message), ctypes.addressof(self._vtable))
+        return self._handles.add(PjrtError(code, message),
+                                 Record(vtable=ctypes.addressof(self._vtable)))
 
     def get(self, pointer: int) -> PjrtError:
         return self._handles.get(pointer, PjrtError)

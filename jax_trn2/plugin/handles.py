@@ -1,8 +1,8 @@
 """The objects behind the opaque PJRT pointers jaxlib holds: one small class each.
 
-A pointer handed to jaxlib is `id()` of a Python object kept in `Handles` until jaxlib
-destroys it (clients, devices and memories live as long as the process). Each object owns
-the C values its getters hand out (abi.Owned).
+A pointer handed to jaxlib is the address of a Record, kept in `Handles` with its Python
+object until jaxlib destroys it (clients, devices and memories live as long as the
+process). Each object owns the C values its getters hand out (abi.Owned).
 """
 
 from __future__ import annotations
@@ -19,22 +19,30 @@ from jax_trn2.plugin import abi
 T = TypeVar("T")
 
 
-class Handles:
-    """Python objects by the pointer jaxlib holds for them.
+class Record(ctypes.Structure):
+    """What a PJRT pointer handed to jaxlib points at (the C shim's trn2_record): the
+    function table PJRT_Memory and PJRT_Error begin with (jaxlib reads it), then what the
+    shim's getters read without calling Python (a buffer's device, memory and deleted
+    flag; a memory's kind)."""
 
-    A pointer is the address of a C word the object owns: PJRT defines PJRT_Error and
-    PJRT_Memory as structs whose first field is a pointer to a function table (`vtable`),
-    which jaxlib reads; for the other objects the word is 0."""
+    _fields_ = [("vtable", ctypes.c_void_p), ("device", ctypes.c_void_p),
+                ("memory", ctypes.c_void_p), ("kind", ctypes.c_void_p),
+                ("kind_size", ctypes.c_size_t), ("deleted", ctypes.c_bool)]
+
+
+class Handles:
+    """Python objects by the pointer jaxlib holds for them: the address of the object's
+    Record."""
 
     def __init__(self):
-        self._objects: dict[int, tuple[Any, ctypes.c_void_p]] = {}
+        self._objects: dict[int, tuple[Any, Record]] = {}
         self._pointers: dict[int, int] = {}  # id(object) -> its pointer
 
-    def add(self, obj: Any, vtable: int = 0) -> int:
-        """Keep `obj` alive and return its pointer."""
-        word = ctypes.c_void_p(vtable or None)
-        pointer = ctypes.addressof(word)
-        self._objects[pointer] = (obj, word)
+    def add(self, obj: Any, record: Record | None = None) -> int:
+        """Keep `obj` alive and return its pointer (of `record`, else a new empty one)."""
+        record = Record() if record is None else record
+        pointer = ctypes.addressof(record)
+        self._objects[pointer] = (obj, record)
         self._pointers[id(obj)] = pointer
         return pointer
 
@@ -138,11 +146,6 @@ class Device:
             self.bytes_in_use -= nbytes
 
 
-class Event:
-    """A PJRT_Event. Everything the simulator does is finished when its call returns (or
-    has failed, as the call's own error), so every event is ready, without an error."""
-
-
 @dataclass(eq=False)
 class Whole:
     """A global array and how it lies over a mesh's devices: the one storage that the
@@ -168,6 +171,7 @@ class Buffer:
         self.memory = memory
         self.whole, self.index = whole, index
         self.deleted = False
+        self.record = Record()  # the table fills in its device and memory pointers
         self.owned = abi.Owned()
         self.dtype, self.shape, self.nbytes = array.dtype, array.shape, array.nbytes
         device.allocated(self.nbytes)
@@ -181,7 +185,7 @@ class Buffer:
     def delete(self) -> None:
         """Release the data (PJRT_Buffer_Delete, donation); the handle lives on."""
         if not self.deleted:
-            self.deleted = True
+            self.deleted = self.record.deleted = True
             self.device.freed(self.nbytes)
             self.array = self.whole = None
 

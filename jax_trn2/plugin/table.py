@@ -1,5 +1,6 @@
 """The PJRT_Api table: one function per slot, each decoding its args struct, calling the
-plugin's client, buffer or executable, and writing the out-fields.
+plugin's client, buffer or executable, and writing the out-fields; the events' slots and
+the getters jaxlib calls for every buffer of every call are the C shim's (FAST_SLOTS).
 
 Slots left NULL are ones jaxlib checks for or never calls here; `UNIMPLEMENTED` slots are
 ones it calls unconditionally and accepts an error from. `retire` points every slot at the
@@ -18,13 +19,18 @@ import numpy as np
 from jax_trn2.plugin import abi
 from jax_trn2.plugin.abi import c
 from jax_trn2.plugin.errors import Errors, PjrtError
-from jax_trn2.plugin.handles import Buffer, Device, Event, Handles, Memory, MemoryVtable
+from jax_trn2.plugin.handles import Buffer, Device, Handles, Memory, MemoryVtable
 
 HANDLES = Handles()
 ERRORS = Errors(HANDLES)
 MEMORY_VTABLE = MemoryVtable()
 _PLUGIN = abi.Owned()  # the plugin's own C values (attributes)
 _SLOTS: dict[str, Any] = {}  # slot name -> its ctypes function (kept alive)
+# Slots the C shim implements (_shim.c), reading the Records of buffers and memories.
+FAST_SLOTS = ("Event_Destroy", "Event_IsReady", "Event_Error", "Event_Await",
+              "Event_OnReady", "Buffer_ReadyEvent", "Buffer_Device", "Buffer_Memory",
+              "Buffer_IsDeleted", "Memory_Kind", "Error_Destroy")
+_READY = 0  # the one event, ready (the shim's trn2_ready_event), set by build()
 
 
 def slot(function):
@@ -87,35 +93,6 @@ def Plugin_Initialize(args):
 def Plugin_Attributes(args):
     from jax_trn2.plugin.client import attributes
     args.attributes, args.num_attributes = _PLUGIN.named_values(attributes())
-
-
-# --- events: every one is ready when made -------------------------------------------------
-
-@slot
-def Event_Destroy(args):
-    HANDLES.remove(args.event or 0)
-
-
-@slot
-def Event_IsReady(args):
-    _get(args.event, Event)
-    args.is_ready = True
-
-
-@slot
-def Event_Error(args):
-    _get(args.event, Event)  # no event carries an error: a failure is the call's own
-
-
-@slot
-def Event_Await(args):
-    _get(args.event, Event)
-
-
-@slot
-def Event_OnReady(args):
-    _get(args.event, Event)
-    abi.OnReadyCallback(args.callback)(None, args.user_arg)
 
 
 # --- client -------------------------------------------------------------------------------
@@ -230,8 +207,8 @@ def Client_BufferFromHostBuffer(args):
         if args.byte_strides and args.num_byte_strides else None
     buffer = client.buffer_from_host(args.data or 0, abi.dtype_of(args.type), dims, strides,
                                      memory)
-    args.buffer = HANDLES.add(buffer)
-    args.done_with_host_buffer = HANDLES.add(Event())  # copied: the host memory is free
+    args.buffer = _new_buffer(buffer)
+    args.done_with_host_buffer = _READY  # copied: the host memory is free
 
 
 _unimplemented("Client_TopologyDescription",
@@ -326,12 +303,6 @@ def Memory_Id(args):
 
 
 @slot
-def Memory_Kind(args):
-    memory = _get(args.memory, Memory)
-    args.kind, args.kind_size = memory.owned.string(memory.kind)
-
-
-@slot
 def Memory_Kind_Id(args):
     _get(args.memory, Memory)
     args.kind_id = Memory.KIND_ID
@@ -395,35 +366,14 @@ def Buffer_OnDeviceSizeInBytes(args):
 
 
 @slot
-def Buffer_Device(args):
-    args.device = HANDLES.pointer(_get(args.buffer, Buffer).device)
-
-
-@slot
-def Buffer_Memory(args):
-    args.memory = HANDLES.pointer(_get(args.buffer, Buffer).memory)
-
-
-@slot
 def Buffer_Delete(args):
     _get(args.buffer, Buffer).delete()
-
-
-@slot
-def Buffer_IsDeleted(args):
-    args.is_deleted = _get(args.buffer, Buffer).deleted
 
 
 @slot
 def Buffer_IsOnCpu(args):
     _get(args.buffer, Buffer)
     args.is_on_cpu = False  # a chip's HBM, as jax should see it (no zero-copy views)
-
-
-@slot
-def Buffer_ReadyEvent(args):
-    _get(args.buffer, Buffer)
-    args.event = HANDLES.add(Event())
 
 
 @slot
@@ -450,11 +400,18 @@ def Buffer_ToHostBuffer(args):
     # until memmove has read it (freed, its first bytes are malloc's free-list links)
     dense = np.require(data, requirements="C")
     ctypes.memmove(args.dst, dense.ctypes.data, data.nbytes)
-    args.event = HANDLES.add(Event())
+    args.event = _READY
+
+
+def _new_buffer(buffer: Buffer) -> int:
+    """The pointer of a new buffer, its Record telling the shim its device and memory."""
+    buffer.record.device = HANDLES.pointer(buffer.device)
+    buffer.record.memory = HANDLES.pointer(buffer.memory)
+    return HANDLES.add(buffer, buffer.record)
 
 
 def _copy(buffer: Buffer, memory: Memory) -> int:
-    return HANDLES.add(Buffer(buffer.data(), memory.device, memory))
+    return _new_buffer(Buffer(buffer.data(), memory.device, memory))
 
 
 @slot
@@ -688,16 +645,19 @@ def LoadedExecutable_Execute(args):
     arguments = [[_get(p, Buffer) for p in abi.pointers(row, args.num_args)] for row in rows]
     results = executable.execute(arguments, keep)
     for row_address, row in zip(abi.pointers(args.output_lists, args.num_devices), results):
-        abi.write_pointers(row_address, [HANDLES.add(buffer) for buffer in row])
+        abi.write_pointers(row_address, [_new_buffer(buffer) for buffer in row])
     if args.device_complete_events:
-        abi.write_pointers(args.device_complete_events,
-                           [HANDLES.add(Event()) for _ in results])
+        abi.write_pointers(args.device_complete_events, [_READY] * len(results))
 
 
 # --- the table ----------------------------------------------------------------------------
 
-def build(noop: int) -> Any:
-    """A PJRT_Api with every slot this module defines (the others NULL)."""
+def build(shim: ctypes.CDLL) -> Any:
+    """A PJRT_Api with every slot this module and the C shim define (the others NULL)."""
+    global _READY
+    shim.trn2_ready_event.restype = ctypes.c_void_p
+    _READY = shim.trn2_ready_event()
+    noop = ctypes.cast(shim.trn2_noop, ctypes.c_void_p).value
     api = c.PJRT_Api()
     api.struct_size = c.PJRT_Api_STRUCT_SIZE
     api.pjrt_api_version.struct_size = c.PJRT_Api_Version_STRUCT_SIZE
@@ -705,6 +665,11 @@ def build(noop: int) -> Any:
     api.pjrt_api_version.minor_version = abi.API_MINOR
     for name, function in _SLOTS.items():
         setattr(api, name, ctypes.cast(function, ctypes.c_void_p).value)
+    shim.trn2_set_error_destroy.argtypes = [ctypes.c_void_p]
+    shim.trn2_set_error_destroy(api.PJRT_Error_Destroy)  # for the errors that are not NULL
+    for name in FAST_SLOTS:
+        setattr(api, f"PJRT_{name}", ctypes.cast(getattr(shim, f"trn2_{name}"),
+                                                 ctypes.c_void_p).value)
     atexit.register(_retire, api, noop)
     return api
 
