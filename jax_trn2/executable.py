@@ -335,8 +335,10 @@ class LoadedExecutable:
         run = self._run_global  # compiled first: a program's checks are known after
         with self._host_memory_named():
             with _executor_context(), self._checked_run():
-                outs = self._keep_workspace(run(*self._as_inputs(arrays),
-                                                *self._take_workspace()))
+                # finished here: a failure of the run (XLA:CPU out of memory) is raised
+                # inside _host_memory_named, and never leaves a failed workspace kept
+                outs = self._keep_workspace(jax.block_until_ready(
+                    run(*self._as_inputs(arrays), *self._take_workspace())))
             return [storage_to_host(o, self.program.values[v].type.dtype)
                     for o, v in zip(outs, self.program.outputs)]
 
