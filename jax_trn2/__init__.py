@@ -12,6 +12,8 @@ backends, which must not load the simulator.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import Any
 
 _EXPORTS = {
@@ -28,6 +30,22 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+
+
+class _Package(types.ModuleType):
+    """This package, whose names `jit` and `client` are functions of submodules of the same
+    names: importing such a submodule (`from jax_trn2.jit import Jitted`, first) makes
+    Python set the package's attribute of its name to the module, which would then shadow
+    the function (`jax_trn2.jit(f)`: "'module' object is not callable")."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and name in _EXPORTS and \
+                _EXPORTS[name] == f"{__name__}.{name}" and name != "numerics":
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

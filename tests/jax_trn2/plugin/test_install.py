@@ -65,3 +65,12 @@ def test_persistent_compilation_cache_hits(tmp_path):
     second = run(code, tmp_path)
     assert "Persistent compilation cache hit" in second
     assert "result [1.0, 3.0, 5.0" in second
+
+
+def test_package_names_survive_importing_their_submodules_first(tmp_path):
+    """jax_trn2's names load lazily (jax imports the plugin at backend start-up); importing
+    the submodule jax_trn2.jit first must not make `jax_trn2.jit` that module."""
+    out = run("from jax_trn2.jit import Jitted; import jax_trn2.client; import jax_trn2; "
+              "print(callable(jax_trn2.jit), callable(jax_trn2.client), "
+              "jax_trn2.numerics.__name__)", ROOT)
+    assert "True True jax_trn2.numerics" in out
