@@ -89,14 +89,45 @@ void *trn2_Buffer_IsDeleted(trn2_args *args) {
   return 0;
 }
 
+/* Slots that run Python code from C++ destructors: jaxlib destroys a buffer or an
+   executable when Python frees the jax object holding it, which Python may do while an
+   exception is on its way out (the arguments of a call that raised). A ctypes callback run
+   then would swallow that exception ("SystemError: error return without exception set").
+   These slots set the exception aside around their Python function. The shim is loaded
+   into the Python process, whose C API it calls (PyGILState_STATE is an int enum). */
+extern int PyGILState_Ensure(void);
+extern void PyGILState_Release(int state);
+extern void PyErr_Fetch(void **type, void **value, void **traceback);
+extern void PyErr_Restore(void *type, void *value, void *traceback);
+
+static void *call_python(void *(*function)(void *), void *args) {
+  int gil = PyGILState_Ensure();
+  void *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  void *error = function(args);
+  PyErr_Restore(type, value, traceback);
+  PyGILState_Release(gil);
+  return error;
+}
+
+#define GUARDED(name)                                                          \
+  static void *(*python_##name)(void *) = 0;                                   \
+  void trn2_set_##name(void *(*function)(void *)) { python_##name = function; } \
+  void *trn2_##name(void *args) { return call_python(python_##name, args); }
+
+GUARDED(Buffer_Destroy)
+GUARDED(Executable_Destroy)
+GUARDED(LoadedExecutable_Destroy)
+GUARDED(Client_Destroy)
+
 /* jaxlib destroys the NULL "error" of every successful call it checks (64 per result of a
    program on 64 devices); a real error is Python's to destroy. */
-static void *(*destroy_error)(trn2_args *) = 0;
+static void *(*python_Error_Destroy)(void *) = 0;
 
-void trn2_set_error_destroy(void *(*destroy)(trn2_args *)) { destroy_error = destroy; }
+void trn2_set_Error_Destroy(void *(*function)(void *)) { python_Error_Destroy = function; }
 
 void *trn2_Error_Destroy(trn2_args *args) {
-  return args->object ? destroy_error(args) : 0;
+  return args->object ? call_python(python_Error_Destroy, args) : 0;
 }
 
 void *trn2_Memory_Kind(trn2_args *args) {

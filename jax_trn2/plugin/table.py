@@ -1,6 +1,7 @@
 """The PJRT_Api table: one function per slot, each decoding its args struct, calling the
 plugin's client, buffer or executable, and writing the out-fields; the events' slots and
-the getters jaxlib calls for every buffer of every call are the C shim's (FAST_SLOTS).
+the getters jaxlib calls for every buffer of every call are the C shim's (FAST_SLOTS), and
+the shim calls the destroy slots (GUARDED_SLOTS).
 
 Slots left NULL are ones jaxlib checks for or never calls here; `UNIMPLEMENTED` slots are
 ones it calls unconditionally and accepts an error from. `retire` points every slot at the
@@ -29,7 +30,12 @@ _SLOTS: dict[str, Any] = {}  # slot name -> its ctypes function (kept alive)
 # Slots the C shim implements (_shim.c), reading the Records of buffers and memories.
 FAST_SLOTS = ("Event_Destroy", "Event_IsReady", "Event_Error", "Event_Await",
               "Event_OnReady", "Buffer_ReadyEvent", "Buffer_Device", "Buffer_Memory",
-              "Buffer_IsDeleted", "Memory_Kind", "Error_Destroy")
+              "Buffer_IsDeleted", "Memory_Kind")
+# Python slots the shim calls with Python's error state set aside: the destroy slots, which
+# C++ destructors call when Python frees a jax object, possibly with an exception pending
+# (and jaxlib's Error_Destroy of NULL errors, which the shim answers itself).
+GUARDED_SLOTS = ("Buffer_Destroy", "Executable_Destroy", "LoadedExecutable_Destroy",
+                 "Client_Destroy", "Error_Destroy")
 _READY = 0  # the one event, ready (the shim's trn2_ready_event), set by build()
 
 
@@ -665,8 +671,12 @@ def build(shim: ctypes.CDLL) -> Any:
     api.pjrt_api_version.minor_version = abi.API_MINOR
     for name, function in _SLOTS.items():
         setattr(api, name, ctypes.cast(function, ctypes.c_void_p).value)
-    shim.trn2_set_error_destroy.argtypes = [ctypes.c_void_p]
-    shim.trn2_set_error_destroy(api.PJRT_Error_Destroy)  # for the errors that are not NULL
+    for name in GUARDED_SLOTS:  # the shim calls the Python slot, its error state kept
+        setter = getattr(shim, f"trn2_set_{name}")
+        setter.argtypes = [ctypes.c_void_p]
+        setter(getattr(api, f"PJRT_{name}"))
+        setattr(api, f"PJRT_{name}", ctypes.cast(getattr(shim, f"trn2_{name}"),
+                                                 ctypes.c_void_p).value)
     for name in FAST_SLOTS:
         setattr(api, f"PJRT_{name}", ctypes.cast(getattr(shim, f"trn2_{name}"),
                                                  ctypes.c_void_p).value)

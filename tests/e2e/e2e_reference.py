@@ -49,7 +49,9 @@ def trn2_mesh(shape: tuple[int, ...], names: tuple[str, ...], topology: str = "t
 
 def run_both(body, shape, names, in_specs, out_specs, *args, topology="trn2-ultra",
              check_vma=True):
-    """(simulated result, CPU reference) of shard_map(body) over a mesh of `shape`."""
+    """(simulated result, CPU reference) of shard_map(body) over a mesh of `shape`; the
+    simulated result through both front doors, jax_trn2.jit and plain jax.jit on the trn2
+    plugin's devices, which must agree bit for bit."""
     sim_mesh = jax_trn2.make_mesh(shape, names, topology=topology)
     ref_mesh = cpu_mesh(shape, names)
     sim = jax_trn2.jit(jax.shard_map(body, mesh=sim_mesh, in_specs=in_specs,
@@ -59,13 +61,17 @@ def run_both(body, shape, names, in_specs, out_specs, *args, topology="trn2-ultr
     ref = jax.jit(jax.shard_map(body, mesh=ref_mesh, in_specs=in_specs,
                                 out_specs=out_specs, check_vma=check_vma),
                   compiler_options=EXACT_PRECISION)
-    return sim(*args), ref(*args)
+    got = sim(*args)
+    assert_same_bits(run_plain(body, shape, names, in_specs, out_specs, *args,
+                               topology=topology, check_vma=check_vma), got)
+    return got, ref(*args)
 
 
-def run_plain(body, shape, names, in_specs, out_specs, *args, topology="trn2-ultra"):
+def run_plain(body, shape, names, in_specs, out_specs, *args, topology="trn2-ultra",
+              check_vma=True):
     """shard_map(body) through plain jax.jit on the trn2 plugin's devices."""
     return jax.jit(jax.shard_map(body, mesh=trn2_mesh(shape, names, topology),
-                                 in_specs=in_specs, out_specs=out_specs),
+                                 in_specs=in_specs, out_specs=out_specs, check_vma=check_vma),
                    compiler_options={"trn2_topology": topology})(*args)
 
 

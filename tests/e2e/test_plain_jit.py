@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from tests.e2e.e2e_reference import assert_matches, assert_same_bits, run_both, run_plain
+from tests.e2e.e2e_reference import assert_matches, run_both
 
 MESH = ((4, 4, 4), ("x", "y", "z"))
 
@@ -36,6 +36,5 @@ PROGRAMS = {
                          ids=PROGRAMS.keys())
 def test_both_front_doors_agree(body, in_specs, out_specs, shapes, dtype, rng):
     args = [rng.standard_normal(s).astype(dtype) for s in shapes]
-    got, want = run_both(body, *MESH, in_specs, out_specs, *args)
-    assert_same_bits(run_plain(body, *MESH, in_specs, out_specs, *args), got)
+    got, want = run_both(body, *MESH, in_specs, out_specs, *args)  # both front doors agree
     assert_matches(got, want)

@@ -126,6 +126,24 @@ def test_unsupported_program_names_the_op_and_line(devices):
     assert isinstance(table.ERRORS.original(message), NotImplementedError)
 
 
+def test_a_failed_call_raises_its_error_while_its_arguments_are_freed(devices):
+    """The argument made in the call itself is freed (its buffers destroyed, a slot of the
+    plugin) while the compile error is on its way out: the error must survive that."""
+    f = jax.jit(lambda v: v * 2, compiler_options={"trn2_topology": "no-such-machine"})
+    with pytest.raises(jax.errors.JaxRuntimeError, match="unknown topology 'no-such-machine'"):
+        f(jax.device_put(np.ones(4, np.float32), devices[0]))
+
+
+def test_sort_and_reductions_with_constants_hoisted_out_of_their_bodies(devices):
+    """jaxlib's serialization for a plugin hoists a comparator's or reducer's constants out
+    of its region (jnp.sort's NaN and zero)."""
+    x = np.array([[3.0, np.nan, -0.0, 0.0, -1.0, 2.0]], np.float32)
+    got = jax.jit(lambda v: (jnp.sort(v, axis=-1), jax.lax.reduce_window(
+        v, -np.inf, jax.lax.max, (1, 2), (1, 1), "VALID")))(jax.device_put(x, devices[0]))
+    np.testing.assert_array_equal(np.asarray(got[0]), np.sort(x, axis=-1))
+    np.testing.assert_array_equal(np.asarray(got[1]), np.maximum(x[:, :-1], x[:, 1:]))
+
+
 def test_out_of_hbm_is_resource_exhausted(devices):
     huge = jax.ShapeDtypeStruct((120_000, 120_000), jnp.float32,
                                 sharding=jax.sharding.SingleDeviceSharding(devices[0]))
