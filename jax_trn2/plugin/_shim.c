@@ -15,6 +15,7 @@
    PJRT's layouts by tests/jax_trn2/plugin/test_abi.py). Every event is the one ready
    event: the simulator finishes its work, or fails, before a call returns. */
 
+#include <fenv.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -89,24 +90,32 @@ void *trn2_Buffer_IsDeleted(trn2_args *args) {
   return 0;
 }
 
-/* Slots that run Python code from C++ destructors: jaxlib destroys a buffer or an
-   executable when Python frees the jax object holding it, which Python may do while an
-   exception is on its way out (the arguments of a call that raised). A ctypes callback run
-   then would swallow that exception ("SystemError: error return without exception set").
-   These slots set the exception aside around their Python function. The shim is loaded
-   into the Python process, whose C API it calls (PyGILState_STATE is an int enum). */
+/* Python slots the shim calls in a clean state (table.GUARDED_SLOTS):
+   - Python's pending exception set aside: jaxlib destroys a buffer or an executable when
+     Python frees the jax object holding it, which Python may do while an exception is on
+     its way out (the arguments of a call that raised); a ctypes callback run then would
+     swallow it ("SystemError: error return without exception set").
+   - the default floating-point environment: jaxlib compiles on threads that flush
+     subnormal numbers to zero, and the simulator's compile reads constants and folds them
+     with numpy, which would flush them too.
+   The shim is loaded into the Python process, whose C API it calls (PyGILState_STATE is
+   an int enum). */
 extern int PyGILState_Ensure(void);
 extern void PyGILState_Release(int state);
 extern void PyErr_Fetch(void **type, void **value, void **traceback);
 extern void PyErr_Restore(void *type, void *value, void *traceback);
 
 static void *call_python(void *(*function)(void *), void *args) {
+  fenv_t caller_fp;
+  fegetenv(&caller_fp);
+  fesetenv(FE_DFL_ENV);
   int gil = PyGILState_Ensure();
   void *type, *value, *traceback;
   PyErr_Fetch(&type, &value, &traceback);
   void *error = function(args);
   PyErr_Restore(type, value, traceback);
   PyGILState_Release(gil);
+  fesetenv(&caller_fp);
   return error;
 }
 
@@ -119,6 +128,8 @@ GUARDED(Buffer_Destroy)
 GUARDED(Executable_Destroy)
 GUARDED(LoadedExecutable_Destroy)
 GUARDED(Client_Destroy)
+GUARDED(Client_Compile)
+GUARDED(Executable_DeserializeAndLoad)
 
 /* jaxlib destroys the NULL "error" of every successful call it checks (64 per result of a
    program on 64 devices); a real error is Python's to destroy. */

@@ -14,6 +14,12 @@ process's list of every callback lowered for trn2: the plugin's compile passes t
 lowering. jax still sees each callback (it keeps them alive and skips the persistent
 compilation cache for such programs, whose callbacks are of this process).
 
+jaxlib serializes a module for a PJRT plugin with CHLO's functions expanded into
+StableHLO approximations, except some it keeps as composites named after the op
+(`chlo.erf`), which lowering computes as the op, as jax on a CPU computes it. The ones it
+would expand (lgamma, digamma, ...) are lowered here as such composites too, so that both
+of jax_trn2's front doors give the same bits.
+
 This uses jax's private lowering tables (jax._src.interpreters.mlir): there is no public
 API to share another platform's rules.
 """
@@ -25,8 +31,10 @@ import threading
 import types
 from typing import Any
 
+import jax
 from jax._src import callback, debugging
 from jax._src.interpreters import mlir
+from jax._src.lax import lax, special
 
 # Every host callback lowered for the trn2 platform in this process, by global id.
 CALLBACKS: list[Any] = []
@@ -61,6 +69,28 @@ def _with_global_ids(cpu_rule):
     return rule
 
 
+# The CHLO functions jaxlib's serialization would expand (the others it keeps as
+# composites), by the primitive that lowers to each.
+_EXPANDED_CHLO = {special.lgamma_p: "chlo.lgamma", special.digamma_p: "chlo.digamma",
+                  special.polygamma_p: "chlo.polygamma", special.zeta_p: "chlo.zeta",
+                  special.bessel_i1e_p: "chlo.bessel_i1e", special.erfc_p: "chlo.erfc",
+                  special.erf_inv_p: "chlo.erf_inv", lax.nextafter_p: "chlo.next_after"}
+_decomposing = threading.local()  # lowering a composite's decomposition: the CPU's rule
+
+
+def _as_composite(primitive: Any, name: str, cpu_rule: Any):
+    def rule(ctx, *args, **params):
+        if getattr(_decomposing, "active", False):
+            return cpu_rule(ctx, *args, **params)
+        _decomposing.active = True
+        try:
+            op = jax.lax.composite(lambda *xs: primitive.bind(*xs, **params), name=name)
+            return mlir.lower_fun(op, multiple_results=False)(ctx, *args)
+        finally:
+            _decomposing.active = False
+    return rule
+
+
 def register(platform: str) -> None:
     """Lower for `platform` as for the CPU (once per process)."""
     tables = mlir._platform_specific_lowerings
@@ -71,3 +101,7 @@ def register(platform: str) -> None:
                       debugging.debug_callback_p, debugging.debug_print_p):
         cpu_rule = (tables["cpu"].get(primitive) or mlir._lowerings[primitive]).rule
         tables[platform][primitive] = mlir.LoweringRuleEntry(_with_global_ids(cpu_rule), True)
+    for primitive, name in _EXPANDED_CHLO.items():
+        cpu_rule = (tables["cpu"].get(primitive) or mlir._lowerings[primitive]).rule
+        tables[platform][primitive] = mlir.LoweringRuleEntry(
+            _as_composite(primitive, name, cpu_rule), True)

@@ -31,11 +31,14 @@ _SLOTS: dict[str, Any] = {}  # slot name -> its ctypes function (kept alive)
 FAST_SLOTS = ("Event_Destroy", "Event_IsReady", "Event_Error", "Event_Await",
               "Event_OnReady", "Buffer_ReadyEvent", "Buffer_Device", "Buffer_Memory",
               "Buffer_IsDeleted", "Memory_Kind")
-# Python slots the shim calls with Python's error state set aside: the destroy slots, which
-# C++ destructors call when Python frees a jax object, possibly with an exception pending
-# (and jaxlib's Error_Destroy of NULL errors, which the shim answers itself).
+# Python slots the shim calls with Python's pending exception set aside and the default
+# floating-point environment (_shim.c): the destroy slots, which C++ destructors call when
+# Python frees a jax object, possibly while an exception is on its way out (and jaxlib's
+# Error_Destroy of NULL errors, which the shim answers itself); the compiles, which
+# jaxlib runs on threads that flush subnormal numbers to zero.
 GUARDED_SLOTS = ("Buffer_Destroy", "Executable_Destroy", "LoadedExecutable_Destroy",
-                 "Client_Destroy", "Error_Destroy")
+                 "Client_Destroy", "Error_Destroy", "Client_Compile",
+                 "Executable_DeserializeAndLoad")
 _READY = 0  # the one event, ready (the shim's trn2_ready_event), set by build()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from lowering import mlir
-from lowering.registry import CUSTOM_CALL_RULES, custom_call_rule, rule
+from lowering.registry import CUSTOM_CALL_RULES, RULES, custom_call_rule, rule
 from lowering.walker import LoweringContext, Op, values_of
 from mesh import isa
 from mesh.isa.control import Composite
@@ -63,7 +63,13 @@ def call(ctx: LoweringContext, op: Op):
 
 @rule("stablehlo.composite")
 def composite(ctx: LoweringContext, op: Op):
-    """The composite's decomposition, as a sub-program listed under the composite's name."""
+    """The composite's decomposition, as a sub-program listed under the composite's name;
+    a CHLO op the simulator has (chlo.erf, chlo.top_k, ...), as that op: a module
+    serialized for a PJRT plugin carries such ops as composites named after them, their
+    decomposition an approximation other than the op's own."""
+    if op.attrs["name"].startswith("chlo.") and op.attrs["name"] in RULES:
+        return RULES[op.attrs["name"]](ctx, dataclasses.replace(
+            op, name=op.attrs["name"], attrs=op.attr("composite_attributes", {}), regions=()))
     function = op.attrs["decomposition"]
     program = ctx.function_program(function, op.operands, f"@{function}", op.loc)
     attributes = ", ".join(f"{k}={v}" for k, v in op.attr("composite_attributes", {}).items())

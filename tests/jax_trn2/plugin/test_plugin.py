@@ -8,6 +8,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_trn2
 from jax_trn2.plugin import table
+from mesh.executor import EXACT_PRECISION
 from tests.e2e.e2e_reference import cpu_mesh
 
 
@@ -142,6 +143,20 @@ def test_sort_and_reductions_with_constants_hoisted_out_of_their_bodies(devices)
         v, -np.inf, jax.lax.max, (1, 2), (1, 1), "VALID")))(jax.device_put(x, devices[0]))
     np.testing.assert_array_equal(np.asarray(got[0]), np.sort(x, axis=-1))
     np.testing.assert_array_equal(np.asarray(got[1]), np.maximum(x[:, :-1], x[:, 1:]))
+
+
+def test_functions_computed_as_on_the_cpu_and_subnormal_constants_kept(devices):
+    """jaxlib's serialization for a plugin would expand lgamma, erf, ... into StableHLO
+    approximations of its own, and it compiles on threads that flush subnormals (a
+    subnormal constant of jnp.spacing read as 0): the plugin gives CPU JAX's bits."""
+    x = np.array([0.0, 0.3, 1.5, 7.0, -2.5], np.float32)
+    functions = (jax.lax.lgamma, jax.lax.digamma, jax.lax.erf, jax.lax.erf_inv, jnp.spacing,
+                 lambda v: jnp.spacing(v.astype(jnp.bfloat16)))
+    for f in functions:
+        got = np.asarray(jax.jit(f)(jax.device_put(x, devices[0])))
+        want = np.asarray(jax.jit(f, compiler_options=EXACT_PRECISION)(x))
+        np.testing.assert_array_equal(got.view(f"u{got.itemsize}"),
+                                      want.view(f"u{want.itemsize}"))
 
 
 def test_out_of_hbm_is_resource_exhausted(devices):
