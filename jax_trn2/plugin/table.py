@@ -393,9 +393,12 @@ def Buffer_ToHostBuffer(args):
     data = buffer.data()
     if args.host_layout:
         layout = c.PJRT_Buffer_MemoryLayout.from_address(args.host_layout)
+        tiled = layout._anon2.tiled
+        # (a scalar's minor_to_major is empty, its pointer NULL)
+        order = list((ctypes.c_int64 * tiled.minor_to_major_size).from_address(
+            tiled.minor_to_major)) if tiled.minor_to_major_size else []
         if layout.type != c.PJRT_Buffer_MemoryLayout_Type_Tiled or \
-                list((ctypes.c_int64 * layout._anon2.tiled.minor_to_major_size).from_address(
-                    layout._anon2.tiled.minor_to_major)) != list(range(data.ndim))[::-1]:
+                order != list(range(data.ndim))[::-1]:
             raise NotImplementedError("the trn2 plugin copies to the host in row-major order "
                                       "only")
     if not args.dst:

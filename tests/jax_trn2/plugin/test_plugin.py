@@ -76,6 +76,13 @@ def test_results_split_along_inner_dims_read_back_whole(mesh):
                                       (x * 2)[:, 8:16, 16:32])
 
 
+def test_scalar_results_read_back(mesh, devices):
+    """jax asks for a scalar's host copy with a layout of no dims (its pointer NULL)."""
+    x = jax.device_put(np.arange(64.0, dtype=np.float32), NamedSharding(mesh, P("a")))
+    assert float(jax.jit(lambda v: v.sum())(x)) == 2016.0
+    assert float(jax.device_put(np.float32(3.0), devices[1])) == 3.0
+
+
 def test_resharding_and_device_to_device(mesh, devices):
     x = np.arange(64 * 8, dtype=np.int32).reshape(64, 8)
     a = jax.device_put(x, NamedSharding(mesh, P("a", "b")))
