@@ -69,9 +69,14 @@ class Executable:
             self.loaded.check_memory()
         self.loaded.load()  # the executor compiles here, on jaxlib's compile thread
         self.in_layouts, self.out_layouts = partition.layouts(module, program)
-        self.out_memory_kinds = [kind or "device"
-                                 for kind in partition.result_memory_kinds(module)]
-        self.donated = sorted({position for position, _ in program.donated_inputs})
+        main = partition.main_function(module).regions[0].blocks[0]
+        self.arg_slots = _slots(main.arguments)
+        self.result_slots = _slots(main.operations[-1].operands)
+        kinds = partition.result_memory_kinds(module)
+        self.out_memory_kinds = ["device" if i is None else kinds[i] or "device"
+                                 for i in self.result_slots]
+        donated = {position for position, _ in program.donated_inputs}
+        self.donated = [k for k, i in enumerate(self.arg_slots) if i in donated]
         self.name = _module_name(module)
         self.fingerprint = hashlib.sha256(self.code + self.compile_options).hexdigest()
         self._optimized: bytes | None = None
@@ -87,18 +92,22 @@ class Executable:
         """Run on one argument list per device; returns one result list per device, and
         deletes the donated arguments (as PJRT does; `non_donatable`: argument positions
         the caller keeps)."""
-        count = len(self.loaded.program.inputs)
+        count = len(self.arg_slots)
         for d, row in enumerate(arguments):
             if len(row) != count:
                 raise ValueError(f"device {d} got {len(row)} arguments; the program takes "
                                  f"{count}")
-        results = self.loaded.run([self._argument(i, [row[i] for row in arguments])
-                                   for i in range(count)])
+        results = self.loaded.run([self._argument(i, [row[k] for row in arguments])
+                                   for k, i in enumerate(self.arg_slots) if i is not None])
         sizes = self._mesh_sizes()
         per_device: list[list[Buffer]] = [[] for _ in self.devices]
-        for i, result in enumerate(results):
-            host = np.asarray(result)  # a view of the simulator's result
-            whole = Whole(result, self._layout(self.out_layouts, i, host.ndim), sizes)
+        for i in self.result_slots:
+            if i is None:  # a token: an empty array, as jax's runtime tokens are
+                for d, device in enumerate(self.devices):
+                    per_device[d].append(Buffer(_TOKEN, device, _memory(device)))
+                continue
+            host = np.asarray(results[i])  # a view of the simulator's result
+            whole = Whole(results[i], self._layout(self.out_layouts, i, host.ndim), sizes)
             for d, piece in enumerate(sharding.pieces(host, whole.layout, sizes)):
                 device = self.devices[d]
                 per_device[d].append(Buffer(piece, device, _memory(device), whole, d))
@@ -139,15 +148,18 @@ class Executable:
 
     @property
     def num_outputs(self) -> int:
-        return len(self.loaded.program.outputs)
+        return len(self.result_slots)
 
     def output_types(self) -> list[tuple[np.dtype, tuple[int, ...]]]:
         """(dtype, per-device shape) of each output."""
         from mesh import dtypes
         program = self.loaded.program
         out = []
-        for i, v in enumerate(program.outputs):
-            t = program.values[v].type
+        for i in self.result_slots:
+            if i is None:
+                out.append((_TOKEN.dtype, _TOKEN.shape))
+                continue
+            t = program.values[program.outputs[i]].type
             layout = self._layout(self.out_layouts, i, len(t.shape))
             out.append((dtypes.numpy_dtype(t.dtype),
                         sharding.local_shape(t.shape, layout, self._mesh_sizes())))
@@ -209,6 +221,23 @@ def deserialize(client: Any, data: bytes, compile_options: bytes | None) -> Exec
         raise ValueError("not an executable serialized by the jax-trn2 plugin")
     parts = dict(proto.fields(data[len(_SERIALIZED_MAGIC):]))
     return Executable(client, parts[1], compile_options or parts[2])
+
+
+# What a token of an ordered effect is between calls (jax's runtime tokens): an empty
+# array; the simulator makes its tokens inside a program, and runs in order anyway.
+_TOKEN = np.zeros(0, np.bool_)
+_TOKEN.flags.writeable = False
+
+
+def _slots(values: Sequence[Any]) -> list[int | None]:
+    """For each of main's arguments (or results), its position among the program's inputs
+    (or outputs), None for a token (which the program neither takes nor gives)."""
+    from lowering import mlir
+    slots, position = [], 0
+    for value in values:
+        slots.append(None if mlir.is_token(value.type) else position)
+        position += not mlir.is_token(value.type)
+    return slots
 
 
 def _memory(device: Device) -> Memory:

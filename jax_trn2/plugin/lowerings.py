@@ -64,8 +64,12 @@ def _with_global_ids(cpu_rule):
         module = ctx.module_context
         as_cpu = module.replace(platforms=("cpu",), backend=_CPU,
                                 host_callbacks=_GlobalIds(module.host_callbacks))
+        inner = ctx.replace(module_context=as_cpu)
         with _lock:
-            return cpu_rule(ctx.replace(module_context=as_cpu), *args, **params)
+            results = cpu_rule(inner, *args, **params)
+        if inner.tokens_out is not None:  # an ordered callback's token, for the caller
+            ctx.set_tokens_out(inner.tokens_out)
+        return results
     return rule
 
 

@@ -41,15 +41,15 @@ def signature_module(executable: Any, module: ir.Module) -> bytes:
     from lowering.partition import main_function
     main = main_function(module)
     block = main.regions[0].blocks[0]
-    arg_types = [str(a.type) for a in block.arguments]
+    arg_types = [_type(a.type) for a in block.arguments]
     returned_values = list(block.operations[-1].operands)
-    res_types = [str(v.type) for v in returned_values]
+    res_types = [_type(v.type) for v in returned_values]
     sizes = executable._mesh_sizes()
     names = [f"arg{i}" for i in range(len(arg_types))]
     arg_shardings = [hlo_sharding(_at(executable.in_layouts, i), sizes)
-                     for i in range(len(arg_types))]
+                     for i in executable.arg_slots]
     res_shardings = [hlo_sharding(_at(executable.out_layouts, i), sizes)
-                     for i in range(len(res_types))]
+                     for i in executable.result_slots]
     args = ", ".join(f"%{name}: {t} {{mhlo.sharding = \"{sharding}\"}}"
                      for name, t, sharding in zip(names, arg_types, arg_shardings))
     results = ", ".join(f"{t} {{mhlo.sharding = \"{sharding}\"}}"
@@ -75,14 +75,23 @@ def _op_sharding(text: str) -> bytes:
     return xla_client.HloSharding.from_string(text).to_proto().SerializeToString()
 
 
-def _at(layouts: tuple, i: int) -> tuple | None:
-    return layouts[i] if i < len(layouts) else None
+def _at(layouts: tuple, i: int | None) -> tuple | None:
+    return layouts[i] if i is not None and i < len(layouts) else None
+
+
+def _type(value_type: ir.Type) -> str:
+    """A parameter's or result's type as the executable takes or gives it: a token (of an
+    ordered effect) as an empty array, as jax passes its runtime tokens."""
+    return _TOKEN_TYPE if str(value_type) == "!stablehlo.token" else str(value_type)
+
+
+_TOKEN_TYPE = "tensor<0xi1>"
 
 
 def _zero(value_type: ir.Type) -> str:
-    """An op making a value of the type (its result is never read)."""
-    if not str(value_type).startswith("tensor<"):
-        return f"stablehlo.create_token : {value_type}"
+    """An op making a value of the type as _type gives it (its result is never read)."""
+    if _type(value_type) == _TOKEN_TYPE:
+        return f"stablehlo.constant dense<> : {_TOKEN_TYPE}"
     element = str(ir.RankedTensorType(value_type).element_type)
     if element.startswith("complex<"):
         literal = "(0.0, 0.0)"

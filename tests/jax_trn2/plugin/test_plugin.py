@@ -125,6 +125,25 @@ def test_host_callbacks_and_linalg(devices, capfd):
     np.testing.assert_allclose(np.asarray(values), [1, 2, 3])
 
 
+def test_ordered_io_callbacks_run_in_program_order_call_after_call(devices):
+    """jax threads an ordered effect's token through the calls (a runtime token: an empty
+    array the program takes and gives back)."""
+    from jax.experimental import io_callback
+    seen = []
+
+    @jax.jit
+    def f(x):
+        io_callback(lambda v: seen.append(float(v.sum())), None, x, ordered=True)
+        io_callback(lambda v: seen.append(-float(v.sum())), None, x * 2, ordered=True)
+        return x + 1
+
+    x = jax.device_put(np.ones(3, np.float32), devices[3])
+    y = f(f(x))
+    jax.effects_barrier()
+    np.testing.assert_array_equal(np.asarray(y), [3, 3, 3])
+    assert seen == [3.0, -6.0, 6.0, -12.0]
+
+
 def test_unsupported_program_names_the_op_and_line(devices):
     x = jax.device_put(np.ones(4, np.float32), devices[0])
     with pytest.raises(jax.errors.JaxRuntimeError) as error:
