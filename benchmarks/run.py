@@ -1,5 +1,8 @@
 """Simulated 64-chip mesh vs JAX on 64 CPU host devices: time, first call, memory.
 
+The simulator runs each workload through both of its front doors: `jax_trn2.jit` ("sim")
+and plain `jax.jit` over a mesh of `jax.devices("trn2")`, the PJRT plugin ("plugin").
+
     python benchmarks/run.py               # the full table (takes a few minutes)
     python benchmarks/run.py --quick       # fewer timed calls, no memory children
 
@@ -36,10 +39,17 @@ import lowering  # noqa: E402
 from workloads import TRANSFORMER_STACK, WORKLOADS, Workload  # noqa: E402
 
 MESH_SHAPE, MESH_AXES = (4, 4, 4), ("x", "y", "z")
+SIDES = ("sim", "jax", "plugin")
 
 
 def cpu_mesh():
     return jax.make_mesh(MESH_SHAPE, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+
+
+def trn2_mesh():
+    """The simulated chips as a plain jax user meshes them (the 4x4x4 torus, row-major)."""
+    return jax.make_mesh(MESH_SHAPE, MESH_AXES, axis_types=(AxisType.Auto,) * 3,
+                         devices=jax.devices("trn2"))
 
 
 def _block(tree):
@@ -48,11 +58,12 @@ def _block(tree):
 
 def prepare(workload: Workload, side: str):
     """(function, inputs) of one side, inputs placed as that side wants them: host arrays for
-    the simulator, arrays already sharded over the 64 CPU devices for JAX."""
+    jax_trn2.jit, arrays already sharded over the mesh's devices for jax.jit (the 64 CPU
+    devices, or the 64 simulated chips of the trn2 plugin)."""
     inputs = workload.inputs(np.random.default_rng(0))
     if side == "sim":
         return jax_trn2.jit(workload.build(jax_trn2.make_mesh())), inputs
-    mesh = cpu_mesh()
+    mesh = trn2_mesh() if side == "plugin" else cpu_mesh()
     inputs = tuple(jax.device_put(x, NamedSharding(mesh, spec))
                    for x, spec in zip(inputs, workload.in_specs))
     return jax.jit(workload.build(mesh)), inputs
@@ -65,7 +76,7 @@ def warm_up() -> None:
                                                           mesh=mesh, in_specs=P("x"),
                                                           out_specs=P()),
                     lambda rng: (np.ones((4, 2), np.float32),), (P("x"),))
-    for side in ("sim", "jax"):
+    for side in SIDES:
         fn, inputs = prepare(tiny, side)
         _block(fn(*inputs))
 
@@ -216,15 +227,17 @@ def main(argv=None) -> None:
     print(f"host GEMM (2048^3, FP32 accumulation): BF16 {rates['bfloat16'] / 1e9:.0f} GFLOP/s, "
           f"FP32 {rates['float32'] / 1e9:.0f} GFLOP/s")
     header = ("| workload | chips | ops | GFLOP | sim ms | jax ms | ratio | of limit "
-              "| sim first s | jax first s | first ratio | sim MiB | jax MiB | mem ratio |")
+              "| sim first s | jax first s | first ratio | sim MiB | jax MiB | mem ratio "
+              "| plugin ms | plugin/sim | plugin first s | plugin/sim first |")
     print(header)
-    print("|---" * 14 + "|")
+    print("|---" * 18 + "|")
     warm_up()
     for workload in WORKLOADS + (TRANSFORMER_STACK,):
         if args.only and workload.name not in args.only:
             continue
         sim = time_side(workload, "sim", calls)
         ref = time_side(workload, "jax", calls)
+        plugin = time_side(workload, "plugin", calls)
         stats = program_stats(workload, rates)
         mem = ("-", "-", "-")
         if not args.quick:
@@ -237,7 +250,9 @@ def main(argv=None) -> None:
               f"| {sim['steady'] * 1e3:.1f} | {ref['steady'] * 1e3:.1f} "
               f"| {sim['steady'] / ref['steady']:.2f} | {limit} | {sim['first']:.2f} "
               f"| {ref['first']:.2f} "
-              f"| {sim['first'] / ref['first']:.2f} | {mem[0]} | {mem[1]} | {mem[2]} |",
+              f"| {sim['first'] / ref['first']:.2f} | {mem[0]} | {mem[1]} | {mem[2]} "
+              f"| {plugin['steady'] * 1e3:.1f} | {plugin['steady'] / sim['steady']:.2f} "
+              f"| {plugin['first']:.2f} | {plugin['first'] / sim['first']:.2f} |",
               flush=True)
 
     if args.only:

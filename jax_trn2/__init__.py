@@ -1,33 +1,70 @@
 """jax-trn2: run and study JAX programs on a simulated AWS Trainium2 mesh.
 
+    jax.devices("trn2")                  # the simulated chips (the plugin: jax_trn2.plugin)
     mesh = jax_trn2.make_mesh()          # 64 chips of a Trn2-Ultra: ('x','y','z') = (4,4,4)
-    step = jax_trn2.jit(step)            # a function using jax.shard_map over that mesh
+    step = jax_trn2.jit(step)            # jax.jit on them, with the simulator's own options
     out = step(a, b)                     # runs on the simulated mesh
+
+Names are imported when first used: jax imports jax_trn2.plugin whenever it starts its
+backends, which must not load the simulator.
 """
 
-from importlib import metadata as _metadata
+from __future__ import annotations
 
-from jax_trn2 import numerics
-from jax_trn2.attention import flash_attention
-from jax_trn2.client import Client, client
-from jax_trn2.device import Buffer, Device
-from jax_trn2.executable import HostMemoryError, LoadedExecutable
-from jax_trn2.jit import Compiled, Jitted, Lowered, jit
-from jax_trn2.mesh import make_mesh
-from lowering import LoweringError, UnsupportedOpError
-from mesh.isa.kernels.participation import SplitCollectiveError
-from mesh.machine import TOPOLOGY_NAMES
-from mesh.memory import MemoryStats, OutOfHBMError
+import importlib
+import sys
+import types
+from importlib import metadata as _metadata
+from typing import Any
 
 try:
     __version__ = _metadata.version("jax-trn2")  # pyproject.toml's, as installed
 except _metadata.PackageNotFoundError:  # a source tree on sys.path that pip never installed
     __version__ = "0+unknown"
 
-__all__ = [
-    "Buffer", "Client", "Compiled", "Device", "HostMemoryError", "Jitted", "LoadedExecutable",
-    "Lowered",
-    "LoweringError", "MemoryStats", "OutOfHBMError", "SplitCollectiveError", "TOPOLOGY_NAMES",
-    "UnsupportedOpError",
-    "client", "flash_attention", "jit", "make_mesh", "numerics",
-]
+_EXPORTS = {
+    "numerics": "jax_trn2.numerics",
+    "Client": "jax_trn2.client", "client": "jax_trn2.client",
+    "Buffer": "jax_trn2.device", "Device": "jax_trn2.device",
+    "HostMemoryError": "jax_trn2.executable", "LoadedExecutable": "jax_trn2.executable",
+    "jit": "jax_trn2.jit", "Compiled": "jax_trn2.jit", "Jitted": "jax_trn2.jit",
+    "Lowered": "jax_trn2.jit", "listing": "jax_trn2.plugin.executable",
+    "flash_attention": "jax_trn2.attention",
+    "make_mesh": "jax_trn2.mesh",
+    "LoweringError": "lowering", "UnsupportedOpError": "lowering",
+    "SplitCollectiveError": "mesh.isa.kernels.participation",
+    "TOPOLOGY_NAMES": "mesh.machine",
+    "MemoryStats": "mesh.memory", "OutOfHBMError": "mesh.memory",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+class _Package(types.ModuleType):
+    """This package, whose names `jit` and `client` are functions of submodules of the same
+    names: importing such a submodule (`from jax_trn2.jit import Jitted`, first) makes
+    Python set the package's attribute of its name to the module, which would then shadow
+    the function (`jax_trn2.jit(f)`: "'module' object is not callable")."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and name in _EXPORTS and \
+                _EXPORTS[name] == f"{__name__}.{name}" and name != "numerics":
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jax_trn2' has no attribute {name!r}")
+    value = importlib.import_module(module)
+    value = value if name == "numerics" else getattr(value, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

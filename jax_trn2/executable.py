@@ -62,6 +62,9 @@ class HostMemoryError(MemoryError):
     memory_analysis()'s, and compile() checks it)."""
 
 
+# jax's accelerator backends, where the simulation runs on jax's default device.
+_ACCELERATORS = ("cuda", "rocm", "gpu", "tpu")
+
 # Makes a program's first workspace while its executor compiles (prefetch_workspace).
 _BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                     thread_name_prefix="jax_trn2-workspace")
@@ -142,8 +145,9 @@ class LoadedExecutable:
     @cached_property
     def _devices(self) -> tuple[jax.Device, ...] | None:
         """The JAX devices the simulation runs on: `executor_devices`, else, when jax's
-        default backend is the CPU, the one device of a CPU client of the simulator's own
-        (lowering.host), else jax's default device (None).
+        default backend is a GPU or TPU, its default device (None), else the one device of
+        a CPU client of the simulator's own (lowering.host): never the trn2 plugin's, which
+        runs this executable itself when it is jax's default backend.
 
         The executor is one computation. XLA:CPU runs a kernel slower on a client of many
         devices, as users of sharded JAX on a CPU configure it (jax_num_cpu_devices=64):
@@ -151,16 +155,17 @@ class LoadedExecutable:
         one device. Results come back to jax's default device as views, not copies."""
         if self.executor_devices is not None:
             return self.executor_devices
-        if jax.default_backend() != "cpu":
+        if jax.default_backend() in _ACCELERATORS:
             return None
         return (host_devices(1)[0],)
 
     def _to_callers_device(self, results: list[Any]) -> list[Any]:
-        """Results of the simulator's own CPU client on jax's default device (their
+        """Results of the simulator's own CPU client on jax's default CPU device (their
         buffers, not copies), as results computed there would be. (A result donated to
         jax.jit later is then copied there, not updated in place: XLA does not take over a
         buffer it shares.)"""
-        if self.executor_devices is not None or self._devices is None:
+        if self.executor_devices is not None or self._devices is None or \
+                jax.default_backend() != "cpu":
             return results  # computed where the caller asked, or on jax's default device
         own = [i for i, r in enumerate(results) if isinstance(r, jax.Array)]
         with jax.enable_x64(True):  # a 64-bit result keeps its type, as the run gave it
@@ -321,14 +326,21 @@ class LoadedExecutable:
     def execute(self, args: Sequence[Any]) -> list[jax.Array]:
         """Run on global arrays; returns the global results (of an SPMD module: every
         device gets `args`, and the results are device 0's)."""
+        return self._to_callers_device(self.run(args))
+
+    def run(self, args: Sequence[Any]) -> list[Any]:
+        """`execute`, its results left where the simulation computed them (the trn2 plugin
+        reads them there)."""
         arrays = self._check_args(args)
         run = self._run_global  # compiled first: a program's checks are known after
         with self._host_memory_named():
             with _executor_context(), self._checked_run():
-                outs = self._keep_workspace(run(*self._as_inputs(arrays),
-                                                *self._take_workspace()))
-            return self._to_callers_device([storage_to_host(o, self.program.values[v].type.dtype)
-                                            for o, v in zip(outs, self.program.outputs)])
+                # finished here: a failure of the run (XLA:CPU out of memory) is raised
+                # inside _host_memory_named, and never leaves a failed workspace kept
+                outs = self._keep_workspace(jax.block_until_ready(
+                    run(*self._as_inputs(arrays), *self._take_workspace())))
+            return [storage_to_host(o, self.program.values[v].type.dtype)
+                    for o, v in zip(outs, self.program.outputs)]
 
     @contextlib.contextmanager
     def _host_memory_named(self):

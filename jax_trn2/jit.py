@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import types
+import weakref
 from typing import Any, Callable, Sequence
 
 import jax
@@ -616,6 +617,26 @@ class Traced(_StageInfo):
         return self._jitted._lower_traced(self._jax_stage, self._args, self._kwargs)
 
 
+# The programs compiled for each function, by the jax_trn2.jit options they were compiled
+# with: every jax_trn2.jit of the same function with the same options shares them (as
+# jax.jit's caches are shared), for as long as the function lives.
+_PROGRAMS: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
+
+
+def _programs_of(fun: Callable, options: tuple) -> dict[Any, "Compiled"]:
+    """The compiled-program cache of `fun` under `options` (a cache of its own for a
+    function or options that cannot key one: not weakly referable, or unhashable)."""
+    try:
+        hash(options)
+        return _PROGRAMS.setdefault(fun, {}).setdefault(options, {})
+    except TypeError:
+        leaves, tree = tree_util.tree_flatten(options)
+        try:
+            return _PROGRAMS.setdefault(fun, {}).setdefault((tree, tuple(leaves)), {})
+        except TypeError:
+            return {}
+
+
 class Jitted:
     """A function compiled for the simulated mesh on first call for each argument
     signature (shapes, dtypes, weak types, pytree structure and static arguments)."""
@@ -639,7 +660,9 @@ class Jitted:
                                                                     static_argnames)
         self._jax_jit = jax.jit(fun, static_argnums=self._static_argnums,
                                 static_argnames=self._static_argnames, **jit_options)
-        self._cache: dict[Any, Compiled] = {}
+        self._cache = _programs_of(fun, (self._static_argnums, self._static_argnames,
+                                         topology, rounding, executor_devices,
+                                         tuple(sorted(jit_options.items()))))
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         """As a method (`@jax_trn2.jit` on a `def f(self, x)`), bound to the instance, as

@@ -27,18 +27,27 @@ from jax._src.interpreters import mlir as jax_mlir
 from jax._src.lib import _jax
 from jax._src.lib import xla_client
 from jaxlib.mlir import ir, passmanager
-from jaxlib.mlir.dialects import sdy
+from jaxlib.mlir.dialects import func, sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 
 from lowering import hlo_sharding, mlir, replica_groups, xla_log
 from lowering.errors import LoweringError
 from lowering.host import host_client
 from mesh import isa
+from mesh.perf.cost import FUSED_KERNELS
 
 # Module attributes the partitioner leaves on a per-chip program.
 PARAMETER_SHARDINGS_ATTR = "mhlo.spmd_parameters_shardings"
 OUTPUT_SHARDING_ATTR = "mhlo.spmd_output_sharding"
 _DUMP_PASS = "spmd-partitioning"
+# A composite that names a fused kernel (mesh.perf.cost.FUSED_KERNELS: flash attention)
+# crosses XLA as a call its inliner must keep ("inlineable" = "false", XLA's frontend
+# attribute for that), with the composite's name and attributes in these frontend
+# attributes; XLA's partitioner partitions the called function like any other, and
+# lowering makes the call a composite again (lowering.rules.structure).
+FRONTEND_ATTRIBUTES = "mhlo.frontend_attributes"
+KERNEL_NAME = "jax_trn2.kernel"
+KERNEL_ATTRIBUTES = "jax_trn2.kernel_attributes"
 
 
 def is_partitioned(module: ir.Module) -> bool:
@@ -118,7 +127,7 @@ def partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exception
         failure = None
         with xla_log.captured_stderr() as log:  # XLA's C++ log, re-reported below
             try:
-                client.compile_and_load(jax_mlir.module_to_bytecode(module),
+                client.compile_and_load(jax_mlir.module_to_bytecode(_kernels_as_calls(module)),
                                         xla_client.DeviceList(tuple(client.devices())),
                                         options)
             except Exception as e:  # jaxlib raises its own XlaRuntimeError
@@ -141,10 +150,48 @@ def partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exception
     return partitioned, failure
 
 
+def composite_attributes_text(attributes: dict) -> str:
+    """A composite's attributes as the listing shows them: `{causal=True, scale=0.125}`."""
+    return "{" + ", ".join(f"{k}={v}" for k, v in attributes.items()) + "}"
+
+
+def _kernels_as_calls(module: ir.Module) -> ir.Module:
+    """A copy of `module` whose fused-kernel composites are calls XLA keeps (see
+    FRONTEND_ATTRIBUTES)."""
+    copy = ir.Module.parse(jax_mlir.module_to_bytecode(module), module.context)
+    kernels = []
+
+    def visit(operation) -> None:
+        for region in operation.regions:
+            for block in region.blocks:
+                for op in block.operations:
+                    if op.operation.name == "stablehlo.composite" and \
+                            ir.StringAttr(op.operation.attributes["name"]).value in FUSED_KERNELS:
+                        kernels.append(op.operation)
+                    visit(op.operation)
+
+    visit(copy.operation)
+    for op in kernels:
+        attributes = mlir.Attributes(op)
+        with op.location, ir.InsertionPoint(op):
+            call = func.CallOp([r.type for r in op.results],
+                               ir.FlatSymbolRefAttr.get(attributes["decomposition"]),
+                               list(op.operands))
+            call.operation.attributes[FRONTEND_ATTRIBUTES] = ir.DictAttr.get({
+                "inlineable": ir.StringAttr.get("false"),
+                KERNEL_NAME: ir.StringAttr.get(attributes["name"]),
+                KERNEL_ATTRIBUTES: ir.StringAttr.get(composite_attributes_text(
+                    attributes.get("composite_attributes", {})))})
+        for old, new in zip(op.results, call.results):
+            old.replace_all_uses_with(new)
+        op.erase()
+    return copy
+
+
 def _unsharded_results(module: ir.Module) -> list[bool]:
     """For each of main's results, whether jax left its sharding to the partitioner (a
     GSPMD module: no mhlo.sharding on it), which jax then lets XLA propagate to it."""
-    main = _main(module)
+    main = main_function(module)
     count = len(main.regions[0].blocks[0].operations[-1].operands)
     attrs = mlir.Attributes(main).get("res_attrs", ())
     return [not (i < len(attrs) and isinstance(attrs[i], dict) and
@@ -157,14 +204,14 @@ _DONATION_ATTRS = ("tf.aliasing_output", "jax.buffer_donor")
 def _carry_donation(source: ir.Module, target: ir.Module) -> None:
     """Mark main's donated arguments in the partitioned module as jax marked them in the
     source (the conversion from HLO drops the marks)."""
-    source_attrs = _main(source).attributes
+    source_attrs = main_function(source).attributes
     if "arg_attrs" not in source_attrs:
         return
     donated = [{name: str(entry[name]) for name in _DONATION_ATTRS if name in entry}
                for entry in map(ir.DictAttr, ir.ArrayAttr(source_attrs["arg_attrs"]))]
     if not any(donated):
         return
-    main = _main(target)
+    main = main_function(target)
     with target.context:
         current = list(map(ir.DictAttr, ir.ArrayAttr(main.attributes["arg_attrs"]))) \
             if "arg_attrs" in main.attributes else [ir.DictAttr.get({})] * len(donated)
@@ -176,7 +223,8 @@ def _carry_donation(source: ir.Module, target: ir.Module) -> None:
         main.attributes["arg_attrs"] = ir.ArrayAttr.get(merged)
 
 
-def _main(module: ir.Module):
+def main_function(module: ir.Module):
+    """The module's function 'main' (its operation)."""
     for op in module.body.operations:
         op = op.operation
         if op.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == "main":
@@ -371,7 +419,7 @@ def _has_gspmd_tiling(module: ir.Module) -> bool:
 
 def main_parameter_count(module: ir.Module) -> int:
     """How many arguments main takes that are not tokens (jax's argument leaves)."""
-    return sum(1 for a in _main(module).regions[0].blocks[0].arguments
+    return sum(1 for a in main_function(module).regions[0].blocks[0].arguments
                if not mlir.is_token(a.type))
 
 
@@ -379,7 +427,7 @@ def result_memory_kinds(module: ir.Module) -> list[str | None]:
     """The memory kind jax gives each leaf of main's results (mhlo.memory_kind:
     "pinned_host" for one jax.device_put or out_shardings placed in host memory), None
     where it names none."""
-    main = _main(module)
+    main = main_function(module)
     return memory_kinds(main.regions[0].blocks[0].operations[-1].operands,
                         mlir.Attributes(main).get("res_attrs", ()))
 

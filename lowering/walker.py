@@ -176,8 +176,26 @@ class LoweringContext:
         """A region as a separate program with no mesh dims (a reducer or comparator body)."""
         builder = ProgramBuilder(isa.MeshSpec((), ()))
         inputs = [builder.new_value(t, frozenset()) for t in region.arg_types]
-        outputs = self.walker.lower_block(region.block, inputs, builder)
+        outputs = self.walker.lower_block(region.block, inputs, builder,
+                                          self._captured_constants(region, builder, name))
         return builder.program(inputs, outputs, name)
+
+    def _captured_constants(self, region: Region, builder: ProgramBuilder,
+                            name: str) -> dict[Any, int]:
+        """The values a region with no mesh dims uses from outside it, made in `builder`:
+        constants, which MLIR's canonicalisation hoists out of regions (as in the modules
+        jaxlib serializes for a PJRT plugin); LoweringError for any other value."""
+        captured: dict[Any, int] = {}
+        ctx = LoweringContext(self.walker, builder, captured)
+        for value in _free_values([region._region]):
+            owner = value.owner if isinstance(value, ir.OpResult) else None
+            if owner is None or owner.name != "stablehlo.constant":
+                raise LoweringError(f"the {name} region uses {value.get_name()}, defined "
+                                    "outside it and not a constant: a reducer or comparator "
+                                    "may use only its arguments and constants")
+            (captured[value],) = self.walker._apply_rule(ctx, self.walker._decode(owner, {}),
+                                                         owner)
+        return captured
 
     def sub_programs(self, regions: Sequence[Region], arg_layouts: Sequence[frozenset[int]],
                      names: Sequence[str]) -> tuple[list[isa.Program], tuple[int, ...]]:

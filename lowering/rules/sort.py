@@ -59,19 +59,37 @@ def lax_comparator(types: tuple[str, ...], num_keys: int) -> isa.Program:
 
 def same_computation(a: isa.Program, b: isa.Program) -> bool:
     """Whether two programs do the same instructions in the same order on the same inputs
-    (value ids and source locations aside)."""
-    if len(a.inputs) != len(b.inputs) or len(a.instructions) != len(b.instructions):
+    and constants (value ids, source locations and where constants are made aside: a
+    module serialized for a PJRT plugin has a comparator's constants hoisted out of it)."""
+    if len(a.inputs) != len(b.inputs) or \
+            any(a.info(x).type != b.info(y).type for x, y in zip(a.inputs, b.inputs)):
         return False
-    if any(a.info(x).type != b.info(y).type for x, y in zip(a.inputs, b.inputs)):
+    a_steps, a_constants = _split_constants(a)
+    b_steps, b_constants = _split_constants(b)
+    if len(a_steps) != len(b_steps):
         return False
     renamed = dict(zip(a.inputs, b.inputs))
-    for x, y in zip(a.instructions, b.instructions):
+
+    def same(x: int, y: int) -> bool:
+        if x in a_constants or y in b_constants:
+            return x in a_constants and y in b_constants and a_constants[x] == b_constants[y]
+        return renamed.get(x) == y
+
+    for x, y in zip(a_steps, b_steps):
         if type(x) is not type(y) or len(x.outs) != len(y.outs) or \
-                tuple(renamed.get(v) for v in x.ins) != y.ins or \
+                len(x.ins) != len(y.ins) or not all(map(same, x.ins, y.ins)) or \
                 not _same_params(x.params(), y.params()):
             return False
         renamed.update(zip(x.outs, y.outs))
-    return tuple(renamed.get(v) for v in a.outputs) == b.outputs
+    return len(a.outputs) == len(b.outputs) and all(map(same, a.outputs, b.outputs))
+
+
+def _split_constants(program: isa.Program) -> tuple[list, dict[int, tuple]]:
+    """A program's instructions other than constants, and each constant's value (its
+    dtype, shape and bytes) by the value id it defines."""
+    constants = {instr.outs[0]: (instr.value.dtype, instr.value.shape, instr.value.tobytes())
+                 for instr in program.instructions if isinstance(instr, isa.Constant)}
+    return [i for i in program.instructions if not isinstance(i, isa.Constant)], constants
 
 
 def _same_params(p: dict, q: dict) -> bool:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from lowering import mlir
-from lowering.registry import CUSTOM_CALL_RULES, custom_call_rule, rule
+from lowering import mlir, partition
+from lowering.registry import CUSTOM_CALL_RULES, RULES, custom_call_rule, rule
 from lowering.walker import LoweringContext, Op, values_of
 from mesh import isa
 from mesh.isa.control import Composite
@@ -58,19 +58,35 @@ def get_tuple_element(ctx: LoweringContext, op: Op):
 
 @rule("func.call")
 def call(ctx: LoweringContext, op: Op):
+    """The function inlined; a call that stands for a fused-kernel composite (one XLA's
+    partitioner kept: lowering.partition.KERNEL_NAME), that composite again."""
+    kernel = op.attr(partition.FRONTEND_ATTRIBUTES, {})
+    if partition.KERNEL_NAME in kernel:
+        return _composite(ctx, op, kernel[partition.KERNEL_NAME], 0,
+                          kernel[partition.KERNEL_ATTRIBUTES], op.attrs["callee"])
     return ctx.call(op.attrs["callee"], op.operands, op.loc)
 
 
 @rule("stablehlo.composite")
 def composite(ctx: LoweringContext, op: Op):
-    """The composite's decomposition, as a sub-program listed under the composite's name."""
-    function = op.attrs["decomposition"]
+    """The composite's decomposition, as a sub-program listed under the composite's name;
+    a CHLO op the simulator has (chlo.erf, chlo.top_k, ...), as that op: a module
+    serialized for a PJRT plugin carries such ops as composites named after them, their
+    decomposition an approximation other than the op's own."""
+    if op.attrs["name"].startswith("chlo.") and op.attrs["name"] in RULES:
+        return RULES[op.attrs["name"]](ctx, dataclasses.replace(
+            op, name=op.attrs["name"], attrs=op.attr("composite_attributes", {}), regions=()))
+    return _composite(ctx, op, op.attrs["name"], op.attr("version", 0),
+                      partition.composite_attributes_text(op.attr("composite_attributes", {})),
+                      op.attrs["decomposition"])
+
+
+def _composite(ctx: LoweringContext, op: Op, name: str, version: int, attributes: str,
+               function: str):
     program = ctx.function_program(function, op.operands, f"@{function}", op.loc)
-    attributes = ", ".join(f"{k}={v}" for k, v in op.attr("composite_attributes", {}).items())
     return ctx.emit(Composite, op, out_layouts=[program.info(v).varying
                                                 for v in program.outputs],
-                    name=op.attrs["name"], version=op.attr("version", 0),
-                    attributes=f"{{{attributes}}}", decomposition=program)
+                    name=name, version=version, attributes=attributes, decomposition=program)
 
 
 @rule("sdy.sharding_constraint", "sdy.reshard", "sdy.propagation_barrier",

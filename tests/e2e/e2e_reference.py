@@ -12,6 +12,7 @@ from jax.sharding import AxisType
 
 import jax_trn2
 from mesh.executor import EXACT_PRECISION
+from mesh.machine import get_topology, place_mesh
 
 # Tolerances, relative to the largest reference magnitude, where the two runs may add in a
 # different order: FP32 re-association changes a sum of n terms by up to ~n*eps*sum|x|
@@ -37,9 +38,20 @@ def cpu_mesh(shape: tuple[int, ...], names: tuple[str, ...]):
                          devices=devices)
 
 
+def trn2_mesh(shape: tuple[int, ...], names: tuple[str, ...], topology: str = "trn2-ultra"):
+    """A mesh of the trn2 plugin's devices (jax.devices('trn2')), placed on the torus as
+    jax_trn2.make_mesh places it."""
+    placement = place_mesh(get_topology(topology), tuple(shape), tuple(names), None)
+    devices = jax.devices("trn2")
+    return jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape),
+                         devices=[devices[c] for c in placement.device_to_chip])
+
+
 def run_both(body, shape, names, in_specs, out_specs, *args, topology="trn2-ultra",
              check_vma=True):
-    """(simulated result, CPU reference) of shard_map(body) over a mesh of `shape`."""
+    """(simulated result, CPU reference) of shard_map(body) over a mesh of `shape`; the
+    simulated result through both front doors, jax_trn2.jit and plain jax.jit on the trn2
+    plugin's devices, which must agree bit for bit."""
     sim_mesh = jax_trn2.make_mesh(shape, names, topology=topology)
     ref_mesh = cpu_mesh(shape, names)
     sim = jax_trn2.jit(jax.shard_map(body, mesh=sim_mesh, in_specs=in_specs,
@@ -49,7 +61,18 @@ def run_both(body, shape, names, in_specs, out_specs, *args, topology="trn2-ultr
     ref = jax.jit(jax.shard_map(body, mesh=ref_mesh, in_specs=in_specs,
                                 out_specs=out_specs, check_vma=check_vma),
                   compiler_options=EXACT_PRECISION)
-    return sim(*args), ref(*args)
+    got = sim(*args)
+    assert_same_bits(run_plain(body, shape, names, in_specs, out_specs, *args,
+                               topology=topology, check_vma=check_vma), got)
+    return got, ref(*args)
+
+
+def run_plain(body, shape, names, in_specs, out_specs, *args, topology="trn2-ultra",
+              check_vma=True):
+    """shard_map(body) through plain jax.jit on the trn2 plugin's devices."""
+    return jax.jit(jax.shard_map(body, mesh=trn2_mesh(shape, names, topology),
+                                 in_specs=in_specs, out_specs=out_specs, check_vma=check_vma),
+                   compiler_options={"trn2_topology": topology})(*args)
 
 
 def assert_matches(got, want, exact: bool = False) -> None:

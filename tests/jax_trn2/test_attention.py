@@ -62,3 +62,26 @@ def test_causal_scores_count_the_keys_each_query_sees():
 def test_bad_shapes_name_the_argument():
     with pytest.raises(ValueError, match=r"k must be \[batch, length, heads, head_dim\]"):
         jax_trn2.flash_attention(jnp.ones((1, 4, 2, 8)), jnp.ones((4, 2, 8)), jnp.ones((1, 4, 2, 8)))
+
+
+def test_the_kernel_survives_xlas_partitioner(rng):
+    """With NamedShardings (no shard_map) XLA's partitioner makes each chip's program; the
+    kernel crosses it as a call XLA keeps, is partitioned like any function, and comes
+    back as the kernel: costed as one, computing the same values."""
+    mesh = jax_trn2.make_mesh((8,), ("d",))
+    split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
+    q = jnp.asarray(rng.standard_normal((8, 64, 4, 16)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((8, 64, 2, 16)), jnp.float32)
+
+    def loss(attention):
+        return lambda q, k, v: (attention(q, k, v) ** 2).sum()
+
+    fused = lambda q, k, v: jax_trn2.flash_attention(q, k, v, causal=True)  # noqa: E731
+    plain = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    step = jax_trn2.jit(jax.grad(loss(fused), argnums=(0, 1, 2)), in_shardings=(split,) * 3)
+    listing = step.lower(q, k, k).compile().as_text()
+    assert "name=jax_trn2.flash_attention_grad" in listing
+    assert "float32[1,64,4,16]" in listing  # each chip's part of the batch
+    want = jax.grad(loss(plain), argnums=(0, 1, 2))(q, k, k)
+    for g, w in zip(step(q, k, k), want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)  # as in the test above

@@ -288,6 +288,22 @@ def test_eval_shape_and_clear_cache_as_jax_jits():
     np.testing.assert_array_equal(np.asarray(double(X)["y"]), X * 2)
 
 
+def test_a_fresh_jit_of_the_same_function_does_not_compile_again(monkeypatch):
+    """Every jax_trn2.jit of one function (with the same options) shares its programs, as
+    jax.jit's do: `jax_trn2.jit(f)(x)` in a loop compiles once."""
+    def triple(x):
+        return x * 3
+    jax_trn2.jit(triple)(X)
+    lowerings = []
+    monkeypatch.setattr(LoadedExecutable, "from_stablehlo",
+                        lambda *a, **k: lowerings.append(a) or pytest.fail("compiled again"))
+    for _ in range(3):
+        np.testing.assert_array_equal(np.asarray(jax_trn2.jit(triple)(X)), X * 3)
+    assert not lowerings
+    with pytest.raises(BaseException, match="compiled again"):  # other options: another
+        jax_trn2.jit(triple, rounding="stochastic")(X)
+
+
 def test_trace_then_lower_as_jax_jits():
     f = lambda x, s: x * s  # noqa: E731
     traced = jax_trn2.jit(f, static_argnums=1).trace(X, 3.0)

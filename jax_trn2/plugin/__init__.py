@@ -1,0 +1,53 @@
+"""The trn2 PJRT plugin: the simulated Trainium2 machine as a JAX backend.
+
+jax imports this module when it starts its backends (the `jax_plugins` entry point in
+pyproject.toml) and calls `initialize()`, which fills the PJRT_Api table in Python
+(jax_trn2.plugin.table), hands it to the C shim that jaxlib loads, and registers the plugin
+as "trn2" at a priority below the CPU's: jax's default backend stays the CPU, and a user
+selects the simulator with `jax.devices("trn2")` or `JAX_PLATFORMS=trn2`.
+
+The client reports the platform name "neuron", AWS's name for Trainium, for which jax
+lowers programs, donates buffers and keeps its persistent compilation cache (it does
+neither for a platform it does not know); the simulator's devices are listed under the
+plugin's name, "trn2" (the README says what a user sees).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+
+PRIORITY = -100  # below the CPU's 0: installing the plugin does not change jax's default
+
+_api = None  # the PJRT_Api table, alive as long as the process
+
+
+def library_path() -> str:
+    """The C shim's shared library, built when the package was installed."""
+    spec = importlib.util.find_spec("jax_trn2.plugin._shim")
+    if spec is None or not spec.origin:
+        raise ImportError("jax_trn2.plugin._shim, the PJRT plugin's C library, is not built: "
+                          "reinstall jax-trn2 with `pip install -e .` (it needs a C compiler)")
+    return spec.origin
+
+
+def initialize() -> None:
+    """Register the trn2 plugin with jax (called by jax's plugin discovery)."""
+    global _api
+    from jax._src import xla_bridge
+
+    from jax_trn2.plugin import lowerings, table
+    from jax_trn2.plugin.client import PLATFORM_NAME, PLUGIN_NAME
+
+    path = library_path()
+    shim = ctypes.CDLL(path)
+    if _api is None:
+        _api = table.build(shim)
+    shim.trn2_set_api.argtypes = [ctypes.c_void_p]
+    shim.trn2_set_api(ctypes.addressof(_api))
+    lowerings.register(PLATFORM_NAME)
+    # jax starts every plugin's backend with its own, and warns for each one it does not
+    # know ("Platform 'trn2' is experimental ..."): every program of a user who installed
+    # jax-trn2, on any backend, would print it. The README says what the simulator runs.
+    xla_bridge._nonexperimental_plugins.add(PLUGIN_NAME)
+    xla_bridge.register_plugin(PLUGIN_NAME, priority=PRIORITY, library_path=path)

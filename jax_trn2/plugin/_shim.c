@@ -1,0 +1,148 @@
+/* The C entry point jaxlib loads for the trn2 PJRT plugin.
+
+   jaxlib dlopens this library and calls GetPjrtApi(); the PJRT_Api table it returns is
+   made and filled in Python (jax_trn2.plugin.table), which hands its address to
+   trn2_set_api() before registering the plugin. trn2_noop() is what every slot points at
+   once Python is finalising (jax_trn2.plugin.table.retire): jaxlib's destructors may still
+   call PJRT_Client_Destroy and PJRT_Buffer_Destroy then, after ctypes has freed its
+   callbacks. It returns NULL, PJRT's "no error". No Python headers are needed.
+
+   The slots below are the getters jaxlib calls several times for every buffer of every
+   call (a program on 64 devices makes 64 buffers per result): through ctypes each would
+   take the GIL and cost microseconds. They read the record a PJRT pointer points at,
+   which Python fills (jax_trn2.plugin.handles.Record), and write the args struct's first
+   out-fields, which follow the object's pointer in every one of them (checked against
+   PJRT's layouts by tests/jax_trn2/plugin/test_abi.py). Every event is the one ready
+   event: the simulator finishes its work, or fails, before a call returns. */
+
+#include <fenv.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+static const void *api_table = 0;
+
+void trn2_set_api(const void *table) { api_table = table; }
+
+const void *GetPjrtApi(void) { return api_table; }
+
+void *trn2_noop(void *args) {
+  (void)args;
+  return 0;
+}
+
+/* What a PJRT pointer points at (handles.Record): the function table PJRT_Memory and
+   PJRT_Error begin with, then what the getters below read. */
+typedef struct {
+  const void *vtable;
+  void *device;      /* a buffer's PJRT_Device */
+  void *memory;      /* a buffer's PJRT_Memory */
+  const char *kind;  /* a memory's kind */
+  size_t kind_size;
+  bool deleted;      /* a buffer's */
+} trn2_record;
+
+/* PJRT_<Object>_<Getter>_Args: the header, the object, then its out-fields. */
+typedef struct {
+  size_t struct_size;
+  void *extension_start;
+  trn2_record *object;
+  void *out[2];
+} trn2_args;
+
+static trn2_record ready_event;
+
+void *trn2_ready_event(void) { return &ready_event; }
+
+void *trn2_Event_Destroy(trn2_args *args) { (void)args; return 0; }
+
+void *trn2_Event_IsReady(trn2_args *args) {
+  *(bool *)&args->out[0] = true;
+  return 0;
+}
+
+void *trn2_Event_Error(trn2_args *args) { (void)args; return 0; }
+
+void *trn2_Event_Await(trn2_args *args) { (void)args; return 0; }
+
+void *trn2_Event_OnReady(trn2_args *args) {
+  void (*callback)(void *error, void *user_arg) = (void (*)(void *, void *))args->out[0];
+  callback(0, args->out[1]);
+  return 0;
+}
+
+void *trn2_Buffer_ReadyEvent(trn2_args *args) {
+  args->out[0] = &ready_event;
+  return 0;
+}
+
+void *trn2_Buffer_Device(trn2_args *args) {
+  args->out[0] = args->object->device;
+  return 0;
+}
+
+void *trn2_Buffer_Memory(trn2_args *args) {
+  args->out[0] = args->object->memory;
+  return 0;
+}
+
+void *trn2_Buffer_IsDeleted(trn2_args *args) {
+  *(bool *)&args->out[0] = args->object->deleted;
+  return 0;
+}
+
+/* Python slots the shim calls in a clean state (table.GUARDED_SLOTS):
+   - Python's pending exception set aside: jaxlib destroys a buffer or an executable when
+     Python frees the jax object holding it, which Python may do while an exception is on
+     its way out (the arguments of a call that raised); a ctypes callback run then would
+     swallow it ("SystemError: error return without exception set").
+   - the default floating-point environment: jaxlib compiles on threads that flush
+     subnormal numbers to zero, and the simulator's compile reads constants and folds them
+     with numpy, which would flush them too.
+   The shim is loaded into the Python process, whose C API it calls (PyGILState_STATE is
+   an int enum). */
+extern int PyGILState_Ensure(void);
+extern void PyGILState_Release(int state);
+extern void PyErr_Fetch(void **type, void **value, void **traceback);
+extern void PyErr_Restore(void *type, void *value, void *traceback);
+
+static void *call_python(void *(*function)(void *), void *args) {
+  fenv_t caller_fp;
+  fegetenv(&caller_fp);
+  fesetenv(FE_DFL_ENV);
+  int gil = PyGILState_Ensure();
+  void *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  void *error = function(args);
+  PyErr_Restore(type, value, traceback);
+  PyGILState_Release(gil);
+  fesetenv(&caller_fp);
+  return error;
+}
+
+#define GUARDED(name)                                                          \
+  static void *(*python_##name)(void *) = 0;                                   \
+  void trn2_set_##name(void *(*function)(void *)) { python_##name = function; } \
+  void *trn2_##name(void *args) { return call_python(python_##name, args); }
+
+GUARDED(Buffer_Destroy)
+GUARDED(Executable_Destroy)
+GUARDED(LoadedExecutable_Destroy)
+GUARDED(Client_Destroy)
+GUARDED(Client_Compile)
+GUARDED(Executable_DeserializeAndLoad)
+
+/* jaxlib destroys the NULL "error" of every successful call it checks (64 per result of a
+   program on 64 devices); a real error is Python's to destroy. */
+static void *(*python_Error_Destroy)(void *) = 0;
+
+void trn2_set_Error_Destroy(void *(*function)(void *)) { python_Error_Destroy = function; }
+
+void *trn2_Error_Destroy(trn2_args *args) {
+  return args->object ? call_python(python_Error_Destroy, args) : 0;
+}
+
+void *trn2_Memory_Kind(trn2_args *args) {
+  args->out[0] = (void *)args->object->kind;
+  args->out[1] = (void *)args->object->kind_size;
+  return 0;
+}

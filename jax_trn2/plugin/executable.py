@@ -1,0 +1,267 @@
+"""A program compiled by the plugin: jax_trn2's LoadedExecutable behind PJRT's interface.
+
+PJRT hands a program per-device buffers (one list per device of the device assignment, in
+its order: partition-major, as jax's meshes list their devices) and takes per-device
+results. The simulator runs on global arrays; each argument is assembled from its pieces
+by how XLA lays it out over the mesh (lowering.partition.layouts), and each result is cut
+into views, one per device. The pieces share the global array (handles.Whole): the next
+program that takes all of them takes it as it is, without copying or comparing; an
+argument assembled from pieces put on the devices separately is assembled once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import weakref
+from typing import Any, Sequence
+
+import numpy as np
+from jax._src.lib import xla_client
+
+from jax_trn2.plugin import abi, lowerings, options, proto
+from jax_trn2.plugin.handles import Buffer, Device, Memory, Whole
+from mesh import sharding
+
+_SERIALIZED_MAGIC = b"jax-trn2 executable 1\n"
+_LIVE: "weakref.WeakValueDictionary[str, Executable]" = weakref.WeakValueDictionary()
+
+
+class Executable:
+    """A compiled program: its Trn2 executable, the devices it runs on, and what jaxlib
+    asks of it (output shardings through the optimized program, costs, HBM use)."""
+
+    def __init__(self, client: Any, code: bytes, compile_options: bytes):
+        from jax_trn2.executable import LoadedExecutable  # the simulator: loaded when used
+        from lowering import lower, partition
+        from lowering.mlir import parse_module
+        from mesh import numerics
+
+        self.client = client
+        self.code, self.compile_options = bytes(code), bytes(compile_options)
+        parsed = xla_client.CompileOptions.ParseFromString(self.compile_options)
+        build = parsed.executable_build_options
+        self.num_replicas, self.num_partitions = build.num_replicas, build.num_partitions
+        self.assignment = proto.read_device_assignment(build.device_assignment.serialize()) \
+            if build.device_assignment is not None else \
+            [[r * self.num_partitions + p for p in range(self.num_partitions)]
+             for r in range(self.num_replicas)]
+        self.options = options.program_options(list(parsed.env_option_overrides),
+                                               client.options)
+        self.devices: list[Device] = [client.device(d) for row in self.assignment for d in row]
+        module = parse_module(self.code)
+        program = lower(module, host_callbacks=lowerings.CALLBACKS)
+        mesh = program.mesh
+        if mesh.axis_sizes and mesh.num_devices != len(self.devices):
+            raise ValueError(f"the program's mesh {dict(zip(mesh.axis_names, mesh.axis_sizes))}"
+                             f" has {mesh.num_devices} devices, but it was compiled for "
+                             f"{len(self.devices)} (num_replicas x num_partitions)")
+        topology = self.options.topology
+        outside = [d.id for d in self.devices if d.id >= topology.num_chips]
+        if outside:
+            raise ValueError(f"devices {outside} are not chips of trn2_topology "
+                             f"{topology.name!r} ({topology.num_chips} chips): run the program "
+                             f"on devices 0..{topology.num_chips - 1}")
+        self.loaded = LoadedExecutable(
+            program, topology, rounding=numerics.Rounding(self.options.rounding,
+                                                          self.options.seed),
+            device_assignment=[d.id for d in self.devices] if mesh.axis_sizes else None)
+        if self.options.check_memory:
+            self.loaded.check_memory()
+        self.loaded.load()  # the executor compiles here, on jaxlib's compile thread
+        self.in_layouts, self.out_layouts = partition.layouts(module, program)
+        main = partition.main_function(module).regions[0].blocks[0]
+        self.arg_slots = _slots(main.arguments)
+        self.result_slots = _slots(main.operations[-1].operands)
+        kinds = partition.result_memory_kinds(module)
+        self.out_memory_kinds = ["device" if i is None else kinds[i] or "device"
+                                 for i in self.result_slots]
+        donated = {position for position, _ in program.donated_inputs}
+        self.donated = [k for k, i in enumerate(self.arg_slots) if i in donated]
+        self.name = _module_name(module)
+        self.fingerprint = hashlib.sha256(self.code + self.compile_options).hexdigest()
+        self._optimized: bytes | None = None
+        self._module = module  # for the optimized program, made when jaxlib asks
+        self.owned = abi.Owned()
+        self.deleted = False
+        _LIVE[self.fingerprint] = self
+
+    # --- running ---------------------------------------------------------------------------
+
+    def execute(self, arguments: Sequence[Sequence[Buffer]],
+                non_donatable: set[int]) -> list[list[Buffer]]:
+        """Run on one argument list per device; returns one result list per device, and
+        deletes the donated arguments (as PJRT does; `non_donatable`: argument positions
+        the caller keeps)."""
+        count = len(self.arg_slots)
+        for d, row in enumerate(arguments):
+            if len(row) != count:
+                raise ValueError(f"device {d} got {len(row)} arguments; the program takes "
+                                 f"{count}")
+        results = self.loaded.run([self._argument(i, [row[k] for row in arguments])
+                                   for k, i in enumerate(self.arg_slots) if i is not None])
+        sizes = self._mesh_sizes()
+        per_device: list[list[Buffer]] = [[] for _ in self.devices]
+        for i in self.result_slots:
+            if i is None:  # a token: an empty array, as jax's runtime tokens are
+                for d, device in enumerate(self.devices):
+                    per_device[d].append(Buffer(_TOKEN, device, _memory(device)))
+                continue
+            host = np.asarray(results[i])  # a view of the simulator's result
+            whole = Whole(results[i], self._layout(self.out_layouts, i, host.ndim), sizes)
+            for d, piece in enumerate(sharding.pieces(host, whole.layout, sizes)):
+                device = self.devices[d]
+                per_device[d].append(Buffer(piece, device, _memory(device), whole, d))
+        for i in self.donated:
+            if i not in non_donatable:
+                for row in arguments:
+                    row[i].delete()
+        return per_device
+
+    def _layout(self, layouts: tuple, i: int, ndim: int) -> tuple:
+        """dim_axes of leaf i (replicated: no axes per dim)."""
+        given = layouts[i] if i < len(layouts) else None
+        return given if given is not None else ((),) * ndim
+
+    def _argument(self, i: int, pieces: list[Buffer]) -> Any:
+        """Argument i as a global array from its per-device pieces. Pieces of one global
+        array laid out as the program takes it are that array; others are assembled (and
+        their replicas compared) once: the buffers then share the assembled array."""
+        sizes = self._mesh_sizes()
+        layout = self._layout(self.in_layouts, i, pieces[0].data().ndim)
+        whole = pieces[0].whole
+        if whole is not None and (whole.layout, whole.sizes) == (layout, sizes) and all(
+                p.whole is whole and p.index == d for d, p in enumerate(pieces)):
+            return whole.value
+        try:
+            value = sharding.assemble([p.data() for p in pieces], layout, sizes)
+        except ValueError as e:
+            raise ValueError(f"{self.loaded.arg_names[i]}: {e}") from None
+        whole = Whole(value, layout, sizes)
+        for d, (piece, view) in enumerate(zip(pieces, sharding.pieces(value, layout, sizes))):
+            piece.share(view, whole, d)
+        return value
+
+    def _mesh_sizes(self) -> tuple[int, ...]:
+        return self.loaded.program.mesh.axis_sizes or (len(self.devices),)
+
+    # --- what jaxlib asks of a compiled program ----------------------------------------------
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.result_slots)
+
+    def output_types(self) -> list[tuple[np.dtype, tuple[int, ...]]]:
+        """(dtype, per-device shape) of each output."""
+        from mesh import dtypes
+        program = self.loaded.program
+        out = []
+        for i in self.result_slots:
+            if i is None:
+                out.append((_TOKEN.dtype, _TOKEN.shape))
+                continue
+            t = program.values[program.outputs[i]].type
+            layout = self._layout(self.out_layouts, i, len(t.shape))
+            out.append((dtypes.numpy_dtype(t.dtype),
+                        sharding.local_shape(t.shape, layout, self._mesh_sizes())))
+        return out
+
+    def optimized_program(self) -> bytes:
+        """An HloModuleProtoWithConfig with main's signature and the layouts of its arguments
+        and results over the devices (jax reads the output shardings from it)."""
+        if self._optimized is None:
+            from jax_trn2.plugin.signature import signature_module
+            self._optimized = signature_module(self, self._module)
+        return self._optimized
+
+    def cost_analysis(self) -> dict[str, Any]:
+        """The estimate's cost_analysis, its nested entries flattened to 'trn2.key.subkey'
+        (PJRT's named values are flat)."""
+        return _flat(self.loaded.cost_analysis())
+
+    def memory_stats(self) -> Any:
+        return self.loaded.memory_analysis()
+
+    def serialize(self) -> bytes:
+        """The program and its compile options (a deserialized executable is compiled again
+        from them: the simulator's compile is its lowering)."""
+        return _SERIALIZED_MAGIC + proto.field_bytes(1, self.code) + \
+            proto.field_bytes(2, self.compile_options)
+
+
+def of(compiled: Any) -> Executable:
+    """The plugin's executable behind a jax `Compiled` (jax.jit(f).lower(...).compile()) of
+    the trn2 platform, found by its fingerprint."""
+    fingerprint = compiled.runtime_executable().fingerprint
+    if isinstance(fingerprint, bytes):
+        fingerprint = fingerprint.decode()
+    executable = _LIVE.get(fingerprint or "")
+    if executable is None:
+        raise ValueError("not a program compiled by the trn2 plugin: compile it for "
+                         "jax.devices('trn2')")
+    return executable
+
+
+def listing(compiled: Any) -> str:
+    """The Trn2 program of a jax `Compiled` for the trn2 platform, with an estimated start
+    and duration on every instruction and the step's summary (what
+    `jax_trn2.jit(f).lower(...).compile().as_text()` prints)."""
+    return of(compiled).loaded.timed_text()
+
+
+class View:
+    """A PJRT_Executable: what LoadedExecutable_GetExecutable hands out, destroyed on its own
+    (jaxlib destroys it apart from the loaded executable)."""
+
+    def __init__(self, executable: Executable):
+        self.executable = executable
+
+
+def deserialize(client: Any, data: bytes, compile_options: bytes | None) -> Executable:
+    if not data.startswith(_SERIALIZED_MAGIC):
+        raise ValueError("not an executable serialized by the jax-trn2 plugin")
+    parts = dict(proto.fields(data[len(_SERIALIZED_MAGIC):]))
+    return Executable(client, parts[1], compile_options or parts[2])
+
+
+# What a token of an ordered effect is between calls (jax's runtime tokens): an empty
+# array; the simulator makes its tokens inside a program, and runs in order anyway.
+_TOKEN = np.zeros(0, np.bool_)
+_TOKEN.flags.writeable = False
+
+
+def _slots(values: Sequence[Any]) -> list[int | None]:
+    """For each of main's arguments (or results), its position among the program's inputs
+    (or outputs), None for a token (which the program neither takes nor gives)."""
+    from lowering import mlir
+    slots, position = [], 0
+    for value in values:
+        slots.append(None if mlir.is_token(value.type) else position)
+        position += not mlir.is_token(value.type)
+    return slots
+
+
+def _memory(device: Device) -> Memory:
+    return device.memories[0]
+
+
+def _module_name(module: Any) -> str:
+    from jaxlib.mlir import ir
+    attrs = module.operation.attributes
+    return ir.StringAttr(attrs["sym_name"]).value if "sym_name" in attrs else "main"
+
+
+def _flat(values: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{name}."))
+        elif isinstance(value, (bool, int, float, str)):
+            out[name] = value
+        elif isinstance(value, (np.integer, np.floating, np.bool_)):
+            out[name] = value.item()
+        elif value is None:
+            continue
+        else:
+            out[name] = str(value)
+    return out

@@ -1,0 +1,198 @@
+"""The objects behind the opaque PJRT pointers jaxlib holds: one small class each.
+
+A pointer handed to jaxlib is the address of a Record, kept in `Handles` with its Python
+object until jaxlib destroys it (clients, devices and memories live as long as the
+process). Each object owns the C values its getters hand out (abi.Owned).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+
+from jax_trn2.plugin import abi
+
+T = TypeVar("T")
+
+
+class Record(ctypes.Structure):
+    """What a PJRT pointer handed to jaxlib points at (the C shim's trn2_record): the
+    function table PJRT_Memory and PJRT_Error begin with (jaxlib reads it), then what the
+    shim's getters read without calling Python (a buffer's device, memory and deleted
+    flag; a memory's kind)."""
+
+    _fields_ = [("vtable", ctypes.c_void_p), ("device", ctypes.c_void_p),
+                ("memory", ctypes.c_void_p), ("kind", ctypes.c_void_p),
+                ("kind_size", ctypes.c_size_t), ("deleted", ctypes.c_bool)]
+
+
+class Handles:
+    """Python objects by the pointer jaxlib holds for them: the address of the object's
+    Record."""
+
+    def __init__(self):
+        self._objects: dict[int, tuple[Any, Record]] = {}
+        self._pointers: dict[int, int] = {}  # id(object) -> its pointer
+
+    def add(self, obj: Any, record: Record | None = None) -> int:
+        """Keep `obj` alive and return its pointer (of `record`, else a new empty one)."""
+        record = Record() if record is None else record
+        pointer = ctypes.addressof(record)
+        self._objects[pointer] = (obj, record)
+        self._pointers[id(obj)] = pointer
+        return pointer
+
+    def pointer(self, obj: Any) -> int:
+        """The pointer of an object added before."""
+        return self._pointers[id(obj)]
+
+    def get(self, pointer: int, kind: type[T]) -> T:
+        """The object at `pointer`, which must be a `kind`; ValueError otherwise (a pointer
+        jaxlib should not have passed)."""
+        obj = self._objects.get(pointer, (None, None))[0]
+        if not isinstance(obj, kind):
+            raise ValueError(f"{pointer:#x} is not a live PJRT {kind.__name__} of the trn2 "
+                             f"plugin (got {type(obj).__name__})")
+        return obj
+
+    def remove(self, pointer: int) -> None:
+        """Forget the object at `pointer` (NULL and unknown pointers are ignored, as PJRT's
+        Destroy functions accept NULL)."""
+        obj, _ = self._objects.pop(pointer, (None, None))
+        if obj is not None and self._pointers.get(id(obj)) == pointer:
+            del self._pointers[id(obj)]
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+
+class MemoryVtable:
+    """PJRT_Memory_FunctionTable: the user data jaxlib attaches to a memory, by key."""
+
+    _GET = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+    _SET = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                            ctypes.c_void_p)
+
+    class _Table(ctypes.Structure):
+        _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
+                    ("instance_struct_size", ctypes.c_size_t),
+                    ("get_user_data", ctypes.c_void_p), ("set_user_data", ctypes.c_void_p)]
+
+    def __init__(self):
+        self._data: dict[tuple[int, int], int] = {}
+        self._get, self._set = self._GET(self._get_data), self._SET(self._set_data)
+        self.table = self._Table(ctypes.sizeof(self._Table), None, ctypes.sizeof(ctypes.c_void_p),
+                                 ctypes.cast(self._get, ctypes.c_void_p).value,
+                                 ctypes.cast(self._set, ctypes.c_void_p).value)
+        self.address = ctypes.addressof(self.table)
+
+    def _get_data(self, memory: int, key: int) -> int:
+        return self._data.get((memory or 0, key or 0), 0)
+
+    def _set_data(self, memory: int, key: int, data: int, destructor: int) -> None:
+        # memories live as long as the process: their user data is never destroyed
+        self._data[(memory or 0, key or 0)] = data or 0
+
+
+@dataclass(eq=False)
+class Memory:
+    """A device's memory space: its HBM ("device", jax's name for a device's own memory)."""
+
+    id: int
+    kind: str
+    device: "Device"
+    owned: abi.Owned = field(default_factory=abi.Owned)
+
+    KIND_ID = 0  # one kind of memory per device
+
+    def description(self) -> str:
+        return f"HBM of Trainium2 chip {self.device.id} (memory kind {self.kind!r})"
+
+
+@dataclass(eq=False)
+class Device:
+    """One simulated chip, as a PJRT_Device and its PJRT_DeviceDescription (one object:
+    jaxlib never frees either)."""
+
+    id: int
+    coords: tuple[int, ...]
+    kind: str
+    hbm_bytes: int  # capacity, from the chip spec
+    memories: list[Memory] = field(default_factory=list)
+    owned: abi.Owned = field(default_factory=abi.Owned)
+    bytes_in_use: int = 0  # of the buffers on this chip now
+    peak_bytes_in_use: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def attributes(self) -> dict[str, Any]:
+        """PJRT_DeviceDescription_Attributes: jax reads `coords` as TPU devices have it."""
+        return {"coords": list(self.coords), "core_on_chip": 0}
+
+    def to_string(self) -> str:
+        return f"Trn2Device(id={self.id}, coords={self.coords})"
+
+    def allocated(self, nbytes: int) -> None:
+        """Account a buffer of `nbytes` made on this chip (memory_stats)."""
+        with self.lock:
+            self.bytes_in_use += nbytes
+            self.peak_bytes_in_use = max(self.peak_bytes_in_use, self.bytes_in_use)
+
+    def freed(self, nbytes: int) -> None:
+        with self.lock:
+            self.bytes_in_use -= nbytes
+
+
+@dataclass(eq=False)
+class Whole:
+    """A global array and how it lies over a mesh's devices: the one storage that the
+    buffers of its pieces share (a replicated value is stored once for all its devices)."""
+
+    value: Any  # what the simulator takes and gave: a numpy array or a jax.Array
+    layout: tuple  # mesh axes of each dim (mesh.sharding)
+    sizes: tuple[int, ...]  # the mesh's axis sizes
+
+
+class Buffer:
+    """A PJRT_Buffer: one device's array (a read-only numpy array on the host).
+
+    `whole` is the global array this buffer is piece `index` of (an executable's result,
+    or an argument assembled from its pieces once): the next execute that takes all its
+    pieces, laid out the same, takes the whole as it is."""
+
+    def __init__(self, array: np.ndarray, device: Device, memory: Memory,
+                 whole: Whole | None = None, index: int = 0):
+        array.flags.writeable = False  # shared between buffers and with the executor
+        self.array = array
+        self.device = device
+        self.memory = memory
+        self.whole, self.index = whole, index
+        self.deleted = False
+        self.record = Record()  # the table fills in its device and memory pointers
+        self.owned = abi.Owned()
+        self.dtype, self.shape, self.nbytes = array.dtype, array.shape, array.nbytes
+        device.allocated(self.nbytes)
+
+    def share(self, view: np.ndarray, whole: Whole, index: int) -> None:
+        """Hold piece `index` of `whole` (equal to this buffer's data) instead of a copy of
+        its own."""
+        view.flags.writeable = False
+        self.array, self.whole, self.index = view, whole, index
+
+    def delete(self) -> None:
+        """Release the data (PJRT_Buffer_Delete, donation); the handle lives on."""
+        if not self.deleted:
+            self.deleted = self.record.deleted = True
+            self.device.freed(self.nbytes)
+            self.array = self.whole = None
+
+    def data(self) -> np.ndarray:
+        if self.deleted:
+            raise ValueError("the buffer was deleted (donated to a computation, or deleted)")
+        return self.array
+
+    def __repr__(self) -> str:
+        return f"Buffer({self.dtype}{list(self.shape)} on chip {self.device.id})"

@@ -1,0 +1,141 @@
+"""The few protocol-buffer messages the plugin reads and writes, in the wire format.
+
+jaxlib ships no Python classes for XLA's protos; the plugin needs only a device assignment
+(read from and written to `DeviceAssignmentProto`) and the wrapper `HloModuleProtoWithConfig`
+around an HloModuleProto, so a field reader and writer are enough. Field numbers are
+XLA's (xla/xla_data.proto, xla/service/hlo.proto, xla/xla.proto).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+_VARINT, _FIXED64, _BYTES, _FIXED32 = 0, 1, 2, 5
+
+# DeviceAssignmentProto
+_REPLICA_COUNT, _COMPUTATION_COUNT, _COMPUTATION_DEVICES = 1, 2, 3
+_REPLICA_DEVICE_IDS = 1  # ComputationDevice
+# HloModuleProtoWithConfig, HloModuleConfigProto, ProgramShapeProto, HloModuleProto
+_HLO_MODULE, _CONFIG = 1, 2
+_ENTRY_COMPUTATION_LAYOUT = 1
+_PARAMETERS, _RESULT, _PARAMETER_NAMES = 1, 2, 3
+_HOST_PROGRAM_SHAPE = 4
+_SPMD_OUTPUT_SHARDING, _SPMD_PARAMETERS_SHARDINGS = 12, 14
+# OpSharding
+_SHARDING_TYPE, _TUPLE_SHARDINGS, _TUPLE = 1, 5, 2
+
+
+def varint(value: int) -> bytes:
+    out = bytearray()
+    value &= (1 << 64) - 1  # negative int64s as two's complement, as protobuf writes them
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
+    """(field number, value) of each field of a message: an int for varints and fixed-width
+    fields, the bytes of a length-delimited one."""
+    pos = 0
+    while pos < len(data):
+        key, pos = _read_varint(data, pos)
+        number, wire_type = key >> 3, key & 7
+        if wire_type == _VARINT:
+            value, pos = _read_varint(data, pos)
+        elif wire_type == _BYTES:
+            length, pos = _read_varint(data, pos)
+            value, pos = data[pos:pos + length], pos + length
+        elif wire_type in (_FIXED64, _FIXED32):
+            width = 8 if wire_type == _FIXED64 else 4
+            value, pos = int.from_bytes(data[pos:pos + width], "little"), pos + width
+        else:
+            raise ValueError(f"protobuf wire type {wire_type} (groups) in field {number}")
+        yield number, value
+
+
+def field_bytes(number: int, payload: bytes) -> bytes:
+    return varint(number << 3 | _BYTES) + varint(len(payload)) + payload
+
+
+def field_varint(number: int, value: int) -> bytes:
+    return varint(number << 3 | _VARINT) + varint(value)
+
+
+def _ints(value: int | bytes) -> list[int]:
+    """A repeated integer field's value: one varint, or a packed run of them."""
+    if isinstance(value, int):
+        return [value]
+    out, pos = [], 0
+    while pos < len(value):
+        item, pos = _read_varint(value, pos)
+        out.append(item)
+    return out
+
+
+def read_device_assignment(data: bytes) -> list[list[int]]:
+    """A DeviceAssignmentProto as device ids [replica][computation]."""
+    replicas = computations = 0
+    per_computation: list[list[int]] = []
+    for number, value in fields(data):
+        if number == _REPLICA_COUNT:
+            replicas = value
+        elif number == _COMPUTATION_COUNT:
+            computations = value
+        elif number == _COMPUTATION_DEVICES:
+            ids = [i for n, v in fields(value) if n == _REPLICA_DEVICE_IDS for i in _ints(v)]
+            per_computation.append(ids)
+    if len(per_computation) != computations or any(len(ids) != replicas
+                                                   for ids in per_computation):
+        raise ValueError(f"a device assignment of {replicas} replicas x {computations} "
+                         f"partitions lists {[len(ids) for ids in per_computation]} devices "
+                         "per partition")
+    return [[per_computation[p][r] for p in range(computations)] for r in range(replicas)]
+
+
+def write_device_assignment(ids: Sequence[Sequence[int]]) -> bytes:
+    """Device ids [replica][computation] as a DeviceAssignmentProto."""
+    replicas, computations = len(ids), len(ids[0])
+    out = field_varint(_REPLICA_COUNT, replicas) + field_varint(_COMPUTATION_COUNT, computations)
+    for p in range(computations):
+        out += field_bytes(_COMPUTATION_DEVICES, b"".join(
+            field_varint(_REPLICA_DEVICE_IDS, ids[r][p]) for r in range(replicas)))
+    return out
+
+
+def hlo_module_with_config(hlo_module: bytes, parameter_names: Sequence[str],
+                           parameter_shardings: Sequence[bytes],
+                           output_shardings: Sequence[bytes]) -> bytes:
+    """An HloModuleProtoWithConfig of `hlo_module` (an HloModuleProto) with the shardings
+    an SPMD partitioner leaves on a module (`*_shardings`: serialized OpShardings, one per
+    parameter and per output), which jaxlib reads as the executable's, and a config whose
+    entry computation layout is the module's program shape with `parameter_names` (jaxlib
+    reads the layouts from it and checks there is a name per parameter)."""
+    shape = next((v for n, v in fields(hlo_module) if n == _HOST_PROGRAM_SHAPE), None)
+    if shape is None:
+        raise ValueError("the HloModuleProto has no host_program_shape")
+    kept = b"".join(field_bytes(n, v) for n, v in fields(shape)
+                    if n in (_PARAMETERS, _RESULT))
+    layout = kept + b"".join(field_bytes(_PARAMETER_NAMES, name.encode())
+                             for name in parameter_names)
+    config = field_bytes(_ENTRY_COMPUTATION_LAYOUT, layout)
+    tuple_sharding = field_varint(_SHARDING_TYPE, _TUPLE) + b"".join(
+        field_bytes(_TUPLE_SHARDINGS, s) for s in output_shardings)
+    module = hlo_module + field_bytes(_SPMD_OUTPUT_SHARDING, tuple_sharding) + b"".join(
+        field_bytes(_SPMD_PARAMETERS_SHARDINGS, s) for s in parameter_shardings)
+    return field_bytes(_HLO_MODULE, module) + field_bytes(_CONFIG, config)

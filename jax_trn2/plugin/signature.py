@@ -1,0 +1,104 @@
+"""The optimized program jaxlib reads a compiled program's layouts from.
+
+jax learns the shardings of what a program returns (and takes) from the HloModule its
+compiler produced: the entry's parameter and root shardings and its entry layout. The
+simulator compiles no HLO, so the plugin hands jaxlib a module with main's signature alone:
+each parameter and result with its sharding over the devices (how XLA lays them out,
+lowering.partition.layouts), results computed as zeros. It is made from StableHLO by
+jaxlib's own converter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from jax._src.lib import _jax, xla_client
+from jaxlib.mlir import ir
+
+from jax_trn2.plugin import proto
+
+
+def hlo_sharding(dim_axes: tuple | None, axis_sizes: tuple[int, ...]) -> str:
+    """The HloSharding text (mhlo.sharding) of a layout: dim d split over the mesh axes
+    dim_axes[d] (major first), the other axes replicated; devices are numbered row-major
+    over the mesh (partition order)."""
+    if not dim_axes or not any(dim_axes):
+        return "{replicated}"
+    used = [a for axes in dim_axes for a in axes]
+    unused = [a for a in range(len(axis_sizes)) if a not in used]
+    tiles = [int(np.prod([axis_sizes[a] for a in axes], dtype=np.int64)) for axes in dim_axes]
+    replicated = int(np.prod([axis_sizes[a] for a in unused], dtype=np.int64))
+    sharding = xla_client.HloSharding.iota_tile(
+        tiles + ([replicated] if replicated > 1 else []), list(axis_sizes), used + unused,
+        [xla_client.OpSharding.Type.REPLICATED] if replicated > 1 else [])
+    return str(sharding)
+
+
+def signature_module(executable: Any, module: ir.Module) -> bytes:
+    """An HloModuleProtoWithConfig of main's signature in `module` (jax's, with the global
+    types) with the executable's layouts."""
+    from lowering.partition import main_function
+    main = main_function(module)
+    block = main.regions[0].blocks[0]
+    arg_types = [_type(a.type) for a in block.arguments]
+    returned_values = list(block.operations[-1].operands)
+    res_types = [_type(v.type) for v in returned_values]
+    sizes = executable._mesh_sizes()
+    names = [f"arg{i}" for i in range(len(arg_types))]
+    arg_shardings = [hlo_sharding(_at(executable.in_layouts, i), sizes)
+                     for i in executable.arg_slots]
+    res_shardings = [hlo_sharding(_at(executable.out_layouts, i), sizes)
+                     for i in executable.result_slots]
+    args = ", ".join(f"%{name}: {t} {{mhlo.sharding = \"{sharding}\"}}"
+                     for name, t, sharding in zip(names, arg_types, arg_shardings))
+    results = ", ".join(f"{t} {{mhlo.sharding = \"{sharding}\"}}"
+                        for t, sharding in zip(res_types, res_shardings))
+    body = [f"    %r{i} = {_zero(v.type)}" for i, v in enumerate(returned_values)]
+    returned = ", ".join(f"%r{i}" for i in range(len(res_types)))
+    text = "\n".join([
+        f"module @{executable.name} attributes {{mhlo.num_partitions = "
+        f"{executable.num_partitions} : i32, mhlo.num_replicas = {executable.num_replicas} : i32}} {{",
+        f"  func.func public @main({args}) -> ({results}) {{",
+        *body,
+        f"    return {returned} : {', '.join(res_types)}" if res_types else "    return",
+        "  }",
+        "}"])
+    computation = _jax.mlir.mlir_module_to_xla_computation(text, use_tuple_args=False,
+                                                           return_tuple=len(res_types) != 1)
+    return proto.hlo_module_with_config(
+        computation.as_serialized_hlo_module_proto(), names,
+        [_op_sharding(s) for s in arg_shardings], [_op_sharding(s) for s in res_shardings])
+
+
+def _op_sharding(text: str) -> bytes:
+    return xla_client.HloSharding.from_string(text).to_proto().SerializeToString()
+
+
+def _at(layouts: tuple, i: int | None) -> tuple | None:
+    return layouts[i] if i is not None and i < len(layouts) else None
+
+
+def _type(value_type: ir.Type) -> str:
+    """A parameter's or result's type as the executable takes or gives it: a token (of an
+    ordered effect) as an empty array, as jax passes its runtime tokens."""
+    return _TOKEN_TYPE if str(value_type) == "!stablehlo.token" else str(value_type)
+
+
+_TOKEN_TYPE = "tensor<0xi1>"
+
+
+def _zero(value_type: ir.Type) -> str:
+    """An op making a value of the type as _type gives it (its result is never read)."""
+    if _type(value_type) == _TOKEN_TYPE:
+        return f"stablehlo.constant dense<> : {_TOKEN_TYPE}"
+    element = str(ir.RankedTensorType(value_type).element_type)
+    if element.startswith("complex<"):
+        literal = "(0.0, 0.0)"
+    elif element == "i1":
+        literal = "false"
+    elif element.startswith(("i", "ui", "si")):
+        literal = "0"
+    else:
+        literal = "0.0"
+    return f"stablehlo.constant dense<{literal}> : {value_type}"

@@ -1,0 +1,697 @@
+"""The PJRT_Api table: one function per slot, each decoding its args struct, calling the
+plugin's client, buffer or executable, and writing the out-fields; the events' slots and
+the getters jaxlib calls for every buffer of every call are the C shim's (FAST_SLOTS), and
+the shim calls the destroy slots (GUARDED_SLOTS).
+
+Slots left NULL are ones jaxlib checks for or never calls here; `UNIMPLEMENTED` slots are
+ones it calls unconditionally and accepts an error from. `retire` points every slot at the
+C shim's no-op when Python finalises: jaxlib's destructors still call Client_Destroy and
+Buffer_Destroy after ctypes has freed its callbacks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+from typing import Any
+
+import numpy as np
+
+from jax_trn2.plugin import abi
+from jax_trn2.plugin.abi import c
+from jax_trn2.plugin.errors import Errors, PjrtError
+from jax_trn2.plugin.handles import Buffer, Device, Handles, Memory, MemoryVtable
+
+HANDLES = Handles()
+ERRORS = Errors(HANDLES)
+MEMORY_VTABLE = MemoryVtable()
+_PLUGIN = abi.Owned()  # the plugin's own C values (attributes)
+_SLOTS: dict[str, Any] = {}  # slot name -> its ctypes function (kept alive)
+# Slots the C shim implements (_shim.c), reading the Records of buffers and memories.
+FAST_SLOTS = ("Event_Destroy", "Event_IsReady", "Event_Error", "Event_Await",
+              "Event_OnReady", "Buffer_ReadyEvent", "Buffer_Device", "Buffer_Memory",
+              "Buffer_IsDeleted", "Memory_Kind")
+# Python slots the shim calls with Python's pending exception set aside and the default
+# floating-point environment (_shim.c): the destroy slots, which C++ destructors call when
+# Python frees a jax object, possibly while an exception is on its way out (and jaxlib's
+# Error_Destroy of NULL errors, which the shim answers itself); the compiles, which
+# jaxlib runs on threads that flush subnormal numbers to zero.
+GUARDED_SLOTS = ("Buffer_Destroy", "Executable_Destroy", "LoadedExecutable_Destroy",
+                 "Client_Destroy", "Error_Destroy", "Client_Compile",
+                 "Executable_DeserializeAndLoad")
+_READY = 0  # the one event, ready (the shim's trn2_ready_event), set by build()
+
+
+def slot(function):
+    _SLOTS[f"PJRT_{function.__name__}"] = ERRORS.slot(function)
+    return function
+
+
+def _unimplemented(name: str, why: str) -> None:
+    def function(args):
+        raise NotImplementedError(f"{name} is not implemented by the trn2 plugin: {why}")
+    function.__name__ = name
+    slot(function)
+
+
+def _get(pointer: int, kind):
+    return HANDLES.get(pointer, kind)
+
+
+def _client():
+    from jax_trn2.plugin.client import Client
+    return Client
+
+
+def _executable_types():
+    from jax_trn2.plugin import executable
+    return executable
+
+
+# --- errors -------------------------------------------------------------------------------
+
+@slot
+def Error_Destroy(args):
+    ERRORS.destroy(args.error)
+
+
+@slot
+def Error_Message(args):
+    error = ERRORS.get(args.error)
+    args.message, args.message_size = error.owned.string(error.message)
+
+
+@slot
+def Error_GetCode(args):
+    args.code = ERRORS.get(args.error).code
+
+
+@slot
+def Error_ForEachPayload(args):
+    """No payloads (jaxlib calls this for every error: it must not fail)."""
+
+
+# --- plugin -------------------------------------------------------------------------------
+
+@slot
+def Plugin_Initialize(args):
+    pass
+
+
+@slot
+def Plugin_Attributes(args):
+    from jax_trn2.plugin.client import attributes
+    args.attributes, args.num_attributes = _PLUGIN.named_values(attributes())
+
+
+# --- client -------------------------------------------------------------------------------
+
+@slot
+def Client_Create(args):
+    from jax_trn2.plugin.options import client_options
+    given = abi.read_named_values(args.create_options, args.num_options)
+    args.client = HANDLES.add(_client()(client_options(given), HANDLES,
+                                        MEMORY_VTABLE.address))
+
+
+@slot
+def Client_Destroy(args):
+    HANDLES.remove(args.client or 0)
+
+
+def _the_client(pointer: int):
+    return _get(pointer, _client())
+
+
+@slot
+def Client_PlatformName(args):
+    from jax_trn2.plugin.client import PLATFORM_NAME
+    client = _the_client(args.client)
+    args.platform_name, args.platform_name_size = client.owned.string(PLATFORM_NAME)
+
+
+@slot
+def Client_ProcessIndex(args):
+    _the_client(args.client)
+    args.process_index = 0
+
+
+@slot
+def Client_PlatformVersion(args):
+    client = _the_client(args.client)
+    args.platform_version, args.platform_version_size = \
+        client.owned.string(client.platform_version)
+
+
+def _device_pointers(owner: Any, devices) -> tuple[int, int]:
+    return owner.owned.array(ctypes.c_void_p, [HANDLES.pointer(d) for d in devices])
+
+
+@slot
+def Client_Devices(args):
+    client = _the_client(args.client)
+    args.devices, args.num_devices = _device_pointers(client, client.devices)
+
+
+@slot
+def Client_AddressableDevices(args):
+    client = _the_client(args.client)
+    args.addressable_devices, args.num_addressable_devices = \
+        _device_pointers(client, client.devices)
+
+
+@slot
+def Client_LookupDevice(args):
+    args.device = HANDLES.pointer(_the_client(args.client).device(args.id))
+
+
+@slot
+def Client_LookupAddressableDevice(args):
+    args.addressable_device = HANDLES.pointer(
+        _the_client(args.client).device(args.local_hardware_id))
+
+
+@slot
+def Client_AddressableMemories(args):
+    client = _the_client(args.client)
+    args.addressable_memories, args.num_addressable_memories = client.owned.array(
+        ctypes.c_void_p, [HANDLES.pointer(m) for m in client.memories])
+
+
+@slot
+def Client_Compile(args):
+    client = _the_client(args.client)
+    program = c.PJRT_Program.from_address(args.program)
+    program_format = ctypes.string_at(program.format, program.format_size).decode()
+    if program_format != "mlir":
+        raise ValueError(f"the trn2 plugin compiles StableHLO (program format 'mlir'), got "
+                         f"{program_format!r}")
+    executable = _executable_types().Executable(
+        client, ctypes.string_at(program.code, program.code_size),
+        ctypes.string_at(args.compile_options, args.compile_options_size))
+    args.executable = HANDLES.add(executable)
+
+
+@slot
+def Client_DefaultDeviceAssignment(args):
+    client = _the_client(args.client)
+    count = args.num_replicas * args.num_partitions
+    if count > len(client.devices):
+        raise ValueError(f"{args.num_replicas} replicas x {args.num_partitions} partitions "
+                         f"need {count} devices; the trn2 client has {len(client.devices)}")
+    ids = (ctypes.c_int * count).from_address(args.default_assignment)
+    ids[:] = list(range(count))
+
+
+@slot
+def Client_BufferFromHostBuffer(args):
+    client = _the_client(args.client)
+    if args.memory:
+        memory = _get(args.memory, Memory)
+    else:
+        memory = _get(args.device, Device).memories[0]
+    dims = list((ctypes.c_int64 * args.num_dims).from_address(args.dims)) if args.num_dims \
+        else []
+    strides = list((ctypes.c_int64 * args.num_byte_strides).from_address(args.byte_strides)) \
+        if args.byte_strides and args.num_byte_strides else None
+    buffer = client.buffer_from_host(args.data or 0, abi.dtype_of(args.type), dims, strides,
+                                     memory)
+    args.buffer = _new_buffer(buffer)
+    args.done_with_host_buffer = _READY  # copied: the host memory is free
+
+
+_unimplemented("Client_TopologyDescription",
+               "the simulated machine's topology is jax_trn2's (mesh.machine)")
+
+
+# --- devices and their descriptions (one object each) -------------------------------------
+
+@slot
+def Device_GetDescription(args):
+    args.device_description = HANDLES.pointer(_get(args.device, Device))
+
+
+@slot
+def Device_IsAddressable(args):
+    _get(args.device, Device)
+    args.is_addressable = True
+
+
+@slot
+def Device_LocalHardwareId(args):
+    args.local_hardware_id = _get(args.device, Device).id
+
+
+@slot
+def Device_AddressableMemories(args):
+    device = _get(args.device, Device)
+    args.memories, args.num_memories = device.owned.array(
+        ctypes.c_void_p, [HANDLES.pointer(m) for m in device.memories])
+
+
+@slot
+def Device_DefaultMemory(args):
+    args.memory = HANDLES.pointer(_get(args.device, Device).memories[0])
+
+
+@slot
+def Device_MemoryStats(args):
+    """HBM of the chip: its capacity from the chip spec; in use, the buffers on it now."""
+    device = _get(args.device, Device)
+    args.bytes_in_use = device.bytes_in_use
+    args.peak_bytes_in_use, args.peak_bytes_in_use_is_set = device.peak_bytes_in_use, True
+    args.bytes_limit, args.bytes_limit_is_set = device.hbm_bytes, True
+    for field in ("num_allocs", "largest_alloc_size", "bytes_reserved", "peak_bytes_reserved",
+                  "bytes_reservable_limit", "largest_free_block_bytes", "pool_bytes",
+                  "peak_pool_bytes"):
+        setattr(args, f"{field}_is_set", False)
+    if abi.has_field(args, "peak_allocated_bytes_is_set"):
+        args.peak_allocated_bytes_is_set = False
+
+
+@slot
+def DeviceDescription_Id(args):
+    args.id = _get(args.device_description, Device).id
+
+
+@slot
+def DeviceDescription_ProcessIndex(args):
+    _get(args.device_description, Device)
+    args.process_index = 0
+
+
+@slot
+def DeviceDescription_Attributes(args):
+    device = _get(args.device_description, Device)
+    args.attributes, args.num_attributes = device.owned.named_values(device.attributes())
+
+
+@slot
+def DeviceDescription_Kind(args):
+    device = _get(args.device_description, Device)
+    args.device_kind, args.device_kind_size = device.owned.string(device.kind)
+
+
+@slot
+def DeviceDescription_DebugString(args):
+    device = _get(args.device_description, Device)
+    args.debug_string, args.debug_string_size = device.owned.string(device.to_string())
+
+
+@slot
+def DeviceDescription_ToString(args):
+    device = _get(args.device_description, Device)
+    args.to_string, args.to_string_size = device.owned.string(device.to_string())
+
+
+# --- memories -----------------------------------------------------------------------------
+
+@slot
+def Memory_Id(args):
+    args.id = _get(args.memory, Memory).id
+
+
+@slot
+def Memory_Kind_Id(args):
+    _get(args.memory, Memory)
+    args.kind_id = Memory.KIND_ID
+
+
+@slot
+def Memory_DebugString(args):
+    memory = _get(args.memory, Memory)
+    args.debug_string, args.debug_string_size = memory.owned.string(memory.description())
+
+
+@slot
+def Memory_ToString(args):
+    memory = _get(args.memory, Memory)
+    args.to_string, args.to_string_size = memory.owned.string(memory.description())
+
+
+@slot
+def Memory_AddressableByDevices(args):
+    memory = _get(args.memory, Memory)
+    args.devices, args.num_devices = memory.owned.array(ctypes.c_void_p,
+                                                        [HANDLES.pointer(memory.device)])
+
+
+# --- buffers ------------------------------------------------------------------------------
+
+@slot
+def Buffer_Destroy(args):
+    if args.buffer:
+        HANDLES.get(args.buffer, Buffer).delete()
+        HANDLES.remove(args.buffer)
+
+
+@slot
+def Buffer_ElementType(args):
+    buffer = _get(args.buffer, Buffer)
+    args.type = abi.buffer_type(buffer.dtype)
+
+
+@slot
+def Buffer_Dimensions(args):
+    buffer = _get(args.buffer, Buffer)
+    args.dims, args.num_dims = buffer.owned.array(ctypes.c_int64, buffer.shape)
+
+
+@slot
+def Buffer_UnpaddedDimensions(args):
+    buffer = _get(args.buffer, Buffer)
+    args.unpadded_dims, args.num_dims = buffer.owned.array(ctypes.c_int64, buffer.shape)
+
+
+@slot
+def Buffer_DynamicDimensionIndices(args):
+    _get(args.buffer, Buffer)
+    args.dynamic_dim_indices, args.num_dynamic_dims = 0, 0
+
+
+@slot
+def Buffer_OnDeviceSizeInBytes(args):
+    args.on_device_size_in_bytes = _get(args.buffer, Buffer).nbytes
+
+
+@slot
+def Buffer_Delete(args):
+    _get(args.buffer, Buffer).delete()
+
+
+@slot
+def Buffer_IsOnCpu(args):
+    _get(args.buffer, Buffer)
+    args.is_on_cpu = False  # a chip's HBM, as jax should see it (no zero-copy views)
+
+
+@slot
+def Buffer_ToHostBuffer(args):
+    """Copy to the caller's host memory (dense, row-major); with no destination, say how
+    many bytes it needs."""
+    buffer = _get(args.src, Buffer)
+    data = buffer.data()
+    if args.host_layout:
+        layout = c.PJRT_Buffer_MemoryLayout.from_address(args.host_layout)
+        tiled = layout._anon2.tiled
+        # (a scalar's minor_to_major is empty, its pointer NULL)
+        order = list((ctypes.c_int64 * tiled.minor_to_major_size).from_address(
+            tiled.minor_to_major)) if tiled.minor_to_major_size else []
+        if layout.type != c.PJRT_Buffer_MemoryLayout_Type_Tiled or \
+                order != list(range(data.ndim))[::-1]:
+            raise NotImplementedError("the trn2 plugin copies to the host in row-major order "
+                                      "only")
+    if not args.dst:
+        args.dst_size = data.nbytes
+        return
+    if args.dst_size < data.nbytes:
+        raise ValueError(f"a host buffer of {args.dst_size} bytes cannot hold the "
+                         f"{data.nbytes} bytes of {buffer}")
+    # np.require, not np.ascontiguousarray: that makes a 0-d array 1-d. A piece that is a
+    # strided view of a larger result is copied into a temporary here: it must stay bound
+    # until memmove has read it (freed, its first bytes are malloc's free-list links)
+    dense = np.require(data, requirements="C")
+    ctypes.memmove(args.dst, dense.ctypes.data, data.nbytes)
+    args.event = _READY
+
+
+def _new_buffer(buffer: Buffer) -> int:
+    """The pointer of a new buffer, its Record telling the shim its device and memory."""
+    buffer.record.device = HANDLES.pointer(buffer.device)
+    buffer.record.memory = HANDLES.pointer(buffer.memory)
+    return HANDLES.add(buffer, buffer.record)
+
+
+def _copy(buffer: Buffer, memory: Memory) -> int:
+    return _new_buffer(Buffer(buffer.data(), memory.device, memory))
+
+
+@slot
+def Buffer_CopyToDevice(args):
+    args.dst_buffer = _copy(_get(args.buffer, Buffer),
+                            _get(args.dst_device, Device).memories[0])
+
+
+@slot
+def Buffer_CopyToMemory(args):
+    args.dst_buffer = _copy(_get(args.buffer, Buffer), _get(args.dst_memory, Memory))
+
+
+# --- executables: a LoadedExecutable and the Executable views of it are one object -------
+
+def _executable(pointer: int):
+    return _get(pointer, _executable_types().Executable)
+
+
+@slot
+def Executable_Destroy(args):
+    HANDLES.remove(args.executable or 0)
+
+
+@slot
+def LoadedExecutable_Destroy(args):
+    HANDLES.remove(args.executable or 0)
+
+
+@slot
+def LoadedExecutable_GetExecutable(args):
+    executable = _executable(args.loaded_executable)
+    args.executable = HANDLES.add(_executable_types().View(executable))
+
+
+def _of(pointer: int):
+    """The executable behind a PJRT_Executable (a View) or PJRT_LoadedExecutable."""
+    obj = HANDLES.get(pointer, object)
+    module = _executable_types()
+    return obj.executable if isinstance(obj, module.View) else \
+        HANDLES.get(pointer, module.Executable)
+
+
+@slot
+def Executable_Name(args):
+    executable = _of(args.executable)
+    args.executable_name, args.executable_name_size = executable.owned.string(executable.name)
+
+
+@slot
+def Executable_NumReplicas(args):
+    args.num_replicas = _of(args.executable).num_replicas
+
+
+@slot
+def Executable_NumPartitions(args):
+    args.num_partitions = _of(args.executable).num_partitions
+
+
+@slot
+def Executable_NumOutputs(args):
+    args.num_outputs = _of(args.executable).num_outputs
+
+
+@slot
+def Executable_SizeOfGeneratedCodeInBytes(args):
+    _of(args.executable)
+    args.size_in_bytes = 0  # instruction streams are not modelled
+
+
+@slot
+def Executable_GetCostAnalysis(args):
+    executable = _of(args.executable)
+    args.properties, args.num_properties = executable.owned.named_values(
+        executable.cost_analysis())
+
+
+@slot
+def Executable_GetCompiledMemoryStats(args):
+    stats = _of(args.executable).memory_stats()
+    for field in ("generated_code_size_in_bytes", "argument_size_in_bytes",
+                  "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
+                  "peak_memory_in_bytes"):
+        setattr(args, field, getattr(stats, field))
+    for field in ("host_generated_code_size_in_bytes", "host_argument_size_in_bytes",
+                  "host_output_size_in_bytes", "host_alias_size_in_bytes",
+                  "host_temp_size_in_bytes"):
+        setattr(args, field, 0)  # the model keeps every buffer in HBM
+    if abi.has_field(args, "total_size_in_bytes"):
+        args.total_size_in_bytes = stats.peak_memory_in_bytes
+
+
+@slot
+def Executable_OutputMemoryKinds(args):
+    executable = _of(args.executable)
+    kinds = executable.out_memory_kinds
+    addresses = [executable.owned.string(k)[0] for k in kinds]
+    args.num_outputs = len(kinds)
+    args.memory_kinds = executable.owned.array(ctypes.c_void_p, addresses)[0]
+    args.memory_kind_sizes = executable.owned.array(ctypes.c_size_t,
+                                                    [len(k) for k in kinds])[0]
+
+
+@slot
+def Executable_OutputElementTypes(args):
+    executable = _of(args.executable)
+    args.output_types, args.num_output_types = executable.owned.array(
+        ctypes.c_int, [abi.buffer_type(dtype) for dtype, _ in executable.output_types()])
+
+
+@slot
+def Executable_OutputDimensions(args):
+    executable = _of(args.executable)
+    shapes = [shape for _, shape in executable.output_types()]
+    args.num_outputs = len(shapes)
+    args.dims = executable.owned.array(ctypes.c_int64, [n for s in shapes for n in s])[0]
+    args.dim_sizes = executable.owned.array(ctypes.c_size_t, [len(s) for s in shapes])[0]
+
+
+@slot
+def Executable_OptimizedProgram(args):
+    """Format "hlo_with_config": jaxlib asks for the size first (code NULL), then fills."""
+    executable = _of(args.executable)
+    program = c.PJRT_Program.from_address(args.program)
+    data = executable.optimized_program()
+    program.format, program.format_size = executable.owned.string("hlo_with_config")
+    if program.code:
+        if program.code_size < len(data):
+            raise ValueError(f"OptimizedProgram: {program.code_size} bytes given, "
+                             f"{len(data)} needed")
+        ctypes.memmove(program.code, data, len(data))
+    program.code_size = len(data)
+
+
+@slot
+def Executable_Fingerprint(args):
+    executable = _of(args.executable)
+    args.executable_fingerprint, args.executable_fingerprint_size = \
+        executable.owned.string(executable.fingerprint)
+
+
+@slot
+def LoadedExecutable_Fingerprint(args):
+    executable = _executable(args.executable)
+    args.executable_fingerprint, args.executable_fingerprint_size = \
+        executable.owned.string(executable.fingerprint)
+
+
+_SERIALIZED: dict[int, Any] = {}  # serialized bytes alive until jaxlib calls the deleter
+
+
+def _free_serialized(pointer: int) -> None:
+    _SERIALIZED.pop(pointer, None)
+
+
+_DELETER = abi.Deleter(_free_serialized)
+
+
+@slot
+def Executable_Serialize(args):
+    data = ctypes.create_string_buffer(_of(args.executable).serialize())
+    pointer = ctypes.addressof(data)
+    _SERIALIZED[pointer] = data
+    args.serialized_bytes, args.serialized_bytes_size = pointer, len(data.raw) - 1
+    args.serialized_executable = pointer
+    args.serialized_executable_deleter = ctypes.cast(_DELETER, ctypes.c_void_p).value
+
+
+@slot
+def Executable_DeserializeAndLoad(args):
+    client = _the_client(args.client)
+    options = ctypes.string_at(args.overridden_serialized_compile_options,
+                               args.overridden_serialized_compile_options_size) \
+        if args.overridden_serialized_compile_options else None
+    executable = _executable_types().deserialize(
+        client, ctypes.string_at(args.serialized_executable, args.serialized_executable_size),
+        options)
+    args.loaded_executable = HANDLES.add(executable)
+
+
+@slot
+def LoadedExecutable_AddressableDevices(args):
+    executable = _executable(args.executable)
+    args.addressable_devices, args.num_addressable_devices = \
+        _device_pointers(executable, executable.devices)
+
+
+@slot
+def LoadedExecutable_AddressableDeviceLogicalIds(args):
+    """(replica, partition) of each addressable device, in AddressableDevices' order."""
+    executable = _executable(args.executable)
+    ids = [value for r in range(executable.num_replicas)
+           for p in range(executable.num_partitions) for value in (r, p)]
+    args.addressable_device_logical_ids, count = executable.owned.array(ctypes.c_int, ids)
+    args.num_addressable_device_logical_ids = count // 2
+
+
+@slot
+def LoadedExecutable_GetDeviceAssignment(args):
+    from jax_trn2.plugin import proto
+    executable = _executable(args.executable)
+    data = ctypes.create_string_buffer(proto.write_device_assignment(executable.assignment))
+    pointer = ctypes.addressof(data)
+    _SERIALIZED[pointer] = data
+    args.serialized_bytes, args.serialized_bytes_size = pointer, len(data.raw) - 1
+    args.serialized_device_assignment = pointer
+    args.serialized_device_assignment_deleter = ctypes.cast(_DELETER, ctypes.c_void_p).value
+
+
+@slot
+def LoadedExecutable_Delete(args):
+    _executable(args.executable).deleted = True
+
+
+@slot
+def LoadedExecutable_IsDeleted(args):
+    args.is_deleted = _executable(args.executable).deleted
+
+
+@slot
+def LoadedExecutable_Execute(args):
+    executable = _executable(args.executable)
+    if args.execute_device:
+        raise NotImplementedError("the trn2 plugin runs a program on all its devices at once "
+                                  "(SPMD), not on one device of it")
+    options = c.PJRT_ExecuteOptions.from_address(args.options) if args.options else None
+    keep = set((ctypes.c_int64 * options.num_non_donatable_input_indices).from_address(
+        options.non_donatable_input_indices)) if options is not None and \
+        options.num_non_donatable_input_indices else set()
+    rows = abi.pointers(args.argument_lists, args.num_devices)
+    arguments = [[_get(p, Buffer) for p in abi.pointers(row, args.num_args)] for row in rows]
+    results = executable.execute(arguments, keep)
+    for row_address, row in zip(abi.pointers(args.output_lists, args.num_devices), results):
+        abi.write_pointers(row_address, [_new_buffer(buffer) for buffer in row])
+    if args.device_complete_events:
+        abi.write_pointers(args.device_complete_events, [_READY] * len(results))
+
+
+# --- the table ----------------------------------------------------------------------------
+
+def build(shim: ctypes.CDLL) -> Any:
+    """A PJRT_Api with every slot this module and the C shim define (the others NULL)."""
+    global _READY
+    shim.trn2_ready_event.restype = ctypes.c_void_p
+    _READY = shim.trn2_ready_event()
+    noop = ctypes.cast(shim.trn2_noop, ctypes.c_void_p).value
+    api = c.PJRT_Api()
+    api.struct_size = c.PJRT_Api_STRUCT_SIZE
+    api.pjrt_api_version.struct_size = c.PJRT_Api_Version_STRUCT_SIZE
+    api.pjrt_api_version.major_version = abi.API_MAJOR
+    api.pjrt_api_version.minor_version = abi.API_MINOR
+    for name, function in _SLOTS.items():
+        setattr(api, name, ctypes.cast(function, ctypes.c_void_p).value)
+    for name in GUARDED_SLOTS:  # the shim calls the Python slot, its error state kept
+        setter = getattr(shim, f"trn2_set_{name}")
+        setter.argtypes = [ctypes.c_void_p]
+        setter(getattr(api, f"PJRT_{name}"))
+        setattr(api, f"PJRT_{name}", ctypes.cast(getattr(shim, f"trn2_{name}"),
+                                                 ctypes.c_void_p).value)
+    for name in FAST_SLOTS:
+        setattr(api, f"PJRT_{name}", ctypes.cast(getattr(shim, f"trn2_{name}"),
+                                                 ctypes.c_void_p).value)
+    atexit.register(_retire, api, noop)
+    return api
+
+
+def _retire(api: Any, noop: int) -> None:
+    """Point every slot at the shim's no-op (see the module docstring)."""
+    for name in abi.SLOTS:
+        if getattr(api, name):
+            setattr(api, name, noop)

@@ -1,0 +1,76 @@
+"""The plugin as a user meets it, each check in a fresh Python process: found by jax after
+a (non-editable) install, chosen with JAX_PLATFORMS, its programs in jax's persistent
+compilation cache, and a clean exit."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def run(code: str, cwd: Path, **env) -> str:
+    """Run `code` in a fresh interpreter of this environment; its output (stdout + stderr).
+    The process must exit cleanly (jaxlib's destructors run after ctypes' callbacks die)."""
+    result = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True,
+                            text=True, timeout=300, env={**os.environ, **env})
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout + result.stderr
+
+
+PROGRAM = """
+import jax, numpy as np
+x = jax.device_put(np.arange(8.0, dtype=np.float32), jax.devices("trn2")[2])
+y = jax.jit(lambda v: v * 2 + 1)(x)
+print("result", np.asarray(y).tolist(), y.devices())
+"""
+
+
+def test_non_editable_install_is_discovered(tmp_path):
+    """`pip install .` builds the C shim; jax discovers the plugin by its entry point."""
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--target", str(target), str(ROOT)], check=True, timeout=600)
+    shim = list((target / "jax_trn2" / "plugin").glob("_shim*.so"))
+    assert shim, "the install built no C shim"
+    out = run("import jax_trn2.plugin as p; print('from', p.library_path())" + PROGRAM,
+              tmp_path, PYTHONPATH=str(target))
+    assert f"from {target}" in out
+    assert "result [1.0, 3.0, 5.0, 7.0, 9.0, 11.0, 13.0, 15.0]" in out
+
+
+def test_jax_platforms_selects_the_simulator(tmp_path):
+    out = run("import jax, jax.numpy as jnp; print(jax.devices()[0].device_kind, "
+              "jax.default_backend(), (jnp.arange(4) + 1).tolist())", tmp_path,
+              JAX_PLATFORMS="trn2")
+    assert "Trainium2 neuron [1, 2, 3, 4]" in out
+
+
+def test_client_options_choose_the_topology(tmp_path):
+    out = run("import jax; d = jax.devices('trn2'); print(len(d), d[-1].coords)", tmp_path,
+              JAX_TRN2_TOPOLOGY="trn2")
+    assert "16 [3, 3]" in out
+
+
+def test_persistent_compilation_cache_hits(tmp_path):
+    cache = tmp_path / "cache"
+    code = ("import jax, logging; logging.basicConfig(level=logging.DEBUG); "
+            "jax.config.update('jax_compilation_cache_dir', %r); "
+            "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0); "
+            "jax.config.update('jax_persistent_cache_min_entry_size_bytes', -1)" % str(cache)
+            ) + PROGRAM
+    first = run(code, tmp_path)
+    assert any(cache.iterdir()), first
+    second = run(code, tmp_path)
+    assert "Persistent compilation cache hit" in second
+    assert "result [1.0, 3.0, 5.0" in second
+
+
+def test_package_names_survive_importing_their_submodules_first(tmp_path):
+    """jax_trn2's names load lazily (jax imports the plugin at backend start-up); importing
+    the submodule jax_trn2.jit first must not make `jax_trn2.jit` that module."""
+    out = run("from jax_trn2.jit import Jitted; import jax_trn2.client; import jax_trn2; "
+              "print(callable(jax_trn2.jit), callable(jax_trn2.client), "
+              "jax_trn2.numerics.__name__)", ROOT)
+    assert "True True jax_trn2.numerics" in out

@@ -1,0 +1,50 @@
+"""mesh.sharding: per-device pieces of a global array and back."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from mesh import sharding
+
+SIZES = (2, 3)  # a 2x3 mesh
+
+
+def test_pieces_are_views_in_device_order_and_assemble_back():
+    x = np.arange(4 * 6, dtype=np.float32).reshape(4, 6)
+    layout = ((0,), (1,))  # dim 0 over mesh axis 0, dim 1 over axis 1
+    pieces = sharding.pieces(x, layout, SIZES)
+    assert all(np.shares_memory(p, x) for p in pieces)
+    np.testing.assert_array_equal(pieces[4], x[2:4, 2:4])  # device (1, 1)
+    np.testing.assert_array_equal(sharding.assemble(sharding.split(x, layout, SIZES), layout,
+                                                    SIZES), x)
+
+
+def test_replicated_pieces_are_one_array_and_need_not_be_compared():
+    x = np.arange(6, dtype=np.float32)
+    layout = ((1,),)  # replicated over mesh axis 0
+    pieces = sharding.pieces(x, layout, SIZES)
+    assert pieces[0] is not pieces[3] and np.shares_memory(pieces[0], pieces[3])
+    np.testing.assert_array_equal(sharding.assemble(pieces, layout, SIZES), x)
+    assert sharding.pieces(x, ((),), SIZES) == [x] * 6
+
+
+def test_replicas_that_differ_are_an_error_equal_values_are_not():
+    x = np.array([0.0, 1.0, np.nan], np.float32)
+    other = x.copy()
+    other[0] = -0.0  # other bits, an equal value
+    assert not sharding.same_bits(x, other)
+    np.testing.assert_array_equal(sharding.assemble([x, x, x, other, other, other], ((),),
+                                                    SIZES), x)
+    other[1] = 2.0
+    with pytest.raises(ValueError, match="replicated over"):
+        sharding.assemble([x, x, x, other, other, other], ((),), SIZES)
+
+
+def test_same_bits_compares_words_of_any_size():
+    a = np.arange(7, dtype=ml_dtypes.bfloat16)  # 14 bytes: 2-byte words
+    assert sharding.same_bits(a, a.copy())
+    b = a.copy()
+    b[6] = 100
+    assert not sharding.same_bits(a, b)
+    assert not sharding.same_bits(a, a.astype(np.float32))
+    assert sharding.same_bits(np.float32(1.5).reshape(()), np.array(1.5, np.float32))
