@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 import jax
@@ -57,7 +57,8 @@ class Layout:
     axes: tuple[tuple[str, int], ...]
     remat: str | None = None
     topology: str | Topology = DEFAULT_TOPOLOGY
-    rules: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_RULES))
+    # (logical axis, mesh axes) pairs: a tuple, so that layouts can key dicts
+    rules: tuple[tuple[str, tuple[str, ...]], ...] = tuple(DEFAULT_RULES.items())
     microbatches: int | None = None
     label: str = ""  # the name shown in tables; by default made from the axes and remat
 
@@ -87,7 +88,8 @@ class Layout:
         merged = dict(DEFAULT_RULES)
         merged.update({k: (v,) if isinstance(v, str) else tuple(v)
                        for k, v in (rules or {}).items()})
-        return cls(tuple(axes.items()), remat, topology, merged, microbatches, label)
+        return cls(tuple(axes.items()), remat, topology, tuple(merged.items()), microbatches,
+                   label)
 
     @property
     def name(self) -> str:
@@ -127,13 +129,14 @@ class Layout:
         rule's order; a mesh axis already splitting an earlier dim is left out (a value
         cannot be split twice over one axis)."""
         present = {name for name, _ in self.axes}
+        rules = dict(self.rules)
         used: set[str] = set()
         entries = []
         for axis in logical:
-            if axis is not None and axis not in self.rules:
+            if axis is not None and axis not in rules:
                 raise ValueError(f"Layout {self.name}: no rule for logical axis {axis!r}; known: "
-                                 f"{sorted(self.rules)} (add one with rules=...)")
-            mesh_axes = [a for a in self.rules.get(axis, ()) if a in present and a not in used]
+                                 f"{sorted(rules)} (add one with rules=...)")
+            mesh_axes = [a for a in rules.get(axis, ()) if a in present and a not in used]
             used.update(mesh_axes)
             entries.append(None if not mesh_axes else mesh_axes[0] if len(mesh_axes) == 1
                            else tuple(mesh_axes))

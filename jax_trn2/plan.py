@@ -31,17 +31,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import importlib
-import importlib.util
 import multiprocessing
 import os
+import pickle
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from jax_trn2.layout import DEFAULT_RULES, KINDS, Layout, grid
-from jax_trn2.tables import sweep_table
+from jax_trn2.tables import duration_text, sweep_table
 from jax_trn2.training import TrainingRun, training_run
 from mesh.machine import Topology, get_topology
 from mesh.memory.liveness import liveness
@@ -51,9 +50,10 @@ from mesh.units import bytes_text
 __all__ = ["DEFAULT_RULES", "KINDS", "Layout", "Plan", "StepEstimate", "Sweep", "estimate",
            "grid", "sweep"]
 
-# Below this many plans a sweep runs in-process: a worker process takes seconds to start
-# (importing jax, the first trace), about one small plan's time.
-MIN_PLANS_FOR_WORKERS = 4
+# A worker process takes about this long to start (spawn, import jax and the user's module,
+# the first trace): worth it only when it saves more than that (measured on a 2-core AMD
+# EPYC: 3-5 s).
+WORKER_START_SECONDS = 5.0
 REASON_CHARS = 160  # of a failure's message shown in the table
 
 
@@ -293,69 +293,85 @@ def sweep(build: Callable[[Layout], tuple[Any, Sequence[Any]]], layouts: Iterabl
                          "step trains)")
     report = _progress_printer if progress is True else progress or None
     started = time.perf_counter()
-    count = _worker_count(workers, len(layouts))
-    plans = []
-    for done, (layout, (estimate_, error, seconds)) in enumerate(
-            run_jobs(build, layouts, count), 1):
-        plans.append(Plan(layout, estimate_, error, seconds, tokens_per_step, model_flops))
+    plans: list[Plan] = []
+
+    def done(layout: Layout, outcome: tuple) -> None:
+        plans.append(Plan(layout, *outcome, tokens_per_step, model_flops))
         if report is not None:
-            report(done, len(layouts), plans[-1])
+            report(len(plans), len(layouts), plans[-1])
+
+    count = plan_jobs(build, layouts, workers, done)
     return Sweep(plans, train_tokens=train_tokens, price_per_chip_hour=price_per_chip_hour,
                  wall_seconds=time.perf_counter() - started, workers=count)
 
 
 def _progress_printer(done: int, total: int, plan: Plan) -> None:
-    if plan.ok:
-        e = plan.estimate
-        what = (f"{bytes_text(e.peak_bytes)}/chip{'' if e.fits else ' (does NOT fit)'}, "
-                f"step {e.step_seconds * 1e3:,.1f} ms expected")
+    print(progress_line(done, total, f"{plan.layout.name} on {plan.layout.topology_name}",
+                        plan.estimate, plan.error, plan.planned_seconds),
+          file=sys.stderr, flush=True)
+
+
+def progress_line(done: int, total: int, name: str, estimate_: StepEstimate | None,
+                  error: str | None, seconds: float) -> str:
+    """'[3/24] fsdp 64 on trn2-ultra: 42.46 GiB/chip, step 20.62 s expected (planned in
+    2.1 s)', or the first line of why it failed."""
+    if estimate_ is not None:
+        what = (f"{bytes_text(estimate_.peak_bytes)}/chip"
+                f"{'' if estimate_.fits else ' (does NOT fit)'}, step "
+                f"{duration_text(estimate_.step_seconds)} expected")
     else:
-        what = f"failed: {plan.error.splitlines()[0][:REASON_CHARS]}"
-    print(f"[{done}/{total}] {plan.layout.name} on {plan.layout.topology_name}: {what} "
-          f"(planned in {plan.planned_seconds:.1f} s)", file=sys.stderr, flush=True)
+        what = f"failed: {error.splitlines()[0][:REASON_CHARS]}"
+    return f"[{done}/{total}] {name}: {what} (planned in {seconds:.1f} s)"
 
 
-def _worker_count(workers: int | None, jobs: int) -> int:
-    if workers is not None:
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
-        return min(workers, max(jobs, 1))
-    if jobs < MIN_PLANS_FOR_WORKERS:
-        return 1
-    return max(1, min(os.cpu_count() or 1, jobs))
+def plan_jobs(build: Callable, jobs: Sequence[Any], workers: int | None,
+              done: Callable[[Any, tuple], None]) -> int:
+    """Plan every job, `estimate(*build(job))`, calling `done(job, (StepEstimate | None,
+    error | None, seconds))` as each completes; returns the worker processes used (1: this
+    process alone).
 
-
-# --- running the plans -------------------------------------------------------------------
-
-def run_jobs(build: Callable, jobs: Sequence[Any], workers: int):
-    """Yield (job, (StepEstimate | None, error | None, seconds)) for each job as its plan
-    completes: `estimate(*build(job))` in this process (workers == 1) or in `workers`
-    spawned processes. A `build` that other processes cannot import (a lambda, a function
-    defined inside another) is run in this process."""
-    reference = _reference(build) if workers > 1 else None
-    if reference is None:
+    `workers` processes plan in parallel (spawned: jax's threads do not survive a fork);
+    None plans the first job here and starts one per core for the rest if that saves more
+    than starting them costs (WORKER_START_SECONDS). A `build` other processes cannot load
+    (a lambda, a function defined in a function or in an interactive session) runs here."""
+    jobs = list(jobs)
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if not _spawnable(build):
+        workers = 1
+    if workers is None and jobs:
+        first, jobs = jobs[0], jobs[1:]
+        outcome = _plan_one(build, first)
+        done(first, outcome)
+        cores = os.cpu_count() or 1
+        saved = outcome[2] * len(jobs) * (1 - 1 / cores)
+        workers = min(cores, len(jobs)) if cores > 1 and saved > WORKER_START_SECONDS else 1
+    workers = max(1, min(workers or 1, len(jobs)))
+    if workers == 1:
         for job in jobs:
-            yield job, _plan_one(build, job)
-        return
-    context = multiprocessing.get_context("spawn")  # jax's threads do not survive fork
+            done(job, _plan_one(build, job))
+        return 1
+    context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        futures = {pool.submit(_plan_by_reference, reference, job): job for job in jobs}
+        futures = {pool.submit(_plan_one, build, job): job for job in jobs}
         try:
             for future in concurrent.futures.as_completed(futures):
-                yield futures[future], future.result()
+                done(futures[future], future.result())
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)
             raise
+    return workers
 
 
 def _plan_one(build: Callable, job: Any) -> tuple[StepEstimate | None, str | None, float]:
-    """Build and estimate one job; an exception becomes the plan's error."""
+    """Build and estimate one job; an exception becomes the plan's error. A job is a
+    Layout or has one (`job.layout`)."""
     started = time.perf_counter()
     try:
         jitted, args = build(job)
-        machine = job.machine if isinstance(job, Layout) else None
+        machine = getattr(job, "layout", job).machine
         result = estimate(jitted, args, machine)
-        if machine is not None and result.topology != machine.name:
+        if result.topology != machine.name:
             raise ValueError(f"the step was lowered for topology '{result.topology}', but the "
                              f"layout is on '{machine.name}': pass topology=layout.topology "
                              "to jax_trn2.jit")
@@ -364,53 +380,17 @@ def _plan_one(build: Callable, job: Any) -> tuple[StepEstimate | None, str | Non
         return None, f"{type(e).__name__}: {e}", time.perf_counter() - started
 
 
-def _reference(fn: Callable) -> tuple | None:
-    """(module name, source file, qualified name, partial's args, partial's keywords) by
-    which a spawned process finds `fn` (a module-level function, or a functools.partial
-    of one); None for a function it cannot find (a lambda, a function defined in a
-    function)."""
-    args, keywords = (), {}
-    if isinstance(fn, functools.partial):
-        fn, args, keywords = fn.func, fn.args, dict(fn.keywords)
-    qualname = getattr(fn, "__qualname__", "")
-    if not qualname or "<" in qualname or not hasattr(fn, "__module__"):
-        return None
-    code = getattr(fn, "__code__", None)
-    return (fn.__module__, code.co_filename if code is not None else None, qualname, args,
-            keywords)
-
-
-_LOADED: dict[tuple[str, str | None], Any] = {}  # in a worker: the modules loaded by file
-
-
-def _plan_by_reference(reference: tuple, job: Any):
-    return _plan_one(_resolve(reference), job)
-
-
-def _resolve(reference: tuple) -> Callable:
-    """The function a reference names, in a worker: from its module when that imports by
-    name (the script that started the sweep is the worker's __mp_main__), else loaded
-    from its file once (a script given to `jax-trn2 plan`)."""
-    name, file, qualname, args, keywords = reference
-    module = sys.modules.get("__mp_main__") if name == "__main__" else None
-    if module is None:
-        try:
-            module = importlib.import_module(name) if name != "__main__" else None
-        except ImportError:
-            module = None
-    if module is None:
-        if file is None or not os.path.isfile(file):
-            raise RuntimeError(f"a planning worker cannot find module {name!r} of the build "
-                               "function: pass workers=1")
-        key = (name, file)
-        if key not in _LOADED:
-            spec = importlib.util.spec_from_file_location(f"_jax_trn2_plan_{len(_LOADED)}", file)
-            module = importlib.util.module_from_spec(spec)
-            sys.path.insert(0, os.path.dirname(os.path.abspath(file)))
-            spec.loader.exec_module(module)
-            _LOADED[key] = module
-        module = _LOADED[key]
-    target: Any = module
-    for part in qualname.split("."):
-        target = getattr(target, part)
-    return functools.partial(target, *args, **keywords) if args or keywords else target
+def _spawnable(fn: Callable) -> bool:
+    """Whether a spawned process can load `fn` (and a functools.partial's arguments):
+    pickled by reference, from a module it can import. Functions of an interactive
+    session's __main__ (no file to run again) it cannot."""
+    interactive = not hasattr(sys.modules["__main__"], "__file__")
+    parts = [fn.func, *fn.args, *fn.keywords.values()] if isinstance(fn, functools.partial) \
+        else [fn]
+    if interactive and any(getattr(p, "__module__", None) == "__main__" for p in parts):
+        return False
+    try:
+        pickle.dumps(fn)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return False
+    return True

@@ -134,3 +134,44 @@ def _sweep_header(sweep: Any, with_model: bool, run_tokens: float | None) -> str
             f"; cost at {price:,.4g} per chip-hour" if price is not None else
             "; no price per chip-hour given, so no cost"))
     return "\n".join(lines)
+
+
+def serving_table(table: Any) -> str:
+    """A jax_trn2.serving.ServingTable as text: per layout and batch, time to first token
+    and per output token (expected / ideal), decode tokens/s, KV cache and peak HBM per
+    chip, the largest batch that fits; then the steps that failed and why."""
+    plans = table.plans
+    topologies = {p.layout.topology_name for p in plans}
+    headers = ["layout"] + (["topology"] if len(topologies) > 1 else []) + [
+        "chips", "batch", "TTFT exp / ideal", "per token exp / ideal", "tokens/s", "per chip",
+        "KV cache/chip", "peak HBM/chip", "fits", "max batch"]
+    rows, failed = [], []
+    for p in plans:
+        row = [p.layout.name] + ([p.layout.topology_name] if len(topologies) > 1 else []) + [
+            str(p.chips), str(p.batch)]
+        row += [_pair(p.prefill), _pair(p.decode)]
+        if p.decode is not None:
+            peak = max(e.peak_bytes for e in (p.prefill, p.decode) if e is not None)
+            row += [rate_text(p.tokens_per_second), rate_text(p.tokens_per_second_per_chip),
+                    bytes_text(p.kv_cache_bytes), bytes_text(peak),
+                    fits_text(peak, p.decode.hbm_bytes).split(",")[0]]
+        else:
+            row += ["-"] * 5
+        row.append("-" if p.max_batch is None else f"{p.max_batch:,}")
+        rows.append(row)
+        failed += [f"failed  {p.layout.name}, batch {p.batch}: {' '.join(e.split())[:300]}"
+                   for e in p.errors]
+    where = f"{table.workers} worker processes" if table.workers > 1 else "this process"
+    first = plans[0]
+    lines = [f"{table.planned} steps planned in {table.wall_seconds:.1f} s ({where}); prompt "
+             f"{first.prompt_tokens:,} tokens, KV cache of {first.kv_length:,} positions",
+             "TTFT: the prefill step; per token: one decode step; exp: expected (with the "
+             "Neuron runtime's measured costs), ideal: the hardware's limits; tokens/s: "
+             "decoding; max batch: the largest decode batch that fits at this KV length", "",
+             format_table(headers, rows, left=(0,))]
+    return "\n".join(lines + failed)
+
+
+def _pair(e: Any) -> str:
+    return "-" if e is None else \
+        f"{duration_text(e.step_seconds)} / {duration_text(e.ideal_step_seconds)}"
