@@ -49,10 +49,10 @@ DEFAULT_RULES: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class Layout:
-    """One way to run a step: mesh axes (name, size) in order, logical-axis rules, the
-    rematerialisation policy the step should apply (None: none; a name the step's builder
-    understands, e.g. "full"), the machine, and for a pipeline its microbatch count (to
-    show GPipe's bubble formula beside the measured bubble)."""
+    """One way to run a step: mesh axes (name, size) in order, the rematerialisation policy
+    the step should apply (None: none; a name the step's builder understands, e.g.
+    "full"), the machine, logical-axis rules, and for a pipeline its microbatch count (to
+    show the bubble formula beside the measured bubble) and schedule."""
 
     axes: tuple[tuple[str, int], ...]
     remat: str | None = None
@@ -60,6 +60,7 @@ class Layout:
     # (logical axis, mesh axes) pairs: a tuple, so that layouts can key dicts
     rules: tuple[tuple[str, tuple[str, ...]], ...] = tuple(DEFAULT_RULES.items())
     microbatches: int | None = None
+    schedule: str | None = None  # a pipeline schedule the step's builder knows ("1f1b")
     label: str = ""  # the name shown in tables; by default made from the axes and remat
 
     def __post_init__(self) -> None:
@@ -82,22 +83,26 @@ class Layout:
     @classmethod
     def of(cls, *, remat: str | None = None, topology: str | Topology = DEFAULT_TOPOLOGY,
            rules: Mapping[str, Sequence[str]] | None = None, microbatches: int | None = None,
-           label: str = "", **axes: int) -> Layout:
+           schedule: str | None = None, label: str = "", **axes: int) -> Layout:
         """A layout from mesh axis sizes by name, in order: `Layout.of(dp=2, tp=8)`.
         `rules` override DEFAULT_RULES for the logical axes they name."""
         merged = dict(DEFAULT_RULES)
         merged.update({k: (v,) if isinstance(v, str) else tuple(v)
                        for k, v in (rules or {}).items()})
         return cls(tuple(axes.items()), remat, topology, tuple(merged.items()), microbatches,
-                   label)
+                   schedule, label)
 
     @property
     def name(self) -> str:
-        """'dp 4 x fsdp 4 x tp 4, remat full' (axes of size 1 left out), or the label."""
+        """'dp 4 x fsdp 4 x tp 4, remat full' (axes of size 1 left out), 'pp 4, 1f1b, 8
+        microbatches', or the label."""
         if self.label:
             return self.label
         split = [f"{n} {s}" for n, s in self.axes if s > 1] or [f"{self.axes[0][0]} 1"]
-        return " x ".join(split) + (f", remat {self.remat}" if self.remat else "")
+        parts = [" x ".join(split)] + ([self.schedule] if self.schedule else []) + (
+            [f"{self.microbatches} microbatches"] if self.microbatches else []) + (
+            [f"remat {self.remat}"] if self.remat else [])
+        return ", ".join(parts)
 
     @property
     def machine(self) -> Topology:
