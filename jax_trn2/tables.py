@@ -23,20 +23,12 @@ def duration_text(seconds: float) -> str:
     return f"{seconds / DAY:,.1f} days"
 
 
-def rate_text(per_second: float) -> str:
-    """'1,234', '12.3k', '4.56M' (per second)."""
-    for unit, size in (("M", 1e6), ("k", 1e3)):
-        if per_second >= 10 * size:
-            return f"{per_second / size:,.1f}{unit}"
-    return f"{per_second:,.0f}" if per_second >= 10 else f"{per_second:.2f}"
-
-
-def count_text(n: float) -> str:
-    """'1.2e+12'-free counts: '4,096', '1.5M', '2.1B', '3.0T'."""
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
-        if n >= size:
-            return f"{n / size:,.1f}{unit}"
-    return f"{n:,.0f}"
+def amount_text(x: float) -> str:
+    """Three significant digits with a k/M/B/T suffix: '397', '25.4k', '10.5M', '0.0611'."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= size:
+            return f"{x / size:.3g}{unit}"
+    return f"{x:.3g}"
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]],
@@ -93,7 +85,7 @@ def sweep_table(sweep: Any) -> str:
             f"{mfu:.1%} / {ideal_mfu:.1%}" if mfu is not None else "-"]
         if with_tokens:
             rate = plan.tokens_per_second
-            row += [rate_text(rate), rate_text(plan.tokens_per_second_per_chip)] if rate \
+            row += [amount_text(rate), amount_text(plan.tokens_per_second_per_chip)] if rate \
                 else ["-", "-"]
         share = e.busiest_seconds / e.step_seconds if e.step_seconds else 0.0
         row += [duration_text(e.exposed_communication_seconds),
@@ -104,8 +96,8 @@ def sweep_table(sweep: Any) -> str:
                 f" ({formula:.1%})" if formula is not None else "")]
         if run_tokens:
             run = plan.training(run_tokens, sweep.price_per_chip_hour)
-            row += [duration_text(run.seconds), count_text(run.chip_hours)] + (
-                [f"{run.cost:,.0f}"] if run.cost is not None else [])
+            row += [duration_text(run.seconds), amount_text(run.chip_hours)] + (
+                [amount_text(run.cost)] if run.cost is not None else [])
         row += [f"{plan.planned_seconds:.1f} s"]
         rows.append(row)
     lines = [_sweep_header(sweep, with_model, run_tokens), ""]
@@ -130,7 +122,7 @@ def _sweep_header(sweep: Any, with_model: bool, run_tokens: float | None) -> str
                      "MFU: the chips' matmuls, recomputation left out, at their dtype's peak"))
     if run_tokens:
         price = sweep.price_per_chip_hour
-        lines.append(f"time to train {count_text(run_tokens)} tokens" + (
+        lines.append(f"time to train {amount_text(run_tokens)} tokens" + (
             f"; cost at {price:,.4g} per chip-hour" if price is not None else
             "; no price per chip-hour given, so no cost"))
     return "\n".join(lines)
@@ -152,7 +144,7 @@ def serving_table(table: Any) -> str:
         row += [_pair(p.prefill), _pair(p.decode)]
         if p.decode is not None:
             peak = max(e.peak_bytes for e in (p.prefill, p.decode) if e is not None)
-            row += [rate_text(p.tokens_per_second), rate_text(p.tokens_per_second_per_chip),
+            row += [amount_text(p.tokens_per_second), amount_text(p.tokens_per_second_per_chip),
                     bytes_text(p.kv_cache_bytes), bytes_text(peak),
                     fits_text(peak, p.decode.hbm_bytes).split(",")[0]]
         else:
