@@ -68,7 +68,7 @@ def sweep_table(sweep: Any) -> str:
         headers += ["tokens/s", "per chip"]
     headers += ["exposed comm", "busiest engine"]
     if with_bubble:
-        headers += ["bubble (GPipe)"]
+        headers += ["bubble (formula)"]
     if run_tokens:
         headers += ["time to train", "chip-hours"] + (
             ["cost"] if sweep.price_per_chip_hour is not None else [])
