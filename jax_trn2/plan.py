@@ -43,7 +43,6 @@ from jax_trn2.layout import DEFAULT_RULES, KINDS, Layout, grid
 from jax_trn2.tables import duration_text, sweep_table
 from jax_trn2.training import TrainingRun, training_run
 from mesh.machine import Topology, get_topology
-from mesh.memory.liveness import liveness
 from mesh.perf.schedule import ENGINES
 from mesh.units import bytes_text
 
@@ -74,7 +73,9 @@ class StepEstimate:
     busiest_engine: str
     busiest_seconds: float
     peak_flops: float  # one chip's BF16 peak, FLOP/s
-    donated_bytes: int  # of the arguments the step updates in place (donated), per chip
+    # of the arguments the step updates in place (its outputs written into donated
+    # arguments), per chip
+    donated_bytes: int
 
     @property
     def fits(self) -> bool:
@@ -95,10 +96,6 @@ def estimate(jitted: Any, args: Sequence[Any],
     engine = max(ENGINES, key=lambda e: busy[e])
     if not isinstance(topology, Topology):
         topology = get_topology(topology or info["topology"])
-    donated = 0
-    if program.donated_inputs:
-        types = liveness(program).input_types  # per chip
-        donated = sum(types[i].nbytes for i, _ in program.donated_inputs)
     return StepEstimate(
         chips=max(program.mesh.num_devices, 1), topology=info["topology"],
         peak_bytes=memory.peak_memory_in_bytes, hbm_bytes=memory.hbm_bytes,
@@ -106,7 +103,8 @@ def estimate(jitted: Any, args: Sequence[Any],
         mfu=info["mfu"], hfu=info["hfu"], ideal_mfu=info["ideal_mfu"],
         exposed_communication_seconds=info["exposed_communication_seconds"],
         busiest_engine=engine, busiest_seconds=busy[engine],
-        peak_flops=topology.chip.peak_flops_for("bfloat16"), donated_bytes=donated)
+        peak_flops=topology.chip.peak_flops_for("bfloat16"),
+        donated_bytes=memory.alias_size_in_bytes)
 
 
 @dataclass(frozen=True)
