@@ -2,9 +2,9 @@
 server, and does it fit? Planned from shapes alone: nothing the size of the model is ever
 allocated.
 
-A Llama-3 training step (grouped-query attention, rotary embeddings, SwiGLU, untied output
-head, float32 master weights and Adam moments, bfloat16 compute, layers run by a scan;
-examples/support/decoder.py) is built for each layout from jax.ShapeDtypeStructs, and
+A Llama-3 training step (grouped-query attention as the fused flash-attention kernel, rotary
+embeddings, SwiGLU, untied output head, float32 master weights and Adam moments, bfloat16
+compute, layers run by a scan; examples/support/decoder.py) is built for each layout from jax.ShapeDtypeStructs, and
 jax_trn2.plan.sweep partitions, lowers and estimates every one and ranks them: peak HBM
 per chip against 96 GiB, step time (expected and ideal), MFU by the model's FLOPs,
 tokens/s, exposed communication, the busiest engine, and the time and chip-hours to train
@@ -30,16 +30,16 @@ import jax_trn2
 from jax_trn2 import plan
 
 # Llama 3 (Meta's model card and params.json): layers, d_model, heads, KV heads, d_ff, vocab.
+# Attention runs as Trainium2's fused flash-attention kernel (jax_trn2.flash_attention).
+LLAMA = dict(mlp="swiglu", tied_embedding=False, rope=True, scan_layers=True,
+             param_dtype="float32", attention="flash")
 MODELS = {
     "8B": decoder.Decoder(layers=32, d_model=4096, heads=32, kv_heads=8, d_ff=14336,
-                          vocab=128256, mlp="swiglu", tied_embedding=False, rope=True,
-                          scan_layers=True, param_dtype="float32"),
+                          vocab=128256, **LLAMA),
     "70B": decoder.Decoder(layers=80, d_model=8192, heads=64, kv_heads=8, d_ff=28672,
-                           vocab=128256, mlp="swiglu", tied_embedding=False, rope=True,
-                           scan_layers=True, param_dtype="float32"),
+                           vocab=128256, **LLAMA),
     "tiny": decoder.Decoder(layers=2, d_model=256, heads=8, kv_heads=2, d_ff=512, vocab=1024,
-                            mlp="swiglu", tied_embedding=False, rope=True, scan_layers=True,
-                            param_dtype="float32"),
+                            **LLAMA),
 }
 # Sequences per step and their length: one 8192-token sequence (Llama 3's context) per chip.
 SHAPES = {"8B": (64, 8192), "70B": (64, 8192), "tiny": (64, 64)}
