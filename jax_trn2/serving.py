@@ -225,10 +225,11 @@ def _plan_all(step: Callable, jobs: Sequence[ServingJob], workers: int | None,
 
 def _largest_batches(step: Callable, layouts: Sequence[Layout], kv_length: int,
                      results: dict, progress: bool) -> dict[Layout, int | None]:
-    """The largest decode batch that fits at `kv_length`, per layout: predicted from the
-    two largest batches planned (peak HBM linear in the batch), then confirmed by plans
-    at the prediction and one above it, bisecting while they disagree with it. A few plans
-    a round: planned in this process."""
+    """The largest decode batch that fits at `kv_length`, per layout (None when
+    MAX_SEARCH_PLANS rounds do not pin it down): predicted from the two largest batches
+    planned (peak HBM linear in the batch), then confirmed by plans at the prediction and
+    one above it, doubling or bisecting while they disagree with it. A few plans a round:
+    planned in this process."""
     bounds = {}  # layout -> [largest batch known to fit, smallest known not to]
     for layout in layouts:
         planned = sorted((job.batch, e) for job, (e, _) in results.items()
@@ -239,11 +240,13 @@ def _largest_batches(step: Callable, layouts: Sequence[Layout], kv_length: int,
         over = min((b for b, e in planned if not e.fits), default=None)
         (b1, e1), (b2, e2) = planned[-2:]
         per_sequence = (e2.peak_bytes - e1.peak_bytes) / (b2 - b1)
-        if over is None and per_sequence > 0:
+        if over is not None:
+            bounds[layout] = [fit, over, None]  # bisect
+        elif per_sequence > 0:  # the batch where the line crosses the HBM capacity
             guess = int((e2.hbm_bytes - e1.peak_bytes) / per_sequence) + b1
             bounds[layout] = [fit, None, max(guess, fit)]
-        else:
-            bounds[layout] = [fit, over, None]
+        else:  # no growth to predict from: double until a batch does not fit
+            bounds[layout] = [fit, None, 2 * max(fit, 1)]
     for _ in range(MAX_SEARCH_PLANS):
         jobs = []
         for layout, (fit, over, guess) in bounds.items():
