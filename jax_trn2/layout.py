@@ -106,15 +106,18 @@ class Layout:
 
     @property
     def machine(self) -> Topology:
+        """The layout's topology (a preset by name, or the Topology given)."""
         return self.topology if isinstance(self.topology, Topology) else \
             get_topology(self.topology)
 
     @property
     def topology_name(self) -> str:
+        """The name of the layout's topology."""
         return self.machine.name
 
     @property
     def chips(self) -> int:
+        """Chips the layout's mesh takes: the product of its axis sizes."""
         return math.prod(size for _, size in self.axes)
 
     def size(self, axis: str) -> int:

@@ -79,6 +79,7 @@ class StepEstimate:
 
     @property
     def fits(self) -> bool:
+        """Whether the peak HBM in use fits in a chip's HBM."""
         return self.peak_bytes <= self.hbm_bytes
 
 
@@ -120,10 +121,12 @@ class Plan:
 
     @property
     def ok(self) -> bool:
+        """Whether the layout was planned (else `error` says why not)."""
         return self.estimate is not None
 
     @property
     def fits(self) -> bool:
+        """Planned, and its peak HBM fits in a chip's."""
         return self.ok and self.estimate.fits
 
     @property
@@ -133,6 +136,7 @@ class Plan:
 
     @property
     def step_seconds(self) -> float | None:
+        """The expected step time (None: not planned)."""
         return self.estimate.step_seconds if self.ok else None
 
     @property
@@ -144,6 +148,7 @@ class Plan:
 
     @property
     def tokens_per_second_per_chip(self) -> float | None:
+        """tokens_per_second over the chips the step runs on."""
         rate = self.tokens_per_second
         return None if rate is None else rate / self.estimate.chips
 

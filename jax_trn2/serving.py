@@ -47,6 +47,7 @@ class ServingJob:
 
     @property
     def name(self) -> str:
+        """'decode batch 32', for progress lines."""
         return f"{self.kind} batch {self.batch}"
 
 
@@ -72,14 +73,17 @@ class ServingPlan:
 
     @property
     def ok(self) -> bool:
+        """Both steps were planned (else `errors` says why not)."""
         return self.prefill is not None and self.decode is not None
 
     @property
     def fits(self) -> bool:
+        """Both steps planned, and both fit in a chip's HBM."""
         return self.ok and self.prefill.fits and self.decode.fits
 
     @property
     def chips(self) -> int:
+        """Chips the layout's mesh takes."""
         return self.layout.chips
 
     @property
@@ -104,6 +108,7 @@ class ServingPlan:
 
     @property
     def tokens_per_second_per_chip(self) -> float | None:
+        """tokens_per_second over the layout's chips."""
         rate = self.tokens_per_second
         return None if rate is None else rate / self.chips
 
@@ -153,12 +158,14 @@ class ServingTable:
         return self.plans[i]
 
     def rows(self) -> list[dict[str, Any]]:
+        """One dict per plan (`pandas.DataFrame(table.rows())`)."""
         return [p.row() for p in self.plans]
 
     def __repr__(self) -> str:
         return self.table()
 
     def table(self) -> str:
+        """The table as text."""
         return serving_table(self)
 
 

@@ -46,10 +46,12 @@ class TrainingRun:
 
     @property
     def days(self) -> float:
+        """The run's wall-clock time in days."""
         return self.seconds / SECONDS_PER_DAY
 
     @property
     def chip_hours(self) -> float:
+        """Chips x hours of the run."""
         return self.chips * self.seconds / SECONDS_PER_HOUR
 
     @property
