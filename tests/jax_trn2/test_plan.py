@@ -185,6 +185,10 @@ def test_layout_specs_names_and_grid():
     assert layout.spec("batch", None, "embed") == P(("dp", "fsdp"))  # fsdp splits batch
     assert layout.spec("embed", "mlp") == P("fsdp", "tp")
     assert Layout.of(tp=4, rules={"batch": "tp"}).spec("batch") == P("tp")
+    moe = Layout.of(ep=8, cp=2, tp=4)  # experts over ep, the sequence over cp
+    assert moe.spec("experts", "embed", "mlp") == P("ep", None, "tp")
+    assert moe.spec("batch", "length", "embed") == P("ep", "cp")
+    assert Layout.of(pp=4, fsdp=16).spec("stages", "embed") == P("pp", "fsdp")
     with pytest.raises(ValueError, match="no rule for logical axis 'tokens'"):
         layout.spec("tokens")
     with pytest.raises(ValueError, match="32 chips, but topology 'trn2' has 16"):
