@@ -1,15 +1,17 @@
-"""Will Llama 3 train on a Trn2-Ultra server, and which sharding is best? Planned from
-shapes alone: nothing the size of the model is ever allocated.
+"""Which dp x fsdp x tp layout, with or without remat, trains Llama 3 fastest on a Trn2-Ultra
+server, and does it fit? Planned from shapes alone: nothing the size of the model is ever
+allocated.
 
-A Llama-3 training step (grouped-query attention, rotary embeddings, SwiGLU, untied output
-head, float32 master weights and Adam moments, bfloat16 compute, layers run by a scan) is
-built from jax.ShapeDtypeStructs, partitioned by XLA's SPMD partitioner for each layout
-below on the 4x4x4 mesh ('data', 'fsdp', 'tensor') of trn2-ultra, lowered to a Trn2
-program and estimated: per-chip peak HBM and whether it fits in 96 GiB, step time, MFU,
-the busiest engine and the communication no compute hides.
+A Llama-3 training step (grouped-query attention as the fused flash-attention kernel, rotary
+embeddings, SwiGLU, untied output head, float32 master weights and Adam moments, bfloat16
+compute, layers run by a scan; examples/support/decoder.py) is built for each layout from jax.ShapeDtypeStructs, and
+jax_trn2.plan.sweep partitions, lowers and estimates every one and ranks them: peak HBM
+per chip against 96 GiB, step time (expected and ideal), MFU by the model's FLOPs,
+tokens/s, exposed communication, the busiest engine, and the time and chip-hours to train
+on 15T tokens (Llama 3's pre-training corpus).
 
-    python examples/plan_llama.py                  # Llama-3 8B and 70B, every layout
-    python examples/plan_llama.py --model 8B --layout "fsdp 64"
+    python examples/plan_llama.py                  # Llama-3 70B: 12 layouts x remat off/on
+    python examples/plan_llama.py --model 8B --price 2.5 --plot sweep.png
     python examples/plan_llama.py --tiny           # a small configuration, seconds
 """
 
@@ -17,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import resource
-import sys
-import time
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -27,50 +27,52 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from support import decoder
 import jax_trn2
-from mesh.machine import get_topology
-from mesh.machine.chip import GIB
-from mesh.perf.schedule import ENGINES
-from mesh.units import bytes_text
+from jax_trn2 import plan
 
 # Llama 3 (Meta's model card and params.json): layers, d_model, heads, KV heads, d_ff, vocab.
+# Attention runs as Trainium2's fused flash-attention kernel (jax_trn2.flash_attention).
+LLAMA = dict(mlp="swiglu", tied_embedding=False, rope=True, scan_layers=True,
+             param_dtype="float32", attention="flash")
 MODELS = {
     "8B": decoder.Decoder(layers=32, d_model=4096, heads=32, kv_heads=8, d_ff=14336,
-                          vocab=128256, mlp="swiglu", tied_embedding=False, rope=True,
-                          scan_layers=True, param_dtype="float32"),
+                          vocab=128256, **LLAMA),
     "70B": decoder.Decoder(layers=80, d_model=8192, heads=64, kv_heads=8, d_ff=28672,
-                           vocab=128256, mlp="swiglu", tied_embedding=False, rope=True,
-                           scan_layers=True, param_dtype="float32"),
+                           vocab=128256, **LLAMA),
+    "tiny": decoder.Decoder(layers=2, d_model=256, heads=8, kv_heads=2, d_ff=512, vocab=1024,
+                            **LLAMA),
 }
-TINY = decoder.Decoder(layers=2, d_model=256, heads=8, kv_heads=2, d_ff=512, vocab=1024,
-                       mlp="swiglu", tied_embedding=False, rope=True, scan_layers=True,
-                       param_dtype="float32")
-BATCH, SEQ = 64, 8192  # sequences per step (one per chip under FSDP 64), Llama 3's context
-TINY_BATCH, TINY_SEQ = 64, 64
-
-# How each layout maps the logical axes (decoder.PARAM_AXES) onto the mesh axes.
-TOPOLOGY, MESH_SHAPE, MESH_AXES = "trn2-ultra", (4, 4, 4), ("data", "fsdp", "tensor")
-ALL = ("data", "fsdp", "tensor")
-LAYOUTS = {
-    "fsdp 64": dict(batch=ALL, embed=ALL),
-    "fsdp 16 x tp 4": dict(batch=("data", "fsdp"), embed=("data", "fsdp"), heads="tensor",
-                           kv_heads="tensor", mlp="tensor", vocab="tensor"),
-    "dp 4 x fsdp 4 x tp 4": dict(batch=("data", "fsdp"), embed="fsdp", heads="tensor",
-                                 kv_heads="tensor", mlp="tensor", vocab="tensor"),
-}
+# Sequences per step and their length: one 8192-token sequence (Llama 3's context) per chip.
+SHAPES = {"8B": (64, 8192), "70B": (64, 8192), "tiny": (64, 64)}
+TRAIN_TOKENS = 15e12  # Llama 3's pre-training tokens
+LOGICAL_AXES = ("batch", "embed", "heads", "kv_heads", "mlp", "vocab")
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    model: str
-    layout: str
-    remat: bool
-    peak_bytes: int
-    fits: bool
-    step_seconds: float
-    mfu: float  # model FLOPs (no recomputation) over the chips' BF16 peak for the step
-    busiest: str  # engine and its share of the step
-    exposed_seconds: float
-    wall_seconds: float  # how long planning took
+def layouts(chips: int = 64) -> list[plan.Layout]:
+    """Every dp x fsdp x tp of the chips with dp <= 4 and tp <= 8 (Llama 3 has 8 KV heads),
+    without and with full remat."""
+    return plan.grid(chips, ("dp", "fsdp", "tp"), remats=(None, "full"),
+                     limits={"dp": 4, "tp": 8})
+
+
+def build(model: str, layout: plan.Layout):
+    """The model's Adam training step under `layout`, and its arguments' shapes."""
+    mesh = layout.make_mesh()
+    batch, seq = SHAPES[model]
+    config = dataclasses.replace(
+        MODELS[model], remat=layout.remat is not None,
+        activation_sharding=layout.sharding(mesh, "batch", None, None))
+    params = decoder.init_params(config, None)
+    moments = (jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, jnp.float32), params),) * 2
+    tokens = jax.ShapeDtypeStruct((batch, seq + 1), jnp.int32)
+    rules = {axis: (tuple(layout.spec(axis)) or (None,))[0] for axis in LOGICAL_AXES}
+    weights = decoder.param_shardings(params, mesh, rules)
+    state = (weights, (weights, weights))
+    step = jax_trn2.jit(decoder.make_adam_step(config),
+                        in_shardings=state + (layout.sharding(mesh, "batch"),),
+                        out_shardings=state + (NamedSharding(mesh, P()),),
+                        donate_argnums=(0, 1),  # parameters and moments updated in place
+                        topology=layout.topology)
+    return step, (params, moments, tokens)
 
 
 def model_flops(config: decoder.Decoder, batch: int, seq: int) -> float:
@@ -82,97 +84,37 @@ def model_flops(config: decoder.Decoder, batch: int, seq: int) -> float:
     return per_token * batch * seq
 
 
-def plan(name: str, config: decoder.Decoder, layout_name: str, remat: bool, batch: int,
-         seq: int) -> Plan:
-    """Partition, lower and estimate one training step; nothing is allocated."""
-    started = time.perf_counter()
-    mesh = jax_trn2.make_mesh(MESH_SHAPE, MESH_AXES)
-    layout = LAYOUTS[layout_name]
-    config = dataclasses.replace(
-        config, remat=remat,
-        activation_sharding=NamedSharding(mesh, P(layout["batch"], None, None)))
-    params = decoder.init_params(config, None)
-    moments = (jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, jnp.float32), params),) * 2
-    tokens = jax.ShapeDtypeStruct((batch, seq + 1), jnp.int32)
-    weights = decoder.param_shardings(params, mesh, layout)
-    state = (weights, (weights, weights))
-    batch_sharding = NamedSharding(mesh, P(layout["batch"]))
-    step = jax_trn2.jit(decoder.make_adam_step(config),
-                        in_shardings=state + (batch_sharding,),
-                        out_shardings=state + (NamedSharding(mesh, P()),),
-                        donate_argnums=(0, 1),  # parameters and moments updated in place
-                        topology=TOPOLOGY)
-    lowered = step.lower(params, moments, tokens)
-    memory = lowered.memory_analysis()
-    cost = lowered.cost_analysis()["trn2"]
-    step_seconds = cost["step_seconds"]
-    busy = cost["engine_busy_seconds"]
-    engine = max(ENGINES, key=lambda e: busy[e])
-    share = busy[engine] / step_seconds if step_seconds else 0.0
-    peak = cost["chips"] * get_topology(TOPOLOGY).chip.peak_flops_for("bfloat16")
-    mfu = model_flops(config, batch, seq) / (peak * step_seconds) if step_seconds else 0.0
-    return Plan(name, layout_name, remat, memory.peak_memory_in_bytes, memory.fits,
-                step_seconds, mfu, f"{engine} {share:.0%}",
-                cost["exposed_communication_seconds"], time.perf_counter() - started)
-
-
-def table(plans: list[Plan]) -> str:
-    head = (f"{'model':<6}{'layout':<22}{'remat':<6}{'peak HBM/chip':>14}  {'fits':<5}"
-            f"{'step':>12}{'MFU':>7}  {'busiest engine':<16}{'exposed comm':>14}"
-            f"{'planned in':>12}")
-    rows = [head, "-" * len(head)]
-    for p in plans:
-        rows.append(f"{p.model:<6}{p.layout:<22}{'yes' if p.remat else 'no':<6}"
-                    f"{bytes_text(p.peak_bytes):>14}  {'yes' if p.fits else 'NO':<5}"
-                    f"{p.step_seconds * 1e3:>9,.1f} ms{p.mfu:>7.1%}  {p.busiest:<16}"
-                    f"{p.exposed_seconds * 1e3:>11,.1f} ms{p.wall_seconds:>11.1f}s")
-    return "\n".join(rows)
-
-
-def host_rss_bytes() -> int:
-    """Peak resident memory of this process (ru_maxrss: KiB on Linux, bytes on macOS)."""
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss if sys.platform == "darwin" else rss * 1024
-
-
-def run(models=tuple(MODELS), layouts=tuple(LAYOUTS), remats=(False, True),
-        tiny: bool = False) -> list[Plan]:
-    configs = {"tiny": TINY} if tiny else {m: MODELS[m] for m in models}
-    batch, seq = (TINY_BATCH, TINY_SEQ) if tiny else (BATCH, SEQ)
-    plans = []
-    total = len(configs) * len(layouts) * len(remats)
-    for name, config in configs.items():
-        print(f"Llama-3 {name}: {config.param_count() / 1e9:.2f}B parameters, "
-              f"{config.layers} layers, d_model {config.d_model}, {config.heads} heads "
-              f"({config.n_kv} KV), d_ff {config.d_ff}, vocab {config.vocab}; "
-              f"batch {batch} x {seq} tokens", flush=True)
-        for layout in layouts:
-            for remat in remats:
-                what = f"[{len(plans) + 1}/{total}] {layout}, remat {'on' if remat else 'off'}"
-                # A line of its own: XLA's partitioner may log warnings while it works.
-                print(f"  {what}: partitioning, lowering, estimating", flush=True)
-                plans.append(plan(name, config, layout, remat, batch, seq))
-                p = plans[-1]
-                print(f"  {what}: {bytes_text(p.peak_bytes)} per chip, step "
-                      f"{p.step_seconds * 1e3:,.1f} ms (planned in {p.wall_seconds:.1f} s)",
-                      flush=True)
-    print()
-    print(table(plans))
-    print(f"\nhost peak RSS {host_rss_bytes() / GIB:.2f} GiB (one chip's HBM: 96 GiB)")
-    return plans
+def run(model: str = "70B", candidates: list[plan.Layout] | None = None,
+        price_per_chip_hour: float | None = None, plot: str | None = None,
+        workers: int | None = None) -> plan.Sweep:
+    """Plan `model` under `candidates` (default: layouts()); print and return the table."""
+    config = MODELS[model]
+    batch, seq = SHAPES[model]
+    print(f"Llama-3 {model}: {config.param_count() / 1e9:.2f}B parameters, {config.layers} "
+          f"layers, d_model {config.d_model}, {config.heads} heads ({config.n_kv} KV), d_ff "
+          f"{config.d_ff}, vocab {config.vocab}; batch {batch} x {seq} tokens", flush=True)
+    table = plan.sweep(functools.partial(build, model), candidates or layouts(),
+                       tokens_per_step=batch * seq, model_flops=model_flops(config, batch, seq),
+                       train_tokens=TRAIN_TOKENS, price_per_chip_hour=price_per_chip_hour,
+                       workers=workers)
+    print(table)
+    if plot:
+        table.plot(plot)
+        print(f"plot written to {plot}")
+    return table
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=tuple(MODELS), action="append",
-                        help="plan only this model (repeatable; default: all)")
-    parser.add_argument("--layout", choices=tuple(LAYOUTS), action="append",
-                        help="plan only this layout (repeatable; default: all)")
-    parser.add_argument("--remat", choices=("on", "off"), action="append",
-                        help="with or without rematerialisation (default: both)")
+    parser.add_argument("--model", choices=("8B", "70B"), default="70B")
     parser.add_argument("--tiny", action="store_true", help="a small configuration")
+    parser.add_argument("--price", type=float, metavar="PER_CHIP_HOUR",
+                        help="price of a chip-hour, for the cost of training (no default: "
+                             "see jax_trn2.training)")
+    parser.add_argument("--plot", metavar="OUT.png", help="draw step time against peak HBM")
+    parser.add_argument("--workers", type=int, help="planning processes (default: one per "
+                                                    "core)")
     args = parser.parse_args()
-    run(models=tuple(args.model or MODELS), layouts=tuple(args.layout or LAYOUTS),
-        remats=tuple(r == "on" for r in args.remat) if args.remat else (False, True),
-        tiny=args.tiny)
+    run("tiny" if args.tiny else args.model, price_per_chip_hour=args.price, plot=args.plot,
+        workers=args.workers)

@@ -13,6 +13,10 @@ prints the listing with estimated times and the cost summary; `--plot` draws the
 `compare` runs a function on the simulated mesh and on CPU JAX and prints the numerics report
 (jax_trn2.numerics).
 
+    jax-trn2 plan script.py:build --grid 64 [--axes dp,fsdp,tp] [--remat none,full] ...
+
+`plan` plans a step under many layouts and prints them ranked (jax_trn2.plan_command).
+
 A subcommand is a function in COMMANDS that adds its parser to the subparsers and sets
 `run` (called with the parsed arguments, returning the exit status).
 """
@@ -35,6 +39,7 @@ from jax_trn2.executable import LoadedExecutable
 from jax_trn2.mesh import DEFAULT_TOPOLOGY, default_topology, placement_for
 from jax_trn2.jit import Jitted, jit
 from jax_trn2.numerics import compare
+from jax_trn2.plan_command import add_plan
 from jax_trn2.plot import save_plot
 from mesh.perf import trace
 from mesh.machine import TOPOLOGY_NAMES, ULTRACLUSTER_PREFIX, Topology, get_topology
@@ -203,6 +208,8 @@ def _load_target(target: str):
     spec = importlib.util.spec_from_file_location(file.stem, file)
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(file.resolve().parent))  # the script's own imports
+    if spec.name not in sys.modules:  # importable by name: `plan`'s worker processes
+        sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     if not callable(getattr(module, name, None)):
         raise ValueError(f"{path} has no function {name!r}")
@@ -241,7 +248,7 @@ def _required_parameters(fun: Callable) -> int:
                for p in params)
 
 
-COMMANDS = (add_inspect, add_compare)
+COMMANDS = (add_inspect, add_compare, add_plan)
 
 
 def build_parser() -> argparse.ArgumentParser:

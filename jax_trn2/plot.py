@@ -319,3 +319,57 @@ def _failed(topology: Topology, chip: int, axis: int) -> bool:
     """Whether the cable from `chip` to its +1 neighbour along `axis` cannot carry data."""
     peer = next(p for p, a, d in topology.neighbours(chip) if a == axis and d > 0)
     return not (topology.link_usable(chip, peer) and topology.link_usable(peer, chip))
+
+
+# --- a sweep of layouts ------------------------------------------------------------------
+
+SWEEP_WIDTH_INCHES = 10.0
+LOG_SCALE_RANGE = 20.0  # peak HBM spanning more than this factor: a log axis
+MAX_LABEL_CHARS = 40
+
+
+def save_sweep_plot(sweep: Any, path: str | os.PathLike) -> None:
+    """Draw a jax_trn2.plan.Sweep into the image file `path`: each planned layout's
+    expected step time (a dot; its ideal step a tick below it, joined by a line) against
+    its peak HBM per chip, layouts that fit in one colour and those that do not in
+    another, the chips' HBM capacity a vertical line, each point labelled with its rank
+    and layout (failed layouts have no point)."""
+    plans = [p for p in sweep.plans if p.ok]
+    if not plans:
+        raise ValueError("the sweep has no planned layout to draw (every one failed)")
+    figure = _figure_class()(figsize=(SWEEP_WIDTH_INCHES, 6.0), layout="constrained")
+    axes = figure.subplots()
+    scale, unit = _time_unit(max(p.estimate.step_seconds for p in plans))
+    size, size_unit = _byte_unit(max(p.estimate.peak_bytes for p in plans))
+    for fits, colour, label in ((True, BUSY, "fits"), (False, FAILED, "does not fit")):
+        chosen = [p for p in plans if p.fits == fits]
+        if not chosen:
+            continue
+        peaks = [p.estimate.peak_bytes / size for p in chosen]
+        for p, x in zip(chosen, peaks):
+            axes.plot([x, x], [p.estimate.ideal_step_seconds * scale,
+                               p.estimate.step_seconds * scale], color=colour, alpha=0.4)
+        axes.plot(peaks, [p.estimate.ideal_step_seconds * scale for p in chosen], "_",
+                  color=colour, markersize=10)
+        axes.plot(peaks, [p.estimate.step_seconds * scale for p in chosen], "o",
+                  color=colour, label=f"{label} (expected step; ideal: tick)")
+    for rank, p in enumerate(sweep.plans, 1):
+        if p.ok:
+            axes.annotate(f"{rank} {p.layout.name[:MAX_LABEL_CHARS]}",
+                          (p.estimate.peak_bytes / size, p.estimate.step_seconds * scale),
+                          textcoords="offset points", xytext=(5, 3), fontsize=7)
+    capacity = plans[0].estimate.hbm_bytes
+    axes.axvline(capacity / size, color=FAILED, linestyle="--")
+    axes.annotate(f"HBM per chip {bytes_text(capacity)}", (capacity / size, 1.0),
+                  xycoords=("data", "axes fraction"), textcoords="offset points",
+                  xytext=(-4, -12), fontsize=8, color=FAILED, ha="right")
+    peaks = [p.estimate.peak_bytes for p in plans] + [capacity]
+    if max(peaks) / max(min(peaks), 1) > LOG_SCALE_RANGE:
+        axes.set_xscale("log")
+    axes.set_xlabel(f"peak HBM per chip ({size_unit})")
+    axes.set_ylabel(f"step time ({unit})")
+    axes.set_ylim(bottom=0)
+    axes.legend(loc="lower right", fontsize=8)
+    axes.set_title(f"{len(plans)} layouts planned: step time against peak HBM per chip "
+                   f"(rank in the sweep's table)", fontsize=10, loc="left")
+    figure.savefig(path, dpi=100)

@@ -6,6 +6,7 @@ see an MLIR object.
 
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import re
@@ -408,30 +409,39 @@ _PARSED_TEXT = "-"
 MODULE_TEXT = "<module>"  # the name of such text when the caller has no file name for it
 
 
-def source_location(loc: ir.Location, module_name: str = MODULE_TEXT) -> str:
-    """The user's source line of an op, `file:line:col`, from its MLIR location.
+def scope_name(loc: ir.Location) -> str:
+    """The jax name stack an op's location starts with (`jit(f)/transpose(jvp(dot_general))`),
+    or ''."""
+    return location_parts(loc)[1]
+
+
+def location_parts(loc: ir.Location, module_name: str = MODULE_TEXT) -> tuple[str, str]:
+    """The user's source line of an op, `file:line:col`, and its scope name, from its MLIR
+    location (printed once: a large module's locations are long, and many ops share one).
 
     The bindings expose no accessors for file and call-site locations, so the location's
     printed form is searched for its first file position outside jax's own code (jax prints
     the innermost user frame first); "" when the op has no source position. An op of a
     module without debug locations is at its line of the module text: `module_name:line:col`.
     """
-    for path, line, col in _FILE_LOC.findall(str(loc)):
+    return _location_parts(str(loc), module_name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _location_parts(text: str, module_name: str) -> tuple[str, str]:
+    source = ""
+    for path, line, col in _FILE_LOC.findall(text):
         if path == _PARSED_TEXT:
-            return f"{module_name}:{line}:{col}"
+            source = f"{module_name}:{line}:{col}"
+            break
         if not any(mark in path for mark in _INTERNAL):
-            return f"{path}:{line}:{col}"
-    return ""
+            source = f"{path}:{line}:{col}"
+            break
+    scope = _SCOPE.match(text)
+    return source, scope.group(1) if scope else ""
 
 
 _SCOPE = re.compile(r'^loc\("([^"]+)"(?!:)')
-
-
-def scope_name(loc: ir.Location) -> str:
-    """The jax name stack an op's location starts with (`jit(f)/transpose(jvp(dot_general))`),
-    or ''."""
-    match = _SCOPE.match(str(loc))
-    return match.group(1) if match else ""
 
 
 def argument_name(argument) -> str:

@@ -462,8 +462,8 @@ class Walker:
         raise LoweringError("a block has no terminator")
 
     def _decode(self, operation, env) -> Op:
-        loc = mlir.source_location(operation.location, self.module_name) or next(
-            (c for c in reversed(self.call_locations) if c), "")
+        source, scope = mlir.location_parts(operation.location, self.module_name)
+        loc = source or next((c for c in reversed(self.call_locations) if c), "")
         try:
             return Op(name=operation.name,
                       operands=tuple(env[v] for v in operation.operands),
@@ -471,7 +471,7 @@ class Walker:
                       result_types=tuple(mlir.value_type(r.type) for r in operation.results),
                       attrs=mlir.Attributes(operation),
                       regions=tuple(Region(r) for r in operation.regions),
-                      loc=loc, scope=mlir.scope_name(operation.location))
+                      loc=loc, scope=scope)
         except mlir.UnsupportedTypeError as e:
             message = str(e)
             if operation.name in SHAPE_OPERANDS:

@@ -19,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+import jax_trn2
+
 
 @dataclass(frozen=True)
 class Decoder:
@@ -35,6 +37,9 @@ class Decoder:
     scan_layers: bool = False
     remat: bool = False
     param_dtype: str = "bfloat16"  # float32 keeps master weights; compute is in bfloat16
+    # "plain": attention written out (its scores in HBM); "flash": jax_trn2.flash_attention,
+    # the fused kernel Trainium2 training runs (NKI's flash attention: scores in SBUF)
+    attention: str = "plain"
     # Sharding of the [batch, seq, d_model] activations between layers (MaxText's
     # activation_batch/activation_embed constraints), so the partitioner keeps the batch
     # split; None leaves it to sharding propagation.
@@ -148,11 +153,14 @@ def decoder_layer(x, p, config: Decoder):
     v = (h @ p["wv"]).reshape(b, s, kv, hd)
     if config.rope:
         q, k = rotary(q, config.rope_theta), rotary(k, config.rope_theta)
-    q = q.reshape(b, s, kv, heads // kv, hd)  # query groups share a key/value head
-    scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k).astype(jnp.float32) / np.sqrt(hd)
-    causal = jnp.tril(jnp.ones((s, s), bool))
-    weights = jax.nn.softmax(jnp.where(causal, scores, -1e9), axis=-1).astype(x.dtype)
-    attention = jnp.einsum("bkgqs,bskd->bqkgd", weights, v).reshape(b, s, d)
+    if config.attention == "flash":
+        attention = jax_trn2.flash_attention(q, k, v, causal=True).reshape(b, s, d)
+    else:
+        q = q.reshape(b, s, kv, heads // kv, hd)  # query groups share a key/value head
+        scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k).astype(jnp.float32) / np.sqrt(hd)
+        causal = jnp.tril(jnp.ones((s, s), bool))
+        weights = jax.nn.softmax(jnp.where(causal, scores, -1e9), axis=-1).astype(x.dtype)
+        attention = jnp.einsum("bkgqs,bskd->bqkgd", weights, v).reshape(b, s, d)
     x = constrain(x + attention @ p["wo"], config)
     h = rms_norm(x, p["norm2"])
     if config.mlp == "swiglu":

@@ -193,16 +193,17 @@ def _weight_specs(weights) -> dict:
     return {k: WEIGHT_SPECS[k] for k in weights}
 
 
-def decode_step(split: Split, mesh) -> jax_trn2.Jitted:
+def decode_step(split: Split, mesh, topology=None) -> jax_trn2.Jitted:
     """One decode step: (weights, k cache, v cache, tokens [B], position) -> (next tokens,
     k cache, v cache), the caches [layers, B, bucket, chips x kv heads per chip, head_dim]
-    split over the chips along their heads, donated and updated in place."""
+    split over the chips along their heads, donated and updated in place. `topology`: the
+    machine (default: the one the mesh was made for; a mesh of one chip has none)."""
     cache = P(None, None, None, TP)
     body = partial(_decode_body, split)
     specs = (_weight_specs(_weights(split)), cache, cache, P(), P())
     f = jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=(P(), cache, cache),
                       check_vma=False)
-    return jax_trn2.jit(f, donate_argnums=(1, 2))
+    return jax_trn2.jit(f, donate_argnums=(1, 2), topology=topology)
 
 
 def decode_args(split: Split, batch: int, bucket: int) -> tuple:
@@ -214,15 +215,15 @@ def decode_args(split: Split, batch: int, bucket: int) -> tuple:
             jax.ShapeDtypeStruct((), jnp.int32))
 
 
-def prefill(split: Split, mesh) -> jax_trn2.Jitted:
+def prefill(split: Split, mesh, topology=None) -> jax_trn2.Jitted:
     """Prefill: (weights, tokens [B, T]) -> (first generated tokens [B], k cache, v cache),
-    T a multiple of the chip count (a context bucket)."""
+    T a multiple of the chip count (a context bucket). `topology` as for decode_step."""
     cache = P(None, None, None, TP)
     body = partial(_prefill_body, split)
     specs = (_weight_specs(_weights(split)), P(None, TP))
     f = jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=(P(), cache, cache),
                       check_vma=False)
-    return jax_trn2.jit(f)
+    return jax_trn2.jit(f, topology=topology)
 
 
 def prefill_args(split: Split, batch: int, length: int) -> tuple:

@@ -29,13 +29,35 @@ def test_auto_sharding_example_matches_cpu_jax(monkeypatch):
 def test_plan_llama_plans_a_tiny_llama_from_shapes(monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(EXAMPLES))
     example = importlib.import_module("plan_llama")
-    plans = example.run(layouts=("fsdp 16 x tp 4",), remats=(True,), tiny=True)
-    (plan,) = plans
-    assert plan.fits and 0 < plan.peak_bytes < 96 * 2**30
-    assert plan.step_seconds > 0 and 0 < plan.mfu < 1 and plan.exposed_seconds >= 0
-    out = capsys.readouterr().out
-    assert "[1/1] fsdp 16 x tp 4, remat on: partitioning" in out  # progress
-    assert "tiny  fsdp 16 x tp 4        yes" in out and "host peak RSS" in out
+    layouts = [example.plan.Layout.of(dp=1, fsdp=16, tp=4, remat="full"),
+               example.plan.Layout.of(dp=4, fsdp=4, tp=4)]
+    table = example.run("tiny", layouts, price_per_chip_hour=2.0, workers=1)
+    assert [p.layout for p in table] == sorted(layouts, key=lambda l: next(
+        p.estimate.step_seconds for p in table if p.layout == l))
+    for plan in table:
+        assert plan.fits and 0 < plan.estimate.peak_bytes < 96 * 2**30
+        assert 0 < plan.model_mfu() < 1 and plan.estimate.exposed_communication_seconds >= 0
+        assert plan.training(example.TRAIN_TOKENS, 2.0).cost > 0
+    out = capsys.readouterr()
+    assert "fsdp 16 x tp 4, remat full" in out.out and "time to train 15T tokens" in out.out
+    assert "[2/2] " in out.err  # progress
+
+
+def test_plan_pipeline_measures_the_bubble(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    (table,) = importlib.import_module("plan_pipeline").run(microbatches=(8,), workers=1)
+    assert [p.layout.schedule for p in table] == ["1f1b", "gpipe"]  # 1F1B: less HBM moved
+    for p in table:
+        assert p.bubble == pytest.approx(3 / 11, rel=1e-9)
+
+
+def test_serve_llama_answers_a_serving_question(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    table = importlib.import_module("serve_llama").run(chips=(4,), batches=(1, 8), workers=1)
+    one, eight = table
+    assert one.fits and eight.fits and one.max_batch == eight.max_batch > 8
+    assert eight.kv_cache_bytes == 8 * one.kv_cache_bytes
+    assert eight.tokens_per_second > one.tokens_per_second
 
 
 def test_every_file_in_examples_is_an_example_that_runs():

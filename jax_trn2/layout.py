@@ -1,0 +1,187 @@
+"""Layouts of a step for planning: a mesh of named parallelism axes, how the program's
+logical axes map onto it, the rematerialisation policy and the machine.
+
+    layout = Layout.of(dp=4, fsdp=4, tp=4, remat="full")       # 64 chips of trn2-ultra
+    mesh = layout.make_mesh()                                    # ('dp', 'fsdp', 'tp')
+    w = layout.sharding(mesh, "embed", "mlp")                    # P('fsdp', 'tp')
+
+Mesh axes are named for the parallelism they carry, and logical axes (MaxText's names for the
+dims of parameters and activations) go to mesh axes by `DEFAULT_RULES` unless a layout
+says otherwise:
+
+- dp    data parallel: the batch is split, everything else replicated;
+- fsdp  fully sharded data parallel: the batch and the parameters' `embed` dim are split
+        (the partitioner gathers weights before use and scatters their gradients);
+- tp    tensor parallel (Megatron): attention heads, MLP units and the vocabulary split;
+- pp    pipeline parallel: the `stages` dim of stacked stage weights split;
+- ep    expert parallel: the `experts` dim split (tokens are routed to them);
+- cp    context (sequence) parallel: the sequence `length` dim of activations split.
+
+A layout is data: the step function that applies it (shardings, remat, microbatches) is
+the user's, built for each layout by the function given to jax_trn2.plan.sweep.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jax_trn2.mesh import DEFAULT_TOPOLOGY, make_mesh
+from mesh.machine import Topology, get_topology
+
+KINDS = ("dp", "fsdp", "tp", "pp", "ep", "cp")
+
+# Logical axis -> the mesh axes (in this order) that split it, where the layout has them.
+DEFAULT_RULES: dict[str, tuple[str, ...]] = {
+    "batch": ("dp", "fsdp", "ep"),
+    "embed": ("fsdp",),
+    "heads": ("tp",), "kv_heads": ("tp",), "mlp": ("tp",), "vocab": ("tp",),
+    "stages": ("pp",),
+    "experts": ("ep",),
+    "length": ("cp",),
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way to run a step: mesh axes (name, size) in order, the rematerialisation policy
+    the step should apply (None: none; a name the step's builder understands, e.g.
+    "full"), the machine, logical-axis rules, and for a pipeline its microbatch count (to
+    show the bubble formula beside the measured bubble) and schedule."""
+
+    axes: tuple[tuple[str, int], ...]
+    remat: str | None = None
+    topology: str | Topology = DEFAULT_TOPOLOGY
+    # (logical axis, mesh axes) pairs: a tuple, so that layouts can key dicts
+    rules: tuple[tuple[str, tuple[str, ...]], ...] = tuple(DEFAULT_RULES.items())
+    microbatches: int | None = None
+    schedule: str | None = None  # a pipeline schedule the step's builder knows ("1f1b")
+    label: str = ""  # the name shown in tables; by default made from the axes and remat
+
+    def __post_init__(self) -> None:
+        names = [name for name, _ in self.axes]
+        if not names:
+            raise ValueError("Layout: give at least one mesh axis, e.g. Layout.of(fsdp=64)")
+        if len(set(names)) != len(names):
+            raise ValueError(f"Layout: mesh axis names repeat: {names}")
+        for name, size in self.axes:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"Layout: axis {name!r} has size {size!r}; sizes are "
+                                 "positive ints")
+        if self.microbatches is not None and self.microbatches < 1:
+            raise ValueError(f"Layout: microbatches must be >= 1, got {self.microbatches}")
+        chips = self.machine.num_chips
+        if self.chips > chips:
+            raise ValueError(f"Layout {self.name}: {self.chips} chips, but topology "
+                             f"'{self.machine.name}' has {chips}")
+
+    @classmethod
+    def of(cls, *, remat: str | None = None, topology: str | Topology = DEFAULT_TOPOLOGY,
+           rules: Mapping[str, Sequence[str]] | None = None, microbatches: int | None = None,
+           schedule: str | None = None, label: str = "", **axes: int) -> Layout:
+        """A layout from mesh axis sizes by name, in order: `Layout.of(dp=2, tp=8)`.
+        `rules` override DEFAULT_RULES for the logical axes they name."""
+        merged = dict(DEFAULT_RULES)
+        merged.update({k: (v,) if isinstance(v, str) else tuple(v)
+                       for k, v in (rules or {}).items()})
+        return cls(tuple(axes.items()), remat, topology, tuple(merged.items()), microbatches,
+                   schedule, label)
+
+    @property
+    def name(self) -> str:
+        """'dp 4 x fsdp 4 x tp 4, remat full' (axes of size 1 left out), 'pp 4, 1f1b, 8
+        microbatches', or the label."""
+        if self.label:
+            return self.label
+        split = [f"{n} {s}" for n, s in self.axes if s > 1] or [f"{self.axes[0][0]} 1"]
+        parts = [" x ".join(split)] + ([self.schedule] if self.schedule else []) + (
+            [f"{self.microbatches} microbatches"] if self.microbatches else []) + (
+            [f"remat {self.remat}"] if self.remat else [])
+        return ", ".join(parts)
+
+    @property
+    def machine(self) -> Topology:
+        """The layout's topology (a preset by name, or the Topology given)."""
+        return self.topology if isinstance(self.topology, Topology) else \
+            get_topology(self.topology)
+
+    @property
+    def topology_name(self) -> str:
+        """The name of the layout's topology."""
+        return self.machine.name
+
+    @property
+    def chips(self) -> int:
+        """Chips the layout's mesh takes: the product of its axis sizes."""
+        return math.prod(size for _, size in self.axes)
+
+    def size(self, axis: str) -> int:
+        """The size of mesh axis `axis` (1 when the layout has none)."""
+        return dict(self.axes).get(axis, 1)
+
+    def make_mesh(self) -> Mesh:
+        """The layout's mesh on its topology (jax_trn2.make_mesh): pass the same topology
+        to jax_trn2.jit (topology=layout.topology), as make_mesh remembers only one machine
+        per mesh shape and names."""
+        return make_mesh(tuple(s for _, s in self.axes), tuple(n for n, _ in self.axes),
+                         topology=self.topology)
+
+    def spec(self, *logical: str | None) -> P:
+        """The PartitionSpec of a value whose dims have these logical axes (None: a dim
+        never split): each dim split over the layout's mesh axes its rule names, in the
+        rule's order; a mesh axis already splitting an earlier dim is left out (a value
+        cannot be split twice over one axis)."""
+        present = {name for name, _ in self.axes}
+        rules = dict(self.rules)
+        used: set[str] = set()
+        entries = []
+        for axis in logical:
+            if axis is not None and axis not in rules:
+                raise ValueError(f"Layout {self.name}: no rule for logical axis {axis!r}; known: "
+                                 f"{sorted(rules)} (add one with rules=...)")
+            mesh_axes = [a for a in rules.get(axis, ()) if a in present and a not in used]
+            used.update(mesh_axes)
+            entries.append(None if not mesh_axes else mesh_axes[0] if len(mesh_axes) == 1
+                           else tuple(mesh_axes))
+        while entries and entries[-1] is None:
+            entries.pop()
+        return P(*entries)
+
+    def sharding(self, mesh: Mesh, *logical: str | None) -> NamedSharding:
+        """NamedSharding of a value with these logical axes on `mesh` (see `spec`)."""
+        return NamedSharding(mesh, self.spec(*logical))
+
+    def shardings(self, mesh: Mesh, logical_axes: Any) -> Any:
+        """NamedShardings for a pytree of logical-axis tuples (leaves: tuples of str/None)."""
+        return jax.tree.map(lambda axes: self.sharding(mesh, *axes), logical_axes,
+                            is_leaf=lambda x: isinstance(x, tuple))
+
+
+def grid(chips: int, kinds: Sequence[str] = ("dp", "fsdp", "tp"),
+         remats: Iterable[str | None] = (None,),
+         topologies: Iterable[str | Topology] = (DEFAULT_TOPOLOGY,),
+         limits: Mapping[str, int] | None = None, **options: Any) -> list[Layout]:
+    """Every layout of `chips` chips over the mesh axes `kinds` (each size a divisor, their
+    product `chips`; sizes above `limits[kind]` left out), for every remat policy and
+    topology. `options` go to Layout.of (rules, microbatches)."""
+    if chips < 1:
+        raise ValueError(f"grid: chips must be >= 1, got {chips}")
+    unknown = [k for k in (limits or {}) if k not in kinds]
+    if unknown:
+        raise ValueError(f"grid: limits name {unknown}, which are not among kinds {tuple(kinds)}")
+    divisors = [d for d in range(1, chips + 1) if chips % d == 0]
+    layouts = []
+    for sizes in itertools.product(divisors, repeat=len(kinds)):
+        if math.prod(sizes) != chips or any(
+                s > (limits or {}).get(k, chips) for k, s in zip(kinds, sizes)):
+            continue
+        for topology in topologies:
+            for remat in remats:
+                layouts.append(Layout.of(remat=remat, topology=topology, **options,
+                                         **dict(zip(kinds, sizes))))
+    return layouts

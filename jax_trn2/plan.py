@@ -1,0 +1,399 @@
+"""Plan a Trn2 deployment: sweep layouts of a step, rank what fits, and read the answer in a
+planner's units (step time, tokens/s, time to train, chip-hours, money).
+
+    def build(layout):                       # the user's step under one layout
+        mesh = layout.make_mesh()
+        step = jax_trn2.jit(train_step, in_shardings=..., topology=layout.topology)
+        return step, (params, tokens)        # jax.ShapeDtypeStructs: nothing is allocated
+
+    table = jax_trn2.plan.sweep(build, jax_trn2.plan.grid(64, ("fsdp", "tp")),
+                                tokens_per_step=64 * 8192, model_flops=6 * n * 64 * 8192)
+    print(table)                             # ranked: what fits, fastest first
+    table.rows()                             # a list of dicts, for a notebook
+    table.plot("sweep.png")                  # step time against peak HBM per chip
+
+Each layout's step is built, partitioned, lowered and estimated (jax_trn2.jit's Lowered:
+cost_analysis and memory_analysis), in worker processes when the sweep is large enough to
+pay for their start-up, with a line of progress per plan. A layout whose step cannot be
+built or lowered (a shape that does not divide over its mesh, an op without a lowering
+rule) is kept in the table with the reason; one that does not fit in HBM is planned and
+marked.
+
+Utilisations. `mfu` is the estimate's: the time the matmuls the chips run would take at
+their dtype's peak, jax.checkpoint's recomputation left out, over the step. It cannot see
+work that is not the model's, such as a pipeline's bubble, where stages compute on no
+microbatch: with `model_flops` (the step's FLOPs by the model's own count, e.g. 6 per
+parameter per token), `model_mfu` is those FLOPs over the chips' BF16 peak for the step,
+and a pipeline's `bubble` is the share of the chips' matmul work that is not the model's.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import multiprocessing
+import os
+import pickle
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+from jax_trn2.layout import DEFAULT_RULES, KINDS, Layout, grid
+from jax_trn2.tables import duration_text, sweep_table
+from jax_trn2.training import TrainingRun, training_run
+from mesh.machine import Topology, get_topology
+from mesh.perf.schedule import ENGINES
+from mesh.units import bytes_text
+
+__all__ = ["DEFAULT_RULES", "KINDS", "Layout", "Plan", "StepEstimate", "Sweep", "estimate",
+           "grid", "sweep"]
+
+# A worker process takes about this long to start (spawn, import jax and the user's module,
+# the first trace): worth it only when it saves more than that (measured on a 2-core AMD
+# EPYC: 3-5 s).
+WORKER_START_SECONDS = 5.0
+REASON_CHARS = 160  # of a failure's message shown in the table
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """The figures of one lowered step that a plan reports (per chip unless named)."""
+
+    chips: int  # chips the step runs on (its mesh's devices)
+    topology: str
+    peak_bytes: int  # peak HBM in use on the fullest chip
+    hbm_bytes: int  # a chip's HBM
+    step_seconds: float  # expected (with the Neuron runtime's measured costs)
+    ideal_step_seconds: float  # the hardware's limits
+    mfu: float  # the estimate's (expected step), recomputation left out
+    hfu: float  # counting recomputation
+    ideal_mfu: float
+    exposed_communication_seconds: float
+    busiest_engine: str
+    busiest_seconds: float
+    peak_flops: float  # one chip's BF16 peak, FLOP/s
+    # of the arguments the step updates in place (its outputs written into donated
+    # arguments), per chip
+    donated_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        """Whether the peak HBM in use fits in a chip's HBM."""
+        return self.peak_bytes <= self.hbm_bytes
+
+
+def estimate(jitted: Any, args: Sequence[Any],
+             topology: str | Topology | None = None) -> StepEstimate:
+    """Lower `jitted` (a jax_trn2.jit function) for `args` (arrays or
+    jax.ShapeDtypeStructs) and read its estimate; nothing runs or is allocated.
+    `topology`: the machine it was made for (its chip's peak; default: the preset of the
+    name the estimate gives)."""
+    lowered = jitted.lower(*args)
+    memory = lowered.memory_analysis()
+    info = lowered.cost_analysis()["trn2"]
+    program = lowered.program
+    busy = info["engine_busy_seconds"]
+    engine = max(ENGINES, key=lambda e: busy[e])
+    if not isinstance(topology, Topology):
+        topology = get_topology(topology or info["topology"])
+    return StepEstimate(
+        chips=max(program.mesh.num_devices, 1), topology=info["topology"],
+        peak_bytes=memory.peak_memory_in_bytes, hbm_bytes=memory.hbm_bytes,
+        step_seconds=info["step_seconds"], ideal_step_seconds=info["ideal_step_seconds"],
+        mfu=info["mfu"], hfu=info["hfu"], ideal_mfu=info["ideal_mfu"],
+        exposed_communication_seconds=info["exposed_communication_seconds"],
+        busiest_engine=engine, busiest_seconds=busy[engine],
+        peak_flops=topology.chip.peak_flops_for("bfloat16"),
+        donated_bytes=memory.alias_size_in_bytes)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One layout's plan: its estimate, or why it could not be planned (`error`)."""
+
+    layout: Layout
+    estimate: StepEstimate | None
+    error: str | None = None
+    planned_seconds: float = 0.0  # host wall time to build, lower and estimate
+    tokens_per_step: float | None = None  # given to the sweep
+    model_flops: float | None = None  # the model's FLOPs per step, given to the sweep
+
+    @property
+    def ok(self) -> bool:
+        """Whether the layout was planned (else `error` says why not)."""
+        return self.estimate is not None
+
+    @property
+    def fits(self) -> bool:
+        """Planned, and its peak HBM fits in a chip's."""
+        return self.ok and self.estimate.fits
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        """HBM left on the fullest chip at the peak (negative: over capacity)."""
+        return None if not self.ok else self.estimate.hbm_bytes - self.estimate.peak_bytes
+
+    @property
+    def step_seconds(self) -> float | None:
+        """The expected step time (None: not planned)."""
+        return self.estimate.step_seconds if self.ok else None
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        """Tokens per second over all chips (expected step)."""
+        if not self.ok or not self.tokens_per_step or not self.estimate.step_seconds:
+            return None
+        return self.tokens_per_step / self.estimate.step_seconds
+
+    @property
+    def tokens_per_second_per_chip(self) -> float | None:
+        """tokens_per_second over the chips the step runs on."""
+        rate = self.tokens_per_second
+        return None if rate is None else rate / self.estimate.chips
+
+    def model_mfu(self, ideal: bool = False) -> float | None:
+        """The model's FLOPs per step over the chips' BF16 peak for the expected (or
+        ideal) step; None without model_flops."""
+        if not self.ok or self.model_flops is None:
+            return None
+        e = self.estimate
+        step = e.ideal_step_seconds if ideal else e.step_seconds
+        return self.model_flops / (e.chips * e.peak_flops * step) if step else None
+
+    @property
+    def bubble(self) -> float | None:
+        """A pipeline's bubble: the share of the chips' matmul work that is not the
+        model's (1 - model MFU / MFU), for a layout with a `pp` axis and model_flops."""
+        model = self.model_mfu()
+        if model is None or self.layout.size("pp") < 2 or not self.estimate.mfu:
+            return None
+        return 1.0 - model / self.estimate.mfu
+
+    @property
+    def gpipe_bubble(self) -> float | None:
+        """GPipe's bubble (S-1)/(M+S-1) for the layout's S stages and M microbatches."""
+        stages, micro = self.layout.size("pp"), self.layout.microbatches
+        if stages < 2 or micro is None:
+            return None
+        return (stages - 1) / (micro + stages - 1)
+
+    def training(self, tokens: float, price_per_chip_hour: float | None = None
+                 ) -> TrainingRun | None:
+        """Training `tokens` tokens with this plan's expected step (None when it could not
+        be planned or no tokens_per_step was given)."""
+        if not self.ok or not self.tokens_per_step:
+            return None
+        return training_run(self.estimate.step_seconds, self.tokens_per_step,
+                            self.estimate.chips, tokens, price_per_chip_hour)
+
+    def row(self, train_tokens: float | None = None,
+            price_per_chip_hour: float | None = None) -> dict[str, Any]:
+        """The plan as a flat dict (seconds, bytes, shares), for a notebook's table."""
+        row: dict[str, Any] = {"layout": self.layout.name, "topology":
+                               self.layout.topology_name, "remat": self.layout.remat,
+                               "chips": self.layout.chips, "error": self.error,
+                               "planned_seconds": self.planned_seconds}
+        row.update({k: v for k, v in self.layout.axes})
+        if not self.ok:
+            return row
+        e = self.estimate
+        row.update(
+            peak_hbm_bytes=e.peak_bytes, hbm_bytes=e.hbm_bytes, fits=e.fits,
+            headroom_bytes=self.headroom_bytes, step_seconds=e.step_seconds,
+            ideal_step_seconds=e.ideal_step_seconds, mfu=e.mfu, ideal_mfu=e.ideal_mfu,
+            hfu=e.hfu, model_mfu=self.model_mfu(), ideal_model_mfu=self.model_mfu(ideal=True),
+            tokens_per_second=self.tokens_per_second,
+            tokens_per_second_per_chip=self.tokens_per_second_per_chip,
+            exposed_communication_seconds=e.exposed_communication_seconds,
+            busiest_engine=e.busiest_engine,
+            busiest_engine_share=e.busiest_seconds / e.step_seconds if e.step_seconds else 0.0,
+            bubble=self.bubble, gpipe_bubble=self.gpipe_bubble)
+        run = self.training(train_tokens, price_per_chip_hour) if train_tokens else None
+        if run is not None:
+            row.update(train_tokens=run.tokens, train_seconds=run.seconds,
+                       train_days=run.days, chip_hours=run.chip_hours, cost=run.cost)
+        return row
+
+
+def _rank_key(plan: Plan) -> tuple:
+    """Planned before failed, fitting before not, then the fastest expected step."""
+    return (not plan.ok, not plan.fits, plan.step_seconds if plan.ok else 0.0)
+
+
+class Sweep:
+    """The plans of a sweep, ranked (fitting plans by expected step time, then those that
+    do not fit, then those that failed). Prints as a table; `rows()` for a notebook."""
+
+    def __init__(self, plans: Iterable[Plan], *, train_tokens: float | None = None,
+                 price_per_chip_hour: float | None = None, wall_seconds: float = 0.0,
+                 workers: int = 1):
+        self.plans = sorted(plans, key=_rank_key)
+        self.train_tokens = train_tokens
+        self.price_per_chip_hour = price_per_chip_hour
+        self.wall_seconds = wall_seconds
+        self.workers = workers
+
+    def __iter__(self):
+        return iter(self.plans)
+
+    def __len__(self) -> int:
+        return len(self.plans)
+
+    def __getitem__(self, i: int) -> Plan:
+        return self.plans[i]
+
+    @property
+    def best(self) -> Plan | None:
+        """The fastest plan that fits (None if none does)."""
+        return self.plans[0] if self.plans and self.plans[0].fits else None
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per plan, in rank order (`pandas.DataFrame(sweep.rows())`)."""
+        return [dict(rank=i + 1, **p.row(self.train_tokens, self.price_per_chip_hour))
+                for i, p in enumerate(self.plans)]
+
+    def plot(self, path: str | os.PathLike) -> None:
+        """Draw expected step time against peak HBM per chip, one point per planned
+        layout, the HBM capacity marked (jax_trn2.plot; needs matplotlib)."""
+        from jax_trn2.plot import save_sweep_plot
+        save_sweep_plot(self, path)
+
+    def __repr__(self) -> str:
+        return self.table()
+
+    def table(self) -> str:
+        """The ranked table as text."""
+        return sweep_table(self)
+
+
+def sweep(build: Callable[[Layout], tuple[Any, Sequence[Any]]], layouts: Iterable[Layout], *,
+          tokens_per_step: float | None = None, model_flops: float | None = None,
+          train_tokens: float | None = None, price_per_chip_hour: float | None = None,
+          workers: int | None = None, progress: bool | Callable[[int, int, Plan], None] = True
+          ) -> Sweep:
+    """Plan `build(layout)` for every layout and rank the plans.
+
+    `build(layout)` returns `(jitted, args)`: a jax_trn2.jit function set up for the layout
+    (its shardings, remat and `topology=layout.topology`) and its arguments, usually
+    jax.ShapeDtypeStructs. `tokens_per_step` gives tokens/s and the training columns
+    (`train_tokens`: time to train that many, chip-hours, and the cost at
+    `price_per_chip_hour`); `model_flops` (the model's FLOPs per step) gives the model
+    FLOP utilisation and a pipeline's bubble. `workers`: processes planning in parallel
+    (None: one per core, when there are enough plans to pay for starting them; 1: this
+    process). `progress`: True prints a line per plan to stderr; a function is called as
+    progress(done, total, plan)."""
+    layouts = list(layouts)
+    for i, layout in enumerate(layouts):
+        if not isinstance(layout, Layout):
+            raise TypeError(f"sweep: layouts[{i}] is a {type(layout).__name__}, not a "
+                            "jax_trn2.plan.Layout")
+    if price_per_chip_hour is not None and train_tokens is None:
+        raise ValueError("sweep: price_per_chip_hour prices a training run: give "
+                         "train_tokens too")
+    if train_tokens is not None and tokens_per_step is None:
+        raise ValueError("sweep: train_tokens needs tokens_per_step (how many tokens one "
+                         "step trains)")
+    report = _progress_printer if progress is True else progress or None
+    started = time.perf_counter()
+    plans: list[Plan] = []
+
+    def done(layout: Layout, outcome: tuple) -> None:
+        plans.append(Plan(layout, *outcome, tokens_per_step, model_flops))
+        if report is not None:
+            report(len(plans), len(layouts), plans[-1])
+
+    count = plan_jobs(build, layouts, workers, done)
+    return Sweep(plans, train_tokens=train_tokens, price_per_chip_hour=price_per_chip_hour,
+                 wall_seconds=time.perf_counter() - started, workers=count)
+
+
+def _progress_printer(done: int, total: int, plan: Plan) -> None:
+    print(progress_line(done, total, f"{plan.layout.name} on {plan.layout.topology_name}",
+                        plan.estimate, plan.error, plan.planned_seconds),
+          file=sys.stderr, flush=True)
+
+
+def progress_line(done: int, total: int, name: str, estimate_: StepEstimate | None,
+                  error: str | None, seconds: float) -> str:
+    """'[3/24] fsdp 64 on trn2-ultra: 42.46 GiB/chip, step 20.62 s expected (planned in
+    2.1 s)', or the first line of why it failed."""
+    if estimate_ is not None:
+        what = (f"{bytes_text(estimate_.peak_bytes)}/chip"
+                f"{'' if estimate_.fits else ' (does NOT fit)'}, step "
+                f"{duration_text(estimate_.step_seconds)} expected")
+    else:
+        what = f"failed: {error.splitlines()[0][:REASON_CHARS]}"
+    return f"[{done}/{total}] {name}: {what} (planned in {seconds:.1f} s)"
+
+
+def plan_jobs(build: Callable, jobs: Sequence[Any], workers: int | None,
+              done: Callable[[Any, tuple], None]) -> int:
+    """Plan every job, `estimate(*build(job))`, calling `done(job, (StepEstimate | None,
+    error | None, seconds))` as each completes; returns the worker processes used (1: this
+    process alone).
+
+    `workers` processes plan in parallel (spawned: jax's threads do not survive a fork);
+    None plans the first job here and starts one per core for the rest if that saves more
+    than starting them costs (WORKER_START_SECONDS). A `build` other processes cannot load
+    (a lambda, a function defined in a function or in an interactive session) runs here."""
+    jobs = list(jobs)
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if not _spawnable(build):
+        workers = 1
+    if workers is None and jobs:
+        first, jobs = jobs[0], jobs[1:]
+        outcome = _plan_one(build, first)
+        done(first, outcome)
+        cores = os.cpu_count() or 1
+        saved = outcome[2] * len(jobs) * (1 - 1 / cores)
+        workers = min(cores, len(jobs)) if cores > 1 and saved > WORKER_START_SECONDS else 1
+    workers = max(1, min(workers or 1, len(jobs)))
+    if workers == 1:
+        for job in jobs:
+            done(job, _plan_one(build, job))
+        return 1
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        futures = {pool.submit(_plan_one, build, job): job for job in jobs}
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                done(futures[future], future.result())
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+    return workers
+
+
+def _plan_one(build: Callable, job: Any) -> tuple[StepEstimate | None, str | None, float]:
+    """Build and estimate one job; an exception becomes the plan's error. A job is a
+    Layout or has one (`job.layout`)."""
+    started = time.perf_counter()
+    try:
+        jitted, args = build(job)
+        machine = getattr(job, "layout", job).machine
+        result = estimate(jitted, args, machine)
+        if result.topology != machine.name:
+            raise ValueError(f"the step was lowered for topology '{result.topology}', but the "
+                             f"layout is on '{machine.name}': pass topology=layout.topology "
+                             "to jax_trn2.jit")
+        return result, None, time.perf_counter() - started
+    except Exception as e:  # the reason goes in the table; the sweep goes on
+        return None, f"{type(e).__name__}: {e}", time.perf_counter() - started
+
+
+def _spawnable(fn: Callable) -> bool:
+    """Whether a spawned process can load `fn` (and a functools.partial's arguments):
+    pickled by reference, from a module it can import. Functions of an interactive
+    session's __main__ (no file to run again) it cannot."""
+    interactive = not hasattr(sys.modules["__main__"], "__file__")
+    parts = [fn.func, *fn.args, *fn.keywords.values()] if isinstance(fn, functools.partial) \
+        else [fn]
+    if interactive and any(getattr(p, "__module__", None) == "__main__" for p in parts):
+        return False
+    try:
+        pickle.dumps(fn)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return False
+    return True

@@ -1,0 +1,169 @@
+"""The plain-text tables a sweep and a serving plan print as, in a planner's units."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from mesh.units import bytes_text
+
+HOUR, DAY = 3600.0, 86400.0
+
+
+def duration_text(seconds: float) -> str:
+    """A duration in the unit that reads best: '812 us', '41.3 ms', '2.41 s', '3.2 h',
+    '12.5 days'."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:,.0f} us"
+    if seconds < 1.0:
+        return f"{seconds * 1e3:,.1f} ms"
+    if seconds < 2 * HOUR:
+        return f"{seconds:,.2f} s"
+    if seconds < 2 * DAY:
+        return f"{seconds / HOUR:,.1f} h"
+    return f"{seconds / DAY:,.1f} days"
+
+
+def amount_text(x: float) -> str:
+    """Three significant digits with a k/M/B/T suffix: '397', '25.4k', '10.5M', '0.0611'."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= size:
+            return f"{x / size:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]],
+                 left: Sequence[int] = (1,)) -> str:
+    """Columns padded to their widest cell; columns at positions `left` left-aligned,
+    the others right-aligned; a rule under the headers."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if i in left else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    head = line(headers)
+    return "\n".join([head, "-" * len(head)] + [line(r) for r in rows])
+
+
+def fits_text(peak: int, capacity: int) -> str:
+    """'yes, 53.5 GiB free' or 'NO, 12.1 GiB over'."""
+    if peak <= capacity:
+        return f"yes, {bytes_text(capacity - peak)} free"
+    return f"NO, {bytes_text(peak - capacity)} over"
+
+
+def sweep_table(sweep: Any) -> str:
+    """A jax_trn2.plan.Sweep as text: a header saying what the columns mean, the ranked
+    plans, then the layouts that failed and why."""
+    plans = [p for p in sweep.plans if p.ok]
+    failed = [p for p in sweep.plans if not p.ok]
+    topologies = {p.layout.topology_name for p in sweep.plans}
+    with_model = any(p.model_flops is not None for p in plans)
+    with_tokens = any(p.tokens_per_step for p in plans)
+    with_bubble = any(p.bubble is not None for p in plans)
+    run_tokens = sweep.train_tokens if with_tokens else None
+    headers = ["#", "layout"] + (["topology"] if len(topologies) > 1 else []) + [
+        "chips", "peak HBM/chip", "fits", "step (expected)", "ideal", "MFU exp/ideal"]
+    if with_tokens:
+        headers += ["tokens/s", "per chip"]
+    headers += ["exposed comm", "busiest engine"]
+    if with_bubble:
+        headers += ["bubble (formula)"]
+    if run_tokens:
+        headers += ["time to train", "chip-hours"] + (
+            ["cost"] if sweep.price_per_chip_hour is not None else [])
+    headers += ["planned in"]
+    rows = []
+    for rank, plan in enumerate(plans, 1):
+        e = plan.estimate
+        mfu, ideal_mfu = (plan.model_mfu(), plan.model_mfu(ideal=True)) if with_model \
+            else (e.mfu, e.ideal_mfu)
+        row = [str(rank), plan.layout.name] + (
+            [plan.layout.topology_name] if len(topologies) > 1 else []) + [
+            str(e.chips), bytes_text(e.peak_bytes), fits_text(e.peak_bytes, e.hbm_bytes),
+            duration_text(e.step_seconds), duration_text(e.ideal_step_seconds),
+            f"{mfu:.1%} / {ideal_mfu:.1%}" if mfu is not None else "-"]
+        if with_tokens:
+            rate = plan.tokens_per_second
+            row += [amount_text(rate), amount_text(plan.tokens_per_second_per_chip)] if rate \
+                else ["-", "-"]
+        share = e.busiest_seconds / e.step_seconds if e.step_seconds else 0.0
+        row += [duration_text(e.exposed_communication_seconds),
+                f"{e.busiest_engine} {share:.0%}"]
+        if with_bubble:
+            bubble, formula = plan.bubble, plan.gpipe_bubble
+            row += ["-" if bubble is None else f"{bubble:.1%}" + (
+                f" ({formula:.1%})" if formula is not None else "")]
+        if run_tokens:
+            run = plan.training(run_tokens, sweep.price_per_chip_hour)
+            row += [duration_text(run.seconds), amount_text(run.chip_hours)] + (
+                [amount_text(run.cost)] if run.cost is not None else [])
+        row += [f"{plan.planned_seconds:.1f} s"]
+        rows.append(row)
+    lines = [_sweep_header(sweep, with_model, run_tokens), ""]
+    if rows:
+        lines.append(format_table(headers, rows))
+    for plan in failed:
+        reason = " ".join(plan.error.split())
+        lines.append(f"failed  {plan.layout.name} on {plan.layout.topology_name}: "
+                     f"{reason[:300]}")
+    return "\n".join(lines)
+
+
+def _sweep_header(sweep: Any, with_model: bool, run_tokens: float | None) -> str:
+    count = len(sweep.plans)
+    where = f"{sweep.workers} worker processes" if sweep.workers > 1 else "this process"
+    lines = [f"{count} layout{'s' if count != 1 else ''} planned in {sweep.wall_seconds:.1f} s "
+             f"({where}); ranked: fitting first, then by expected step time"]
+    lines.append("step: expected (with the Neuron runtime's measured costs) and ideal (the "
+                 "hardware's limits); " + (
+                     "MFU: the model's FLOPs (as given) over the chips' BF16 peak for the step"
+                     if with_model else
+                     "MFU: the chips' matmuls, recomputation left out, at their dtype's peak"))
+    if run_tokens:
+        price = sweep.price_per_chip_hour
+        lines.append(f"time to train {amount_text(run_tokens)} tokens" + (
+            f"; cost at {price:,.4g} per chip-hour" if price is not None else
+            "; no price per chip-hour given, so no cost"))
+    return "\n".join(lines)
+
+
+def serving_table(table: Any) -> str:
+    """A jax_trn2.serving.ServingTable as text: per layout and batch, time to first token
+    and per output token (expected / ideal), decode tokens/s, KV cache and peak HBM per
+    chip, the largest batch that fits; then the steps that failed and why."""
+    plans = table.plans
+    topologies = {p.layout.topology_name for p in plans}
+    headers = ["layout"] + (["topology"] if len(topologies) > 1 else []) + [
+        "chips", "batch", "TTFT exp / ideal", "per token exp / ideal", "tokens/s", "per chip",
+        "KV cache/chip", "peak HBM/chip", "fits", "max batch"]
+    rows, failed = [], []
+    for p in plans:
+        row = [p.layout.name] + ([p.layout.topology_name] if len(topologies) > 1 else []) + [
+            str(p.chips), str(p.batch)]
+        row += [_pair(p.prefill), _pair(p.decode)]
+        if p.decode is not None:
+            peak = max(e.peak_bytes for e in (p.prefill, p.decode) if e is not None)
+            row += [amount_text(p.tokens_per_second), amount_text(p.tokens_per_second_per_chip),
+                    bytes_text(p.kv_cache_bytes), bytes_text(peak),
+                    fits_text(peak, p.decode.hbm_bytes).split(",")[0]]
+        else:
+            row += ["-"] * 5
+        row.append("-" if p.max_batch is None else f"{p.max_batch:,}")
+        rows.append(row)
+        failed += [f"failed  {p.layout.name}, batch {p.batch}: {' '.join(e.split())[:300]}"
+                   for e in p.errors]
+    where = f"{table.workers} worker processes" if table.workers > 1 else "this process"
+    first = plans[0]
+    lines = [f"{table.planned} steps planned in {table.wall_seconds:.1f} s ({where}); prompt "
+             f"{first.prompt_tokens:,} tokens, KV cache of {first.kv_length:,} positions",
+             "TTFT: the prefill step; per token: one decode step; exp: expected (with the "
+             "Neuron runtime's measured costs), ideal: the hardware's limits; tokens/s: "
+             "decoding; max batch: the largest decode batch that fits at this KV length", "",
+             format_table(headers, rows, left=(0,))]
+    return "\n".join(lines + failed)
+
+
+def _pair(e: Any) -> str:
+    return "-" if e is None else \
+        f"{duration_text(e.step_seconds)} / {duration_text(e.ideal_step_seconds)}"

@@ -1,0 +1,244 @@
+"""jax_trn2.plan: layouts, sweeps worked by hand (memory, ideal step time, tokens/s, time,
+chip-hours and cost), failed and oversized layouts, worker processes, the table, the rows,
+the plot and `jax-trn2 plan`."""
+
+import json
+import math
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import jax_trn2
+from jax_trn2 import plan
+from jax_trn2.cli import main
+from jax_trn2.layout import Layout, grid
+from jax_trn2.training import price_per_chip_hour, training_run
+from mesh.machine import get_topology
+
+N, M = 4096, 8192  # the update's arrays: float32, 128 MiB each
+TOPOLOGY = "trn2"  # 16 chips: small meshes plan fast
+CHIP = get_topology(TOPOLOGY).chip
+
+
+def update(w, g):
+    return w - g
+
+
+def build(layout):
+    """An in-place update of w [embed, mlp] by g, split as the layout says."""
+    mesh = layout.make_mesh()
+    s = layout.sharding(mesh, "embed", "mlp")
+    step = jax_trn2.jit(update, in_shardings=(s, s), out_shardings=s, donate_argnums=0,
+                        topology=layout.topology)
+    x = jax.ShapeDtypeStruct((N, M), jnp.float32)
+    return step, (x, x)
+
+
+FSDP16 = Layout.of(fsdp=16, topology=TOPOLOGY)
+FSDP4_TP2 = Layout.of(fsdp=4, tp=2, topology=TOPOLOGY)
+
+
+@pytest.fixture(scope="module")
+def two_layouts():
+    return plan.sweep(build, [FSDP4_TP2, FSDP16], tokens_per_step=1000, workers=1,
+                      train_tokens=1e9, price_per_chip_hour=3.0, progress=False)
+
+
+def test_two_layouts_worked_by_hand(two_layouts):
+    """Each chip holds its piece of w and of g (the result is written into w): 2 x 128 MiB
+    / chips; the ideal step reads both pieces and writes one at the HBM bandwidth."""
+    first, second = two_layouts
+    assert (first.layout, second.layout) == (FSDP16, FSDP4_TP2)  # ranked: the fastest first
+    for p, chips in ((first, 16), (second, 8)):
+        piece = N * M * 4 // chips
+        assert p.estimate.chips == chips
+        assert p.estimate.peak_bytes == 2 * piece
+        assert p.estimate.ideal_step_seconds == pytest.approx(3 * piece / CHIP.hbm_bandwidth,
+                                                              rel=1e-9)
+        assert p.fits and p.headroom_bytes == CHIP.hbm_bytes - 2 * piece
+        assert p.estimate.step_seconds >= p.estimate.ideal_step_seconds
+        assert p.estimate.busiest_engine == "Vector" and p.estimate.mfu == 0.0
+        assert p.tokens_per_second == pytest.approx(1000 / p.estimate.step_seconds)
+        assert p.tokens_per_second_per_chip == pytest.approx(p.tokens_per_second / chips)
+    assert first.estimate.step_seconds < second.estimate.step_seconds
+
+
+def test_the_sweep_reports_what_lowering_the_step_reports(two_layouts):
+    step, args = build(FSDP16)
+    lowered = step.lower(*args)
+    info = lowered.cost_analysis()["trn2"]
+    e = two_layouts[0].estimate
+    assert e.step_seconds == info["step_seconds"]
+    assert e.ideal_step_seconds == info["ideal_step_seconds"]
+    assert e.exposed_communication_seconds == info["exposed_communication_seconds"]
+    assert e.peak_bytes == lowered.memory_analysis().peak_memory_in_bytes
+    assert e.donated_bytes == N * M * 4 // 16  # w's piece
+
+
+def test_training_columns_worked_by_hand(two_layouts):
+    p = two_layouts[0]
+    run = p.training(1e9, 3.0)
+    steps = 1e9 / 1000
+    assert run.seconds == pytest.approx(steps * p.estimate.step_seconds)
+    assert run.chip_hours == pytest.approx(16 * run.seconds / 3600)
+    assert run.cost == pytest.approx(3.0 * run.chip_hours)
+    row = two_layouts.rows()[0]
+    assert row["rank"] == 1 and row["layout"] == "fsdp 16" and row["fsdp"] == 16
+    assert row["cost"] == pytest.approx(run.cost) and row["train_days"] == run.seconds / 86400
+    assert row["peak_hbm_bytes"] == 2 * N * M * 4 // 16 and row["fits"] is True
+
+
+def test_the_table_says_what_each_column_is(two_layouts):
+    text = str(two_layouts)
+    assert "2 layouts planned" in text and "ranked: fitting first" in text
+    assert "expected (with the Neuron runtime's measured costs)" in text
+    assert "MFU: the chips' matmuls" in text  # no model_flops given: the estimate's MFU
+    assert "cost at 3 per chip-hour" in text
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("#  layout"))
+    assert lines[head + 2].split()[:4] == ["1", "fsdp", "16", "16"]
+    assert "yes, 95.98 GiB free" in lines[head + 2]
+
+
+def test_training_run_arithmetic():
+    run = training_run(step_seconds=2.0, tokens_per_step=1000, chips=4, tokens=10_500,
+                       price_per_chip_hour=3.0)
+    assert run.seconds == 22.0  # 11 steps: the last, partial one counts in full
+    assert run.chip_hours == 4 * 22.0 / 3600 and run.cost == 3.0 * 4 * 22.0 / 3600
+    assert training_run(2.0, 1000, 4, 10_000).cost is None
+    assert price_per_chip_hour(48.0, "trn2u.48xlarge") == 3.0  # 16 chips an instance
+    with pytest.raises(ValueError, match="unknown instance 'p5.48xlarge'"):
+        price_per_chip_hour(98.0, "p5.48xlarge")
+    with pytest.raises(ValueError, match="tokens_per_step must be positive"):
+        training_run(1.0, 0, 1, 10)
+
+
+def test_a_layout_that_fails_and_one_that_does_not_fit():
+    huge = Layout.of(fsdp=1, topology=TOPOLOGY)  # fine: 256 MiB on one chip
+    odd = Layout.of(fsdp=3, topology=TOPOLOGY)  # 4096 rows do not split in 3
+
+    def big(layout):
+        step, _ = build(layout)
+        x = jax.ShapeDtypeStruct((120_000, 120_000), jnp.float32)  # 53.6 GiB each
+        return step, (x, x)
+
+    sweep = plan.sweep(build, [odd, huge], workers=1, progress=False)
+    assert [p.layout for p in sweep] == [huge, odd]
+    assert not sweep[1].ok and "IndivisibleError" in sweep[1].error
+    assert "does not evenly divide" in sweep[1].error or "evenly divide" in sweep[1].error
+    assert f"failed  fsdp 3 on {TOPOLOGY}: IndivisibleError" in str(sweep)
+    over = plan.sweep(big, [huge], workers=1, progress=False)[0]
+    assert over.ok and not over.fits and over.headroom_bytes < 0
+    assert over.estimate.peak_bytes == 2 * 120_000 ** 2 * 4
+    assert "NO, " in str(plan.Sweep([over]))
+    assert plan.Sweep([over]).best is None
+
+
+def test_progress_lines(capsys):
+    plan.sweep(build, [FSDP16], workers=1)
+    err = capsys.readouterr().err
+    assert err.startswith(f"[1/1] fsdp 16 on {TOPOLOGY}: 16.00 MiB/chip, step ")
+    assert "expected (planned in" in err
+
+
+def test_worker_processes_give_the_same_plans(two_layouts):
+    """Planned in two spawned processes: the same figures, in the same rank order."""
+    sweep = plan.sweep(build, [FSDP4_TP2, FSDP16], tokens_per_step=1000, workers=2,
+                       progress=False)
+    assert sweep.workers == 2
+    for got, want in zip(sweep, two_layouts):
+        assert got.layout == want.layout and got.estimate == want.estimate
+
+
+def test_a_function_other_processes_cannot_load_is_planned_here():
+    sweep = plan.sweep(lambda layout: build(layout), [FSDP16, FSDP4_TP2], workers=2,
+                       progress=False)
+    assert sweep.workers == 1 and all(p.ok for p in sweep)
+
+
+def test_bad_sweep_arguments_are_named():
+    with pytest.raises(TypeError, match=r"layouts\[0\] is a dict"):
+        plan.sweep(build, [{"fsdp": 16}])
+    with pytest.raises(ValueError, match="price_per_chip_hour prices a training run"):
+        plan.sweep(build, [FSDP16], price_per_chip_hour=3.0)
+    with pytest.raises(ValueError, match="train_tokens needs tokens_per_step"):
+        plan.sweep(build, [FSDP16], train_tokens=1e9)
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        plan.sweep(build, [FSDP16], workers=0)
+
+
+def test_a_step_made_for_another_machine_is_an_error_in_its_row():
+    def elsewhere(layout):
+        step, args = build(layout)
+        return jax_trn2.jit(update, topology="trn2-ultra"), args
+
+    (p,) = plan.sweep(elsewhere, [FSDP16], workers=1, progress=False)
+    assert "lowered for topology 'trn2-ultra', but the layout is on 'trn2'" in p.error
+
+
+def test_layout_specs_names_and_grid():
+    layout = Layout.of(dp=2, fsdp=4, tp=8, remat="full")
+    assert layout.name == "dp 2 x fsdp 4 x tp 8, remat full" and layout.chips == 64
+    assert layout.spec("batch", None, "embed") == P(("dp", "fsdp"))  # fsdp splits batch
+    assert layout.spec("embed", "mlp") == P("fsdp", "tp")
+    assert Layout.of(tp=4, rules={"batch": "tp"}).spec("batch") == P("tp")
+    moe = Layout.of(ep=8, cp=2, tp=4)  # experts over ep, the sequence over cp
+    assert moe.spec("experts", "embed", "mlp") == P("ep", None, "tp")
+    assert moe.spec("batch", "length", "embed") == P("ep", "cp")
+    assert Layout.of(pp=4, fsdp=16).spec("stages", "embed") == P("pp", "fsdp")
+    with pytest.raises(ValueError, match="no rule for logical axis 'tokens'"):
+        layout.spec("tokens")
+    with pytest.raises(ValueError, match="32 chips, but topology 'trn2' has 16"):
+        Layout.of(fsdp=32, topology="trn2")
+    with pytest.raises(ValueError, match="axis 'tp' has size 0"):
+        Layout.of(tp=0)
+    layouts = grid(64, ("dp", "fsdp", "tp"), remats=(None, "full"), limits={"dp": 4, "tp": 8})
+    assert len(layouts) == 24
+    assert all(l.chips == 64 and l.size("dp") <= 4 and l.size("tp") <= 8 for l in layouts)
+    assert len({(l.axes, l.remat) for l in layouts}) == 24
+    assert Layout.of(pp=4, microbatches=8, schedule="1f1b").name == \
+        "pp 4, 1f1b, 8 microbatches"
+
+
+def test_sweep_plot_writes_an_image(two_layouts, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "sweep.svg"
+    two_layouts.plot(path)
+    svg = path.read_text()
+    assert "<svg" in svg and "fsdp 4 x tp 2" in svg and "HBM per chip" in svg
+
+
+def test_jax_trn2_plan_command(tmp_path, capsys):
+    script = tmp_path / "step_script.py"
+    script.write_text(textwrap.dedent('''
+        import jax, jax.numpy as jnp
+        import jax_trn2
+
+        def build(layout):
+            mesh = layout.make_mesh()
+            s = layout.sharding(mesh, "embed", "mlp")
+            step = jax_trn2.jit(lambda w, g: w - g, in_shardings=(s, s), out_shardings=s,
+                                topology=layout.topology)
+            x = jax.ShapeDtypeStruct((1024, 2048), jnp.float32)
+            return step, (x, x)
+    '''))
+    rows = tmp_path / "rows.json"
+    assert main(["plan", f"{script}:build", "--grid", "16", "--axes", "fsdp,tp", "--max",
+                 "tp=2", "--topology", TOPOLOGY, "--tokens-per-step", "100",
+                 "--json", str(rows), "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "2 layouts planned" in out and "tokens/s" in out
+    assert {r["layout"] for r in json.loads(rows.read_text())} == {"fsdp 16", "fsdp 8 x tp 2"}
+    assert main(["plan", f"{script}:build"]) == 1
+    assert "give layouts to plan" in capsys.readouterr().err
+
+
+def test_bubble_is_left_out_of_layouts_without_a_pipeline(two_layouts):
+    p = plan.Plan(FSDP16, two_layouts[0].estimate, model_flops=1e9)
+    assert p.bubble is None and p.gpipe_bubble is None
+    assert p.model_mfu() == pytest.approx(
+        1e9 / (16 * CHIP.peak_flops_for("bfloat16") * p.estimate.step_seconds))
+    assert math.isfinite(p.model_mfu(ideal=True))
