@@ -515,20 +515,21 @@ def _elementwise(instr: isa.Elementwise, ctx: CostContext) -> Cost:
                      rate=_vector_rate(instr, ctx))
 
 
-# The Vector Engine's performance mode on Trainium2 (NKI Trainium2 guide): with every tensor
-# BF16 or FP16, an op of one tensor operand (tensor_copy, tensor_scalar) runs at 4x the
-# element rate, one of two tensor operands (tensor_tensor) at 2x. FP32 and the other engines
-# run at one element per lane per cycle.
+# The Vector Engine's element rate per lane and cycle by its tensor operands: an op of one
+# tensor operand (tensor_copy, tensor_scalar) takes N cycles for N elements, one of two
+# (tensor_tensor) 2N (the nki.isa cost formulas); with every tensor BF16 or FP16, Trainium2's
+# performance mode runs them at 4x and 2x those rates (NKI Trainium2 guide). The other
+# engines run at one element per lane per cycle.
 HALF_PRECISION = ("bfloat16", "float16")
-VECTOR_FAST_RATES = {1: 4.0, 2: 2.0}
+VECTOR_RATES = {1: 1.0, 2: 0.5}
+VECTOR_HALF_PRECISION_RATES = {1: 4.0, 2: 2.0}
 
 
 def _vector_rate(instr: isa.Elementwise, ctx: CostContext) -> float:
     if instr.engine != isa.VECTOR:
         return 1.0
-    values = instr.ins + instr.outs
-    if any(ctx.type(v).dtype not in HALF_PRECISION for v in values):
-        return 1.0
+    half = all(ctx.type(v).dtype in HALF_PRECISION for v in instr.ins + instr.outs)
+    rates = VECTOR_HALF_PRECISION_RATES if half else VECTOR_RATES
     producers = producers_of(ctx.program)
 
     def scalar(v: int) -> bool:  # a scalar, or one broadcast to the op's shape
@@ -537,7 +538,7 @@ def _vector_rate(instr: isa.Elementwise, ctx: CostContext) -> float:
                                          and ctx.type(made_by.ins[0]).size <= 1)
 
     tensors = sum(1 for v in instr.ins if not scalar(v))
-    return VECTOR_FAST_RATES.get(max(tensors, 1), 1.0)
+    return rates[min(max(tensors, 1), 2)]
 
 
 @cost_rule(isa.Reduce)
