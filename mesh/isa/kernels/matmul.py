@@ -18,12 +18,14 @@ computed at all (the product is replicated there).
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from mesh import dtypes, isa, numerics
-from mesh.isa.kernels import kernel
+from mesh.isa.kernels import kernel, native
 from mesh.isa.kernels.context import KernelContext
 
 
@@ -141,12 +143,35 @@ def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, out_dtype: str | 
         return lax.dot_general(lhs3.astype(acc), rhs3.astype(acc),
                                (((k_axes[0],), (k_axes[1],)), ((0,), (0,))),
                                preferred_element_type=acc)
-    batch, k = lhs3.shape[0], lhs3.shape[k_axes[0]]
+    k = lhs3.shape[k_axes[0]]
     host = _host_dtype(lhs3.dtype, rhs3.dtype, single_pass=k <= instr.pass_size)
     # In their own types, each pass converted to `host` once cut; sub-byte types are
     # converted up front (there is no unsigned integer of their width to bitcast them to)
     operands = [x if dtypes.bit_width(x.dtype.name) >= 8 else x.astype(host)
                 for x in (lhs3, rhs3)]
+    looped = functools.partial(_looped_passes, host=host, size=instr.pass_size,
+                               k_axes=k_axes)
+    if k > instr.pass_size and native.runs(host):
+        # The same sums on a CPU (native), one tile of the result at a time
+        acc = lax.platform_dependent(*operands, cpu=functools.partial(
+            _native_passes, host=host, size=instr.pass_size, rhs_k_major=rhs_k_major),
+            default=looped)
+    else:
+        acc = looped(*operands)
+    return numerics.round_to(acc, out_dtype, ctx.rounding)
+
+
+def _native_passes(lhs3, rhs3, host, size: int, rhs_k_major: bool):
+    """_looped_passes' result, from the native loop (mesh.isa.kernels.native)."""
+    return native.pass_matmul(lhs3.astype(host), rhs3.astype(host), size, rhs_k_major)
+
+
+def _looped_passes(lhs3, rhs3, host, size: int, k_axes: list[int]):
+    """[B,M,K] x [B,N,K] or [B,K,N] (contraction axes `k_axes`) -> [B,M,N]: each pass of
+    `size` one host GEMM of `host` operands accumulating in FP32 (FP64 for FP64), added in
+    order by XLA."""
+    batch, k = lhs3.shape[0], lhs3.shape[k_axes[0]]
+    operands = [lhs3, rhs3]
     if batch == 1:  # a plain GEMM is faster on the host than a batch of one
         operands, k_axes = [x[0] for x in operands], [a - 1 for a in k_axes]
     batch_dims = ((), ()) if batch == 1 else ((0,), (0,))
@@ -161,7 +186,6 @@ def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, out_dtype: str | 
     def pass_of(x, axis, start, length):
         return lax.dynamic_slice_in_dim(x, start, length, axis=axis)
 
-    size = instr.pass_size
     whole, rest = divmod(k, size)
     acc = product(*(pass_of(x, a, 0, min(size, k)) for x, a in zip(operands, k_axes)))
     if whole > 1:
@@ -184,9 +208,7 @@ def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, out_dtype: str | 
     if rest and whole:
         acc = acc + product(*(pass_of(x, a, whole * size, rest)
                               for x, a in zip(operands, k_axes)))
-    if batch == 1:
-        acc = acc[None]
-    return numerics.round_to(acc, out_dtype, ctx.rounding)
+    return acc[None] if batch == 1 else acc
 
 
 def _complex_passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, part: str,

@@ -1,0 +1,279 @@
+// The Tensor Engine's matmul as the simulator models it (mesh/isa/kernels/matmul.py), for
+// the host CPU: out[b] = sum over passes p of (lhs[b][:, pass p] @ rhs[b][pass p, :]),
+// each pass summed in FP32 and the passes added in order into an FP32 accumulator.
+//
+// One XLA FFI handler, PassMatmul, called from the executor's jitted program. It computes
+// exactly what the executor's XLA version of the loop computes on a CPU with AVX-512 BF16
+// (one host GEMM per pass, then an FP32 add): a pass of BF16 operands is a chain of
+// VDPBF16PS from +0.0 over the pass's pairs of contraction elements, as the host GEMM's
+// (XLA:CPU's YNNPACK) BF16 kernel sums it; a pass of FP32 operands is a chain of FMAs from
+// +0.0 in contraction order, as its FP32 kernel does. The difference is where the values
+// live: a tile of the result stays in registers and L1 for all its passes, where XLA writes
+// each pass's product to memory and reads it back to add it.
+//
+// The handler reports itself unusable (Available() == 0) on a CPU without AVX-512 BF16;
+// the executor then uses its XLA loop.
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int64_t kTileRows = 8;     // rows of a register tile
+constexpr int64_t kTileCols = 32;    // columns of a register tile: two 16-lane vectors
+constexpr int64_t kBlockBytes = 256 << 10;  // a block of lhs rows kept in L2 over the panels
+
+#define TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+// rhs[k][n] of one batch element, k-major ([K, N]) or n-major ([N, K]).
+template <typename T>
+struct Rhs {
+  const T* data;
+  int64_t k, n;
+  bool k_major;
+  T at(int64_t kk, int64_t nn) const {
+    return k_major ? data[kk * n + nn] : data[nn * k + kk];
+  }
+};
+
+// Packs the columns [n0, n0 + 32) of rhs for the BF16 kernel: for each pass, its pairs of
+// contraction elements, each pair as 32 columns of (even, odd) BF16 values; columns past
+// the end and the odd element of a pass of odd length are zero.
+void PackBf16(const Rhs<uint16_t>& rhs, int64_t n0, int64_t pass, uint16_t* out) {
+  for (int64_t k0 = 0; k0 < rhs.k; k0 += pass) {
+    int64_t len = std::min(pass, rhs.k - k0);
+    for (int64_t p = 0; p < (len + 1) / 2; ++p) {
+      for (int64_t c = 0; c < kTileCols; ++c) {
+        int64_t n = n0 + c;
+        for (int64_t j = 0; j < 2; ++j) {
+          int64_t kk = 2 * p + j;
+          *out++ = (n < rhs.n && kk < len) ? rhs.at(k0 + kk, n) : 0;
+        }
+      }
+    }
+  }
+}
+
+// Packs the columns [n0, n0 + 32) of rhs for the FP32 kernel: row after row of 32 columns.
+void PackF32(const Rhs<float>& rhs, int64_t n0, int64_t /*pass*/, float* out) {
+  for (int64_t kk = 0; kk < rhs.k; ++kk) {
+    for (int64_t c = 0; c < kTileCols; ++c) {
+      int64_t n = n0 + c;
+      *out++ = n < rhs.n ? rhs.at(kk, n) : 0.0f;
+    }
+  }
+}
+
+// The result tile out[0:ROWS, 0:cols] (row stride ldo) from lhs rows a (stride lda) and a
+// packed panel of rhs, pass after pass.
+template <int ROWS>
+TARGET void TileBf16(const uint16_t* a, int64_t lda, const uint16_t* panel, int64_t k,
+                     int64_t pass, float* out, int64_t ldo, int64_t cols) {
+  const __mmask16 m0 = cols >= 16 ? 0xFFFF : (1u << cols) - 1;
+  const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1;
+  for (int64_t k0 = 0; k0 < k; k0 += pass) {
+    const int64_t len = std::min(pass, k - k0);
+    __m512 acc[ROWS][2];
+    for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    const int64_t pairs = len / 2;
+    for (int64_t p = 0; p < pairs; ++p) {
+      const __m512bh b0 = (__m512bh)_mm512_loadu_si512(panel);
+      const __m512bh b1 = (__m512bh)_mm512_loadu_si512(panel + 32);
+      panel += 64;
+      for (int r = 0; r < ROWS; ++r) {
+        uint32_t pair;
+        std::memcpy(&pair, a + r * lda + k0 + 2 * p, sizeof pair);
+        const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, b0);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, b1);
+      }
+    }
+    if (len % 2) {  // the last element alone, paired with zeros
+      const __m512bh b0 = (__m512bh)_mm512_loadu_si512(panel);
+      const __m512bh b1 = (__m512bh)_mm512_loadu_si512(panel + 32);
+      panel += 64;
+      for (int r = 0; r < ROWS; ++r) {
+        const uint32_t pair = a[r * lda + k0 + len - 1];
+        const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, b0);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, b1);
+      }
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      float* o = out + r * ldo;
+      if (k0 > 0) {  // PSUM: the pass is added to the passes before it
+        acc[r][0] = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, o), acc[r][0]);
+        acc[r][1] = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, o + 16), acc[r][1]);
+      }
+      _mm512_mask_storeu_ps(o, m0, acc[r][0]);
+      _mm512_mask_storeu_ps(o + 16, m1, acc[r][1]);
+    }
+  }
+}
+
+template <int ROWS>
+TARGET void TileF32(const float* a, int64_t lda, const float* panel, int64_t k, int64_t pass,
+                    float* out, int64_t ldo, int64_t cols) {
+  const __mmask16 m0 = cols >= 16 ? 0xFFFF : (1u << cols) - 1;
+  const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1;
+  for (int64_t k0 = 0; k0 < k; k0 += pass) {
+    const int64_t len = std::min(pass, k - k0);
+    __m512 acc[ROWS][2];
+    for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t kk = 0; kk < len; ++kk) {
+      const __m512 b0 = _mm512_loadu_ps(panel);
+      const __m512 b1 = _mm512_loadu_ps(panel + 16);
+      panel += 32;
+      for (int r = 0; r < ROWS; ++r) {
+        const __m512 x = _mm512_set1_ps(a[r * lda + k0 + kk]);
+        acc[r][0] = _mm512_fmadd_ps(x, b0, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(x, b1, acc[r][1]);
+      }
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      float* o = out + r * ldo;
+      if (k0 > 0) {
+        acc[r][0] = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, o), acc[r][0]);
+        acc[r][1] = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, o + 16), acc[r][1]);
+      }
+      _mm512_mask_storeu_ps(o, m0, acc[r][0]);
+      _mm512_mask_storeu_ps(o + 16, m1, acc[r][1]);
+    }
+  }
+}
+
+// Runs fn(0) .. fn(count - 1) on the calling thread and the FFI's intra-op thread pool. The
+// caller takes items too, so it never waits on a task that has not started; a task that
+// starts after the last item was taken does nothing (the state outlives the call).
+void ParallelFor(ffi::ThreadPool& pool, int64_t count, const std::function<void(int64_t)>& fn) {
+  struct State {
+    std::atomic<int64_t> next{0}, done{0};
+    const std::function<void(int64_t)>* fn;
+    int64_t count;
+    void Work() {
+      for (int64_t i; (i = next.fetch_add(1)) < count;) {
+        (*fn)(i);
+        done.fetch_add(1, std::memory_order_release);
+      }
+    }
+  };
+  auto state = std::make_shared<State>();
+  state->fn = &fn;
+  state->count = count;
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), count - 1);
+  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([state] { state->Work(); });
+  state->Work();
+  while (state->done.load(std::memory_order_acquire) < count) std::this_thread::yield();
+}
+
+template <typename T, typename Pack, typename Tile>
+void Run(ffi::ThreadPool& pool, const T* lhs, const T* rhs, float* out, int64_t batch,
+         int64_t m, int64_t k, int64_t n, int64_t pass, bool rhs_k_major, int64_t panel_elems,
+         Pack pack, Tile tile) {
+  const int64_t panels = (n + kTileCols - 1) / kTileCols;
+  const int64_t block_rows = std::max<int64_t>(
+      kTileRows, kBlockBytes / (k * static_cast<int64_t>(sizeof(T))) / kTileRows * kTileRows);
+  const int64_t blocks = (m + block_rows - 1) / block_rows;
+  std::vector<T> packed(panels * panel_elems);
+  for (int64_t b = 0; b < batch; ++b) {
+    const Rhs<T> r{rhs + b * k * n, k, n, rhs_k_major};
+    ParallelFor(pool, panels, [&](int64_t p) {
+      pack(r, p * kTileCols, pass, packed.data() + p * panel_elems);
+    });
+    const T* a = lhs + b * m * k;
+    float* o = out + b * m * n;
+    ParallelFor(pool, blocks * panels, [&](int64_t item) {
+      const int64_t block = item / panels, p = item % panels;
+      const int64_t cols = std::min(kTileCols, n - p * kTileCols);
+      const int64_t end = std::min(m, (block + 1) * block_rows);
+      for (int64_t row = block * block_rows; row < end; row += kTileRows) {
+        tile(std::min(kTileRows, end - row), a + row * k, packed.data() + p * panel_elems,
+             o + row * n + p * kTileCols, cols);
+      }
+    });
+  }
+}
+
+#define DISPATCH_ROWS(call)                                    \
+  switch (rows) {                                               \
+    case 1: call(1); break;                                     \
+    case 2: call(2); break;                                     \
+    case 3: call(3); break;                                     \
+    case 4: call(4); break;                                     \
+    case 5: call(5); break;                                     \
+    case 6: call(6); break;                                     \
+    case 7: call(7); break;                                     \
+    default: call(8); break;                                    \
+  }
+
+ffi::Error PassMatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
+                          ffi::Result<ffi::Buffer<ffi::F32>> out, int64_t pass_size,
+                          bool rhs_k_major) {
+  auto ldims = lhs.dimensions(), rdims = rhs.dimensions();
+  if (ldims.size() != 3 || rdims.size() != 3 || lhs.element_type() != rhs.element_type()) {
+    return ffi::Error::InvalidArgument("PassMatmul: operands [B,M,K] and [B,K,N] or [B,N,K]"
+                                       " of one type");
+  }
+  const int64_t batch = ldims[0], m = ldims[1], k = ldims[2];
+  const int64_t n = rhs_k_major ? rdims[2] : rdims[1];
+  if (pass_size < 1 || k < 1) {
+    return ffi::Error::InvalidArgument("PassMatmul: a pass size and K of at least 1");
+  }
+  float* o = out->typed_data();
+  if (lhs.element_type() == ffi::BF16) {
+    const int64_t passes = (k + pass_size - 1) / pass_size;
+    const int64_t panel = (k + passes) * kTileCols;  // with room for odd passes' pads
+    Run<uint16_t>(pool, static_cast<const uint16_t*>(lhs.untyped_data()),
+                  static_cast<const uint16_t*>(rhs.untyped_data()), o, batch, m, k, n,
+                  pass_size, rhs_k_major, panel, PackBf16,
+                  [&](int64_t rows, const uint16_t* a, const uint16_t* p, float* out_tile,
+                      int64_t cols) {
+#define CALL(R) TileBf16<R>(a, k, p, k, pass_size, out_tile, n, cols)
+                    DISPATCH_ROWS(CALL)
+#undef CALL
+                  });
+  } else if (lhs.element_type() == ffi::F32) {
+    Run<float>(pool, static_cast<const float*>(lhs.untyped_data()),
+               static_cast<const float*>(rhs.untyped_data()), o, batch, m, k, n, pass_size,
+               rhs_k_major, k * kTileCols, PackF32,
+               [&](int64_t rows, const float* a, const float* p, float* out_tile,
+                   int64_t cols) {
+#define CALL(R) TileF32<R>(a, k, p, k, pass_size, out_tile, n, cols)
+                 DISPATCH_ROWS(CALL)
+#undef CALL
+               });
+  } else {
+    return ffi::Error::InvalidArgument("PassMatmul: BF16 or FP32 operands");
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PassMatmul, PassMatmulImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("pass_size")
+                                  .Attr<bool>("rhs_k_major"));
+
+// Whether this CPU runs PassMatmul (AVX-512 with BF16 dot products).
+extern "C" int Available() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512bf16");
+}
