@@ -14,6 +14,7 @@ import ctypes
 import functools
 import importlib.machinery
 import os
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -47,12 +48,28 @@ def runs(host_dtype) -> bool:
     return jnp.dtype(host_dtype) in HOST_DTYPES and _library() is not None
 
 
-def pass_matmul(lhs: jax.Array, rhs: jax.Array, pass_size: int,
-                rhs_k_major: bool) -> jax.Array:
-    """[B,M,K] x [B,K,N] (`rhs_k_major`) or [B,N,K] -> [B,M,N] in FP32: K cut into passes of
-    `pass_size`, each summed in FP32, added in order (traceable, CPU only: under
-    lax.platform_dependent). Operands of one host type, BF16 or FP32."""
-    batch, m, _ = lhs.shape
-    n = rhs.shape[2] if rhs_k_major else rhs.shape[1]
-    call = jax.ffi.ffi_call(_registered(), jax.ShapeDtypeStruct((batch, m, n), jnp.float32))
-    return call(lhs, rhs, pass_size=np.int64(pass_size), rhs_k_major=rhs_k_major)
+def offsets(shape: Sequence[int], dims: Sequence[int]) -> np.ndarray:
+    """Where the elements along `dims` of a row-major array of `shape` are, in elements from
+    its first: one offset per index of those dims, enumerated row-major in the order given
+    (a dim not given is at index 0)."""
+    strides = np.cumprod((tuple(shape[1:]) + (1,))[::-1], dtype=np.int64)[::-1]
+    at = np.zeros(1, np.int64)
+    for d in dims:
+        at = (at[:, None] + np.arange(shape[d], dtype=np.int64) * strides[d]).reshape(-1)
+    return at
+
+
+def pass_matmul(lhs: jax.Array, rhs: jax.Array, pass_size: int, lhs_at: Sequence[np.ndarray],
+                rhs_at: Sequence[np.ndarray], out_at: Sequence[np.ndarray],
+                out_shape: Sequence[int]) -> jax.Array:
+    """The FP32 array of `out_shape` whose element (b, m, n) is the sum over k of
+    lhs(b, m, k) rhs(b, k, n), K cut into passes of `pass_size`, each summed in FP32, added
+    in order (traceable, CPU only: under lax.platform_dependent). Operands of one host type,
+    BF16 or FP32, in any layout the offset tables (`offsets`) describe:
+    lhs(b, m, k) is lhs's element lhs_at[0][b] + lhs_at[1][m] + k (its contraction
+    contiguous), rhs(b, k, n) is rhs_at[0][b] + rhs_at[1][k] + rhs_at[2][n], and the
+    result's (b, m, n) out_at[0][b] + out_at[1][m] + out_at[2][n]."""
+    call = jax.ffi.ffi_call(_registered(), jax.ShapeDtypeStruct(tuple(out_shape), jnp.float32))
+    with jax.enable_x64(True):  # offsets of arrays of 2^31 elements or more
+        tables = [jnp.asarray(t, jnp.int64) for t in (*lhs_at, *rhs_at, *out_at)]
+    return call(lhs, rhs, *tables, pass_size=np.int64(pass_size))

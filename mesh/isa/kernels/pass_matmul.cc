@@ -37,15 +37,24 @@ constexpr int64_t kBlockBytes = 256 << 10;  // a block of lhs rows kept in L2 ov
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
-// rhs[k][n] of one batch element, k-major ([K, N]) or n-major ([N, K]).
+// Where each element of an operand or of the result is, as offsets in elements that add:
+// element (b, m, k) of lhs is at batch[b] + row[m] + k (its contraction is contiguous),
+// element (b, k, n) of rhs at batch[b] + k_offsets[k] + col[n], element (b, m, n) of the
+// result at batch[b] + row[m] + col[n]. Any layout the executor holds an array in, whose
+// dims are split into batch, row (or contraction) and column dims, is such a sum.
+struct Offsets {
+  const int64_t* batch;
+  const int64_t* row;  // rhs: the contraction's
+  const int64_t* col;  // lhs: none
+};
+
+// rhs[k][n] of one batch element.
 template <typename T>
 struct Rhs {
-  const T* data;
+  const T* data;  // at the batch element
+  const Offsets& at;
   int64_t k, n;
-  bool k_major;
-  T at(int64_t kk, int64_t nn) const {
-    return k_major ? data[kk * n + nn] : data[nn * k + kk];
-  }
+  T operator()(int64_t kk, int64_t nn) const { return data[at.row[kk] + at.col[nn]]; }
 };
 
 // Packs the columns [n0, n0 + 32) of rhs for the BF16 kernel: for each pass, its pairs of
@@ -59,7 +68,7 @@ void PackBf16(const Rhs<uint16_t>& rhs, int64_t n0, int64_t pass, uint16_t* out)
         int64_t n = n0 + c;
         for (int64_t j = 0; j < 2; ++j) {
           int64_t kk = 2 * p + j;
-          *out++ = (n < rhs.n && kk < len) ? rhs.at(k0 + kk, n) : 0;
+          *out++ = (n < rhs.n && kk < len) ? rhs(k0 + kk, n) : 0;
         }
       }
     }
@@ -71,18 +80,53 @@ void PackF32(const Rhs<float>& rhs, int64_t n0, int64_t /*pass*/, float* out) {
   for (int64_t kk = 0; kk < rhs.k; ++kk) {
     for (int64_t c = 0; c < kTileCols; ++c) {
       int64_t n = n0 + c;
-      *out++ = n < rhs.n ? rhs.at(kk, n) : 0.0f;
+      *out++ = n < rhs.n ? rhs(kk, n) : 0.0f;
     }
   }
 }
 
-// The result tile out[0:ROWS, 0:cols] (row stride ldo) from lhs rows a (stride lda) and a
-// packed panel of rhs, pass after pass.
+// A result tile's columns: `cols` (at most 32) of them, at out_row + col[c] for each of
+// its rows; loaded and stored as two vectors where they are contiguous.
+struct TileCols {
+  const int64_t* col;
+  int64_t cols;
+  bool contiguous;
+  __mmask16 m0, m1;
+
+  TileCols(const int64_t* col, int64_t cols) : col(col), cols(cols) {
+    contiguous = true;
+    for (int64_t c = 1; c < cols; ++c) contiguous &= col[c] == col[0] + c;
+    m0 = cols >= 16 ? 0xFFFF : (1u << cols) - 1;
+    m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1;
+  }
+
+  // The pass's sums acc added to the row's earlier passes (unless it is the first), stored.
+  TARGET void Accumulate(float* out_row, __m512 acc[2], bool first) const {
+    if (contiguous) {
+      float* o = out_row + col[0];
+      if (!first) {  // PSUM: the pass is added to the passes before it
+        acc[0] = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, o), acc[0]);
+        acc[1] = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, o + 16), acc[1]);
+      }
+      _mm512_mask_storeu_ps(o, m0, acc[0]);
+      _mm512_mask_storeu_ps(o + 16, m1, acc[1]);
+      return;
+    }
+    alignas(64) float sums[32];
+    _mm512_store_ps(sums, acc[0]);
+    _mm512_store_ps(sums + 16, acc[1]);
+    for (int64_t c = 0; c < cols; ++c) {
+      float* o = out_row + col[c];
+      *o = first ? sums[c] : *o + sums[c];
+    }
+  }
+};
+
+// The result tile of ROWS rows (each from the lhs row at a[r], to the result row at out[r])
+// and one packed panel of rhs, pass after pass.
 template <int ROWS>
-TARGET void TileBf16(const uint16_t* a, int64_t lda, const uint16_t* panel, int64_t k,
-                     int64_t pass, float* out, int64_t ldo, int64_t cols) {
-  const __mmask16 m0 = cols >= 16 ? 0xFFFF : (1u << cols) - 1;
-  const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1;
+TARGET void TileBf16(const uint16_t* const* a, const uint16_t* panel, int64_t k, int64_t pass,
+                     float* const* out, const TileCols& cols) {
   for (int64_t k0 = 0; k0 < k; k0 += pass) {
     const int64_t len = std::min(pass, k - k0);
     __m512 acc[ROWS][2];
@@ -94,7 +138,7 @@ TARGET void TileBf16(const uint16_t* a, int64_t lda, const uint16_t* panel, int6
       panel += 64;
       for (int r = 0; r < ROWS; ++r) {
         uint32_t pair;
-        std::memcpy(&pair, a + r * lda + k0 + 2 * p, sizeof pair);
+        std::memcpy(&pair, a[r] + k0 + 2 * p, sizeof pair);
         const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
         acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, b0);
         acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, b1);
@@ -105,29 +149,19 @@ TARGET void TileBf16(const uint16_t* a, int64_t lda, const uint16_t* panel, int6
       const __m512bh b1 = (__m512bh)_mm512_loadu_si512(panel + 32);
       panel += 64;
       for (int r = 0; r < ROWS; ++r) {
-        const uint32_t pair = a[r * lda + k0 + len - 1];
+        const uint32_t pair = a[r][k0 + len - 1];
         const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
         acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, b0);
         acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, b1);
       }
     }
-    for (int r = 0; r < ROWS; ++r) {
-      float* o = out + r * ldo;
-      if (k0 > 0) {  // PSUM: the pass is added to the passes before it
-        acc[r][0] = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, o), acc[r][0]);
-        acc[r][1] = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, o + 16), acc[r][1]);
-      }
-      _mm512_mask_storeu_ps(o, m0, acc[r][0]);
-      _mm512_mask_storeu_ps(o + 16, m1, acc[r][1]);
-    }
+    for (int r = 0; r < ROWS; ++r) cols.Accumulate(out[r], acc[r], k0 == 0);
   }
 }
 
 template <int ROWS>
-TARGET void TileF32(const float* a, int64_t lda, const float* panel, int64_t k, int64_t pass,
-                    float* out, int64_t ldo, int64_t cols) {
-  const __mmask16 m0 = cols >= 16 ? 0xFFFF : (1u << cols) - 1;
-  const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1;
+TARGET void TileF32(const float* const* a, const float* panel, int64_t k, int64_t pass,
+                    float* const* out, const TileCols& cols) {
   for (int64_t k0 = 0; k0 < k; k0 += pass) {
     const int64_t len = std::min(pass, k - k0);
     __m512 acc[ROWS][2];
@@ -137,20 +171,12 @@ TARGET void TileF32(const float* a, int64_t lda, const float* panel, int64_t k, 
       const __m512 b1 = _mm512_loadu_ps(panel + 16);
       panel += 32;
       for (int r = 0; r < ROWS; ++r) {
-        const __m512 x = _mm512_set1_ps(a[r * lda + k0 + kk]);
+        const __m512 x = _mm512_set1_ps(a[r][k0 + kk]);
         acc[r][0] = _mm512_fmadd_ps(x, b0, acc[r][0]);
         acc[r][1] = _mm512_fmadd_ps(x, b1, acc[r][1]);
       }
     }
-    for (int r = 0; r < ROWS; ++r) {
-      float* o = out + r * ldo;
-      if (k0 > 0) {
-        acc[r][0] = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, o), acc[r][0]);
-        acc[r][1] = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, o + 16), acc[r][1]);
-      }
-      _mm512_mask_storeu_ps(o, m0, acc[r][0]);
-      _mm512_mask_storeu_ps(o + 16, m1, acc[r][1]);
-    }
+    for (int r = 0; r < ROWS; ++r) cols.Accumulate(out[r], acc[r], k0 == 0);
   }
 }
 
@@ -178,29 +204,45 @@ void ParallelFor(ffi::ThreadPool& pool, int64_t count, const std::function<void(
   while (state->done.load(std::memory_order_acquire) < count) std::this_thread::yield();
 }
 
+// The shape of one call: batch x (m x k) @ (k x n), and where each operand's elements are.
+template <typename T>
+struct Problem {
+  const T* lhs;
+  const T* rhs;
+  float* out;
+  int64_t batch, m, k, n, pass;
+  Offsets lhs_at, rhs_at, out_at;
+};
+
 template <typename T, typename Pack, typename Tile>
-void Run(ffi::ThreadPool& pool, const T* lhs, const T* rhs, float* out, int64_t batch,
-         int64_t m, int64_t k, int64_t n, int64_t pass, bool rhs_k_major, int64_t panel_elems,
-         Pack pack, Tile tile) {
-  const int64_t panels = (n + kTileCols - 1) / kTileCols;
+void Run(ffi::ThreadPool& pool, const Problem<T>& p, int64_t panel_elems, Pack pack,
+         Tile tile) {
+  const int64_t panels = (p.n + kTileCols - 1) / kTileCols;
   const int64_t block_rows = std::max<int64_t>(
-      kTileRows, kBlockBytes / (k * static_cast<int64_t>(sizeof(T))) / kTileRows * kTileRows);
-  const int64_t blocks = (m + block_rows - 1) / block_rows;
+      kTileRows, kBlockBytes / (p.k * static_cast<int64_t>(sizeof(T))) / kTileRows * kTileRows);
+  const int64_t blocks = (p.m + block_rows - 1) / block_rows;
   std::vector<T> packed(panels * panel_elems);
-  for (int64_t b = 0; b < batch; ++b) {
-    const Rhs<T> r{rhs + b * k * n, k, n, rhs_k_major};
-    ParallelFor(pool, panels, [&](int64_t p) {
-      pack(r, p * kTileCols, pass, packed.data() + p * panel_elems);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const Rhs<T> rhs{p.rhs + p.rhs_at.batch[b], p.rhs_at, p.k, p.n};
+    ParallelFor(pool, panels, [&](int64_t i) {
+      pack(rhs, i * kTileCols, p.pass, packed.data() + i * panel_elems);
     });
-    const T* a = lhs + b * m * k;
-    float* o = out + b * m * n;
+    const T* lhs = p.lhs + p.lhs_at.batch[b];
+    float* out = p.out + p.out_at.batch[b];
     ParallelFor(pool, blocks * panels, [&](int64_t item) {
-      const int64_t block = item / panels, p = item % panels;
-      const int64_t cols = std::min(kTileCols, n - p * kTileCols);
-      const int64_t end = std::min(m, (block + 1) * block_rows);
+      const int64_t block = item / panels, panel = item % panels;
+      const TileCols cols(p.out_at.col + panel * kTileCols,
+                          std::min(kTileCols, p.n - panel * kTileCols));
+      const int64_t end = std::min(p.m, (block + 1) * block_rows);
       for (int64_t row = block * block_rows; row < end; row += kTileRows) {
-        tile(std::min(kTileRows, end - row), a + row * k, packed.data() + p * panel_elems,
-             o + row * n + p * kTileCols, cols);
+        const int64_t rows = std::min(kTileRows, end - row);
+        const T* a[kTileRows];
+        float* o[kTileRows];
+        for (int64_t r = 0; r < rows; ++r) {
+          a[r] = lhs + p.lhs_at.row[row + r];
+          o[r] = out + p.out_at.row[row + r];
+        }
+        tile(rows, a, packed.data() + panel * panel_elems, o, cols);
       }
     });
   }
@@ -218,42 +260,51 @@ void Run(ffi::ThreadPool& pool, const T* lhs, const T* rhs, float* out, int64_t 
     default: call(8); break;                                    \
   }
 
+using Table = ffi::Buffer<ffi::S64, 1>;
+
 ffi::Error PassMatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
-                          ffi::Result<ffi::Buffer<ffi::F32>> out, int64_t pass_size,
-                          bool rhs_k_major) {
-  auto ldims = lhs.dimensions(), rdims = rhs.dimensions();
-  if (ldims.size() != 3 || rdims.size() != 3 || lhs.element_type() != rhs.element_type()) {
-    return ffi::Error::InvalidArgument("PassMatmul: operands [B,M,K] and [B,K,N] or [B,N,K]"
-                                       " of one type");
+                          Table lhs_batch, Table lhs_row, Table rhs_batch, Table rhs_k,
+                          Table rhs_col, Table out_batch, Table out_row, Table out_col,
+                          ffi::Result<ffi::AnyBuffer> out, int64_t pass_size) {
+  const int64_t batch = lhs_batch.element_count(), m = lhs_row.element_count(),
+                k = rhs_k.element_count(), n = rhs_col.element_count();
+  if (lhs.element_type() != rhs.element_type() || out->element_type() != ffi::F32 ||
+      rhs_batch.element_count() != batch || out_batch.element_count() != batch ||
+      out_row.element_count() != m || out_col.element_count() != n ||
+      static_cast<int64_t>(out->element_count()) != batch * m * n) {
+    return ffi::Error::InvalidArgument("PassMatmul: operands of one type, an FP32 result, "
+                                       "and offset tables of matching sizes");
   }
-  const int64_t batch = ldims[0], m = ldims[1], k = ldims[2];
-  const int64_t n = rhs_k_major ? rdims[2] : rdims[1];
   if (pass_size < 1 || k < 1) {
     return ffi::Error::InvalidArgument("PassMatmul: a pass size and K of at least 1");
   }
-  float* o = out->typed_data();
+  const Offsets lhs_at{lhs_batch.typed_data(), lhs_row.typed_data(), nullptr},
+      rhs_at{rhs_batch.typed_data(), rhs_k.typed_data(), rhs_col.typed_data()},
+      out_at{out_batch.typed_data(), out_row.typed_data(), out_col.typed_data()};
+  float* o = static_cast<float*>(out->untyped_data());
   if (lhs.element_type() == ffi::BF16) {
+    const Problem<uint16_t> p{static_cast<const uint16_t*>(lhs.untyped_data()),
+                              static_cast<const uint16_t*>(rhs.untyped_data()), o, batch, m, k,
+                              n, pass_size, lhs_at, rhs_at, out_at};
     const int64_t passes = (k + pass_size - 1) / pass_size;
-    const int64_t panel = (k + passes) * kTileCols;  // with room for odd passes' pads
-    Run<uint16_t>(pool, static_cast<const uint16_t*>(lhs.untyped_data()),
-                  static_cast<const uint16_t*>(rhs.untyped_data()), o, batch, m, k, n,
-                  pass_size, rhs_k_major, panel, PackBf16,
-                  [&](int64_t rows, const uint16_t* a, const uint16_t* p, float* out_tile,
-                      int64_t cols) {
-#define CALL(R) TileBf16<R>(a, k, p, k, pass_size, out_tile, n, cols)
-                    DISPATCH_ROWS(CALL)
+    Run(pool, p, (k + passes) * kTileCols /* with room for odd passes' pads */, PackBf16,
+        [&](int64_t rows, const uint16_t* const* a, const uint16_t* panel, float* const* out_rows,
+            const TileCols& cols) {
+#define CALL(R) TileBf16<R>(a, panel, k, pass_size, out_rows, cols)
+          DISPATCH_ROWS(CALL)
 #undef CALL
-                  });
+        });
   } else if (lhs.element_type() == ffi::F32) {
-    Run<float>(pool, static_cast<const float*>(lhs.untyped_data()),
-               static_cast<const float*>(rhs.untyped_data()), o, batch, m, k, n, pass_size,
-               rhs_k_major, k * kTileCols, PackF32,
-               [&](int64_t rows, const float* a, const float* p, float* out_tile,
-                   int64_t cols) {
-#define CALL(R) TileF32<R>(a, k, p, k, pass_size, out_tile, n, cols)
-                 DISPATCH_ROWS(CALL)
+    const Problem<float> p{static_cast<const float*>(lhs.untyped_data()),
+                           static_cast<const float*>(rhs.untyped_data()), o, batch, m, k, n,
+                           pass_size, lhs_at, rhs_at, out_at};
+    Run(pool, p, k * kTileCols, PackF32,
+        [&](int64_t rows, const float* const* a, const float* panel, float* const* out_rows,
+            const TileCols& cols) {
+#define CALL(R) TileF32<R>(a, panel, k, pass_size, out_rows, cols)
+          DISPATCH_ROWS(CALL)
 #undef CALL
-               });
+        });
   } else {
     return ffi::Error::InvalidArgument("PassMatmul: BF16 or FP32 operands");
   }
@@ -265,11 +316,18 @@ ffi::Error PassMatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer lhs, ffi::AnyBuff
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PassMatmul, PassMatmulImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("pass_size")
-                                  .Attr<bool>("rhs_k_major"));
+                                  .Arg<ffi::AnyBuffer>()  // lhs
+                                  .Arg<ffi::AnyBuffer>()  // rhs
+                                  .Arg<Table>()           // lhs batch offsets
+                                  .Arg<Table>()           // lhs row offsets
+                                  .Arg<Table>()           // rhs batch offsets
+                                  .Arg<Table>()           // rhs contraction offsets
+                                  .Arg<Table>()           // rhs column offsets
+                                  .Arg<Table>()           // result batch offsets
+                                  .Arg<Table>()           // result row offsets
+                                  .Arg<Table>()           // result column offsets
+                                  .Ret<ffi::AnyBuffer>()  // FP32
+                                  .Attr<int64_t>("pass_size"));
 
 // Whether this CPU runs PassMatmul (AVX-512 with BF16 dot products).
 extern "C" int Available() {
