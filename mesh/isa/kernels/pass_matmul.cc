@@ -34,6 +34,8 @@ namespace {
 constexpr int64_t kTileRows = 8;     // rows of a register tile
 constexpr int64_t kTileCols = 32;    // columns of a register tile: two 16-lane vectors
 constexpr int64_t kBlockBytes = 256 << 10;  // a block of lhs rows kept in L2 over the panels
+// Batch elements per thread from which the threads take whole ones rather than share each
+constexpr int64_t kBatchesPerThread = 2;
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
@@ -57,19 +59,46 @@ struct Rhs {
   T operator()(int64_t kk, int64_t nn) const { return data[at.row[kk] + at.col[nn]]; }
 };
 
+// Whether the `cols` columns a table gives are contiguous (one vector load or store).
+bool Contiguous(const int64_t* col, int64_t cols) {
+  for (int64_t c = 1; c < cols; ++c) {
+    if (col[c] != col[0] + c) return false;
+  }
+  return true;
+}
+
 // Packs the columns [n0, n0 + 32) of rhs for the BF16 kernel: for each pass, its pairs of
 // contraction elements, each pair as 32 columns of (even, odd) BF16 values; columns past
 // the end and the odd element of a pass of odd length are zero.
-void PackBf16(const Rhs<uint16_t>& rhs, int64_t n0, int64_t pass, uint16_t* out) {
+TARGET void PackBf16(const Rhs<uint16_t>& rhs, int64_t n0, int64_t pass, uint16_t* out) {
+  const int64_t cols = std::min(kTileCols, rhs.n - n0);
+  const bool contiguous = Contiguous(rhs.at.col + n0, cols);
+  const __mmask32 mask = cols >= 32 ? ~0u : (1u << cols) - 1;
+  // (even, odd) pairs of columns 0-15 and 16-31: lane 2c from the even row, 2c + 1 from
+  // the odd one (index 32 + c)
+  alignas(64) uint16_t low[32], high[32];
+  for (int i = 0; i < 32; ++i) {
+    low[i] = static_cast<uint16_t>(i / 2 + (i % 2) * 32);
+    high[i] = static_cast<uint16_t>(16 + i / 2 + (i % 2) * 32);
+  }
+  const __m512i to_low = _mm512_load_si512(low), to_high = _mm512_load_si512(high);
   for (int64_t k0 = 0; k0 < rhs.k; k0 += pass) {
-    int64_t len = std::min(pass, rhs.k - k0);
-    for (int64_t p = 0; p < (len + 1) / 2; ++p) {
+    const int64_t len = std::min(pass, rhs.k - k0);
+    for (int64_t p = 0; p < (len + 1) / 2; ++p, out += 2 * kTileCols) {
+      const int64_t even = k0 + 2 * p, odd = even + 1;
+      const bool has_odd = 2 * p + 1 < len;
+      if (contiguous) {
+        const uint16_t* col = rhs.data + rhs.at.col[n0];
+        const __m512i e = _mm512_maskz_loadu_epi16(mask, col + rhs.at.row[even]);
+        const __m512i o = has_odd ? _mm512_maskz_loadu_epi16(mask, col + rhs.at.row[odd])
+                                  : _mm512_setzero_si512();
+        _mm512_storeu_si512(out, _mm512_permutex2var_epi16(e, to_low, o));
+        _mm512_storeu_si512(out + kTileCols, _mm512_permutex2var_epi16(e, to_high, o));
+        continue;
+      }
       for (int64_t c = 0; c < kTileCols; ++c) {
-        int64_t n = n0 + c;
-        for (int64_t j = 0; j < 2; ++j) {
-          int64_t kk = 2 * p + j;
-          *out++ = (n < rhs.n && kk < len) ? rhs(k0 + kk, n) : 0;
-        }
+        out[2 * c] = c < cols ? rhs(even, n0 + c) : 0;
+        out[2 * c + 1] = c < cols && has_odd ? rhs(odd, n0 + c) : 0;
       }
     }
   }
@@ -77,11 +106,15 @@ void PackBf16(const Rhs<uint16_t>& rhs, int64_t n0, int64_t pass, uint16_t* out)
 
 // Packs the columns [n0, n0 + 32) of rhs for the FP32 kernel: row after row of 32 columns.
 void PackF32(const Rhs<float>& rhs, int64_t n0, int64_t /*pass*/, float* out) {
-  for (int64_t kk = 0; kk < rhs.k; ++kk) {
-    for (int64_t c = 0; c < kTileCols; ++c) {
-      int64_t n = n0 + c;
-      *out++ = n < rhs.n ? rhs(kk, n) : 0.0f;
+  const int64_t cols = std::min(kTileCols, rhs.n - n0);
+  const bool contiguous = Contiguous(rhs.at.col + n0, cols);
+  for (int64_t kk = 0; kk < rhs.k; ++kk, out += kTileCols) {
+    if (contiguous) {
+      std::memcpy(out, rhs.data + rhs.at.row[kk] + rhs.at.col[n0], cols * sizeof(float));
+    } else {
+      for (int64_t c = 0; c < cols; ++c) out[c] = rhs(kk, n0 + c);
     }
+    std::fill(out + cols, out + kTileCols, 0.0f);
   }
 }
 
@@ -94,8 +127,7 @@ struct TileCols {
   __mmask16 m0, m1;
 
   TileCols(const int64_t* col, int64_t cols) : col(col), cols(cols) {
-    contiguous = true;
-    for (int64_t c = 1; c < cols; ++c) contiguous &= col[c] == col[0] + c;
+    contiguous = Contiguous(col, cols);
     m0 = cols >= 16 ? 0xFFFF : (1u << cols) - 1;
     m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1;
   }
@@ -221,29 +253,49 @@ void Run(ffi::ThreadPool& pool, const Problem<T>& p, int64_t panel_elems, Pack p
   const int64_t block_rows = std::max<int64_t>(
       kTileRows, kBlockBytes / (p.k * static_cast<int64_t>(sizeof(T))) / kTileRows * kTileRows);
   const int64_t blocks = (p.m + block_rows - 1) / block_rows;
-  std::vector<T> packed(panels * panel_elems);
-  for (int64_t b = 0; b < p.batch; ++b) {
-    const Rhs<T> rhs{p.rhs + p.rhs_at.batch[b], p.rhs_at, p.k, p.n};
-    ParallelFor(pool, panels, [&](int64_t i) {
-      pack(rhs, i * kTileCols, p.pass, packed.data() + i * panel_elems);
-    });
+  // Rows [block * block_rows, ...) of batch element b against one packed panel of its rhs.
+  auto compute = [&](int64_t b, int64_t block, int64_t panel, const T* packed) {
     const T* lhs = p.lhs + p.lhs_at.batch[b];
     float* out = p.out + p.out_at.batch[b];
-    ParallelFor(pool, blocks * panels, [&](int64_t item) {
-      const int64_t block = item / panels, panel = item % panels;
-      const TileCols cols(p.out_at.col + panel * kTileCols,
-                          std::min(kTileCols, p.n - panel * kTileCols));
-      const int64_t end = std::min(p.m, (block + 1) * block_rows);
-      for (int64_t row = block * block_rows; row < end; row += kTileRows) {
-        const int64_t rows = std::min(kTileRows, end - row);
-        const T* a[kTileRows];
-        float* o[kTileRows];
-        for (int64_t r = 0; r < rows; ++r) {
-          a[r] = lhs + p.lhs_at.row[row + r];
-          o[r] = out + p.out_at.row[row + r];
-        }
-        tile(rows, a, packed.data() + panel * panel_elems, o, cols);
+    const TileCols cols(p.out_at.col + panel * kTileCols,
+                        std::min(kTileCols, p.n - panel * kTileCols));
+    const int64_t end = std::min(p.m, (block + 1) * block_rows);
+    for (int64_t row = block * block_rows; row < end; row += kTileRows) {
+      const int64_t rows = std::min(kTileRows, end - row);
+      const T* a[kTileRows];
+      float* o[kTileRows];
+      for (int64_t r = 0; r < rows; ++r) {
+        a[r] = lhs + p.lhs_at.row[row + r];
+        o[r] = out + p.out_at.row[row + r];
       }
+      tile(rows, a, packed, o, cols);
+    }
+  };
+  auto rhs_of = [&](int64_t b) { return Rhs<T>{p.rhs + p.rhs_at.batch[b], p.rhs_at, p.k, p.n}; };
+  if (p.batch >= kBatchesPerThread * std::max<int64_t>(1, pool.num_threads())) {
+    // Batch elements enough for every thread: each takes whole ones (no wait in between)
+    ParallelFor(pool, p.batch, [&](int64_t b) {
+      thread_local std::vector<T> packed;
+      packed.resize(panels * panel_elems);
+      for (int64_t panel = 0; panel < panels; ++panel) {
+        pack(rhs_of(b), panel * kTileCols, p.pass, packed.data() + panel * panel_elems);
+      }
+      for (int64_t block = 0; block < blocks; ++block) {
+        for (int64_t panel = 0; panel < panels; ++panel) {
+          compute(b, block, panel, packed.data() + panel * panel_elems);
+        }
+      }
+    });
+    return;
+  }
+  std::vector<T> packed(panels * panel_elems);
+  for (int64_t b = 0; b < p.batch; ++b) {  // the threads share each batch element
+    ParallelFor(pool, panels, [&](int64_t panel) {
+      pack(rhs_of(b), panel * kTileCols, p.pass, packed.data() + panel * panel_elems);
+    });
+    ParallelFor(pool, blocks * panels, [&](int64_t item) {
+      const int64_t panel = item % panels;
+      compute(b, item / panels, panel, packed.data() + panel * panel_elems);
     });
   }
 }
