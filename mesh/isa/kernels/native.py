@@ -3,15 +3,15 @@ and accumulated in the order of the executor's XLA loop (mesh.isa.kernels.matmul
 of the result at a time in registers and L1 rather than one whole pass product at a time in
 memory.
 
-It is an XLA FFI custom call on the CPU, registered with jax when first used. `runs(dtype)`
-says whether it takes operands of that host type here: BF16 and FP32, on a CPU with AVX-512
-BF16, where the library was built.
+It is an XLA FFI custom call on the CPU, registered with jax when this module is imported
+(so that an executable that calls it can run however it was made: traced here, or read
+from a compilation cache). `runs(dtype)` says whether it takes operands of that host type
+here: BF16 and FP32, on a CPU with AVX-512 BF16, where the library was built.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
 import importlib.machinery
 import os
 from typing import Sequence
@@ -24,28 +24,27 @@ TARGET = "jax_trn2_pass_matmul"
 HOST_DTYPES = (jnp.bfloat16, jnp.float32)
 
 
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    """The built library, when it is there and this CPU runs it."""
+def _load() -> ctypes.CDLL | None:
+    """The built library, registered with jax, when it is there and this CPU runs it."""
     here = os.path.dirname(os.path.abspath(__file__))
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         path = os.path.join(here, "_pass_matmul" + suffix)
         if os.path.exists(path):
             library = ctypes.CDLL(path)
-            return library if library.Available() else None
+            if not library.Available():
+                return None
+            jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.PassMatmul),
+                                        platform="cpu")
+            return library
     return None
 
 
-@functools.cache
-def _registered() -> str:
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(_library().PassMatmul),
-                                platform="cpu")
-    return TARGET
+_LIBRARY = _load()
 
 
 def runs(host_dtype) -> bool:
     """Whether the native loop takes operands of `host_dtype` on this CPU."""
-    return jnp.dtype(host_dtype) in HOST_DTYPES and _library() is not None
+    return jnp.dtype(host_dtype) in HOST_DTYPES and _LIBRARY is not None
 
 
 def offsets(shape: Sequence[int], dims: Sequence[int]) -> np.ndarray:
@@ -69,7 +68,7 @@ def pass_matmul(lhs: jax.Array, rhs: jax.Array, pass_size: int, lhs_at: Sequence
     lhs(b, m, k) is lhs's element lhs_at[0][b] + lhs_at[1][m] + k (its contraction
     contiguous), rhs(b, k, n) is rhs_at[0][b] + rhs_at[1][k] + rhs_at[2][n], and the
     result's (b, m, n) out_at[0][b] + out_at[1][m] + out_at[2][n]."""
-    call = jax.ffi.ffi_call(_registered(), jax.ShapeDtypeStruct(tuple(out_shape), jnp.float32))
+    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(tuple(out_shape), jnp.float32))
     with jax.enable_x64(True):  # offsets of arrays of 2^31 elements or more
         tables = [jnp.asarray(t, jnp.int64) for t in (*lhs_at, *rhs_at, *out_at)]
     return call(lhs, rhs, *tables, pass_size=np.int64(pass_size))
