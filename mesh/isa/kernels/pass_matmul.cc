@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -236,6 +237,29 @@ void ParallelFor(ffi::ThreadPool& pool, int64_t count, const std::function<void(
   while (state->done.load(std::memory_order_acquire) < count) std::this_thread::yield();
 }
 
+// Packed rhs panels, at a cache line's alignment: a vector load of a panel then never
+// straddles two lines.
+template <typename T>
+class Packed {
+ public:
+  void resize(int64_t elems) {
+    const size_t bytes = (elems * sizeof(T) + kLine - 1) / kLine * kLine;
+    if (bytes > bytes_) {
+      data_.reset(static_cast<T*>(std::aligned_alloc(kLine, bytes)));
+      bytes_ = bytes;
+    }
+  }
+  T* data() { return data_.get(); }
+
+ private:
+  static constexpr size_t kLine = 64;
+  struct Free {
+    void operator()(T* p) const { std::free(p); }
+  };
+  std::unique_ptr<T, Free> data_;
+  size_t bytes_ = 0;
+};
+
 // The shape of one call: batch x (m x k) @ (k x n), and where each operand's elements are.
 template <typename T>
 struct Problem {
@@ -275,7 +299,7 @@ void Run(ffi::ThreadPool& pool, const Problem<T>& p, int64_t panel_elems, Pack p
   if (p.batch >= kBatchesPerThread * std::max<int64_t>(1, pool.num_threads())) {
     // Batch elements enough for every thread: each takes whole ones (no wait in between)
     ParallelFor(pool, p.batch, [&](int64_t b) {
-      thread_local std::vector<T> packed;
+      thread_local Packed<T> packed;
       packed.resize(panels * panel_elems);
       for (int64_t panel = 0; panel < panels; ++panel) {
         pack(rhs_of(b), panel * kTileCols, p.pass, packed.data() + panel * panel_elems);
@@ -288,7 +312,8 @@ void Run(ffi::ThreadPool& pool, const Problem<T>& p, int64_t panel_elems, Pack p
     });
     return;
   }
-  std::vector<T> packed(panels * panel_elems);
+  Packed<T> packed;
+  packed.resize(panels * panel_elems);
   for (int64_t b = 0; b < p.batch; ++b) {  // the threads share each batch element
     ParallelFor(pool, panels, [&](int64_t panel) {
       pack(rhs_of(b), panel * kTileCols, p.pass, packed.data() + panel * panel_elems);
