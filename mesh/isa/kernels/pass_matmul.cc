@@ -2,14 +2,16 @@
 // the host CPU: out[b] = sum over passes p of (lhs[b][:, pass p] @ rhs[b][pass p, :]),
 // each pass summed in FP32 and the passes added in order into an FP32 accumulator.
 //
-// One XLA FFI handler, PassMatmul, called from the executor's jitted program. It computes
-// exactly what the executor's XLA version of the loop computes on a CPU with AVX-512 BF16
-// (one host GEMM per pass, then an FP32 add): a pass of BF16 operands is a chain of
-// VDPBF16PS from +0.0 over the pass's pairs of contraction elements, as the host GEMM's
-// (XLA:CPU's YNNPACK) BF16 kernel sums it; a pass of FP32 operands is a chain of FMAs from
-// +0.0 in contraction order, as its FP32 kernel does. The difference is where the values
-// live: a tile of the result stays in registers and L1 for all its passes, where XLA writes
-// each pass's product to memory and reads it back to add it.
+// One XLA FFI handler, PassMatmul, called from the executor's jitted program, reading the
+// operands and writing the result where the executor holds them (offset tables). A pass of
+// BF16 operands is a chain of VDPBF16PS from +0.0 over the pass's pairs of contraction
+// elements: exactly the sums of the executor's XLA loop (one host GEMM per pass, XLA:CPU's
+// YNNPACK BF16 kernel, then an FP32 add) on a CPU with AVX-512 BF16. A pass of FP32 operands
+// is a chain of FMAs from +0.0 in contraction order, as a column of the PE array sums its
+// products: the same for every shape of matrix, where XLA:CPU's FP32 GEMMs sum in an order
+// that depends on the matrix's shape. Where the values live differs from the XLA loop: a
+// tile of the result stays in registers and L1 for all its passes, where XLA writes each
+// pass's product to memory and reads it back to add it.
 //
 // The handler reports itself unusable (Available() == 0) on a CPU without AVX-512 BF16;
 // the executor then uses its XLA loop.
@@ -36,7 +38,7 @@ constexpr int64_t kTileRows = 8;     // rows of a register tile
 constexpr int64_t kTileCols = 32;    // columns of a register tile: two 16-lane vectors
 constexpr int64_t kBlockBytes = 256 << 10;  // a block of lhs rows kept in L2 over the panels
 // Batch elements per thread from which the threads take whole ones rather than share each
-constexpr int64_t kBatchesPerThread = 2;
+constexpr int64_t kBatchesPerThread = 4;
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
