@@ -6,21 +6,26 @@ and plain `jax.jit` over a mesh of `jax.devices("trn2")`, the PJRT plugin ("plug
     python benchmarks/run.py               # the full table (takes a few minutes)
     python benchmarks/run.py --quick       # fewer timed calls, no memory children
 
-Steady-state time is the median of several calls after warm-up, both sides in this one
-process; first call is trace + lower + compile + one run, after a tiny program has gone
-through each side once (so the first row does not carry the process's start-up); peak
+Steady-state time is the median of several calls after warm-up, every side in this one
+process. First call is trace + lower + compile + one run in a fresh child process, after a
+tiny program has gone through that side once (so it does not carry the process's start-up),
+with jax's persistent compilation cache on in a new directory: "cold" is the first such
+process (empty cache), "warm" a second one after it (the cache filled by the first, as a
+notebook restart finds it); each starts its first call from a full garbage collection. Peak
 memory is the peak resident set of a fresh child process that runs one side of one workload.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -69,30 +74,60 @@ def prepare(workload: Workload, side: str):
     return jax.jit(workload.build(mesh)), inputs
 
 
-def warm_up() -> None:
+def warm_up(sides=SIDES) -> None:
     """Run a tiny program through each side once, so that no row's first call pays for the
     process's one-time start-up (jax's backends, MLIR contexts, jax_trn2's imports)."""
     tiny = Workload("warm_up", lambda mesh: jax.shard_map(lambda x: jax.lax.psum(x, "x"),
                                                           mesh=mesh, in_specs=P("x"),
                                                           out_specs=P()),
                     lambda rng: (np.ones((4, 2), np.float32),), (P("x"),))
-    for side in SIDES:
+    for side in sides:
         fn, inputs = prepare(tiny, side)
         _block(fn(*inputs))
 
 
-def time_side(workload: Workload, side: str, calls: int) -> dict:
+def steady_seconds(workload: Workload, side: str, calls: int) -> float:
+    """The median of `calls` calls, after a first call and one more."""
     fn, inputs = prepare(workload, side)
-    start = time.perf_counter()
-    _block(fn(*inputs))
-    first = time.perf_counter() - start
-    _block(fn(*inputs))  # warm-up
+    for _ in range(2):
+        _block(fn(*inputs))
     times = []
     for _ in range(calls):
         start = time.perf_counter()
         _block(fn(*inputs))
         times.append(time.perf_counter() - start)
-    return {"first": first, "steady": statistics.median(times)}
+    return statistics.median(times)
+
+
+def first_calls(workload: str, side: str) -> tuple[float, float]:
+    """Seconds of one side's first call, cold and warm: in a fresh child process with jax's
+    persistent compilation cache in a new directory, then in another one after it."""
+    with tempfile.TemporaryDirectory(prefix="jax_trn2_bench_cache_") as cache:
+        return tuple(_child(["--first", workload, side, cache])["first_seconds"]
+                     for _ in ("cold", "warm"))
+
+
+def first_call_child(workload_name: str, side: str, cache_dir: str) -> None:
+    """A child's first call of one side, with jax's persistent compilation cache (every
+    compiled program written, however small or fast) in `cache_dir`."""
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    warm_up((side,))
+    fn, inputs = prepare(_by_name(workload_name), side)
+    # From a full collection: the time of one that the process's earlier allocations have
+    # made due (about 50 ms, scanning jax's 100,000 objects) then falls on neither side
+    gc.collect()
+    start = time.perf_counter()
+    _block(fn(*inputs))
+    print(json.dumps({"first_seconds": time.perf_counter() - start}))
+
+
+def _child(args: list[str]) -> dict:
+    """The JSON line a child process of this script prints last."""
+    out = subprocess.run([sys.executable, __file__, *args],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def program_stats(workload: Workload, gemm_rates: dict[str, float]) -> dict:
@@ -160,12 +195,10 @@ def host_gemm_rates(n: int = 2048, calls: int = 10) -> dict[str, float]:
 
 def peak_memory_mib(workload: str, side: str) -> float:
     """Peak resident set of a child process running one side of one workload."""
-    out = subprocess.run([sys.executable, __file__, "--child", workload, side],
-                         check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])["peak_rss_mib"]
+    return _child(["--child", workload, side])["peak_rss_mib"]
 
 
-def child(workload_name: str, side: str) -> None:
+def memory_child(workload_name: str, side: str) -> None:
     workload = _by_name(workload_name)
     fn, inputs = prepare(workload, side)
     for _ in range(3):
@@ -214,9 +247,13 @@ def main(argv=None) -> None:
     parser.add_argument("--calls", type=int, default=7)
     parser.add_argument("--only", nargs="+", metavar="WORKLOAD", help="run these workloads only")
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "SIDE"), help=argparse.SUPPRESS)
+    parser.add_argument("--first", nargs=3, metavar=("WORKLOAD", "SIDE", "CACHE"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        return child(*args.child)
+        return memory_child(*args.child)
+    if args.first:
+        return first_call_child(*args.first)
     calls = 3 if args.quick else args.calls
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
@@ -227,17 +264,20 @@ def main(argv=None) -> None:
     print(f"host GEMM (2048^3, FP32 accumulation): BF16 {rates['bfloat16'] / 1e9:.0f} GFLOP/s, "
           f"FP32 {rates['float32'] / 1e9:.0f} GFLOP/s")
     header = ("| workload | chips | ops | GFLOP | sim ms | jax ms | ratio | of limit "
-              "| sim first s | jax first s | first ratio | sim MiB | jax MiB | mem ratio "
-              "| plugin ms | plugin/sim | plugin first s | plugin/sim first |")
+              "| sim cold s | jax cold s | cold ratio | sim warm s | jax warm s | warm ratio "
+              "| sim MiB | jax MiB | mem ratio | plugin ms | plugin/sim | plugin warm s "
+              "| plugin/sim warm |")
     print(header)
-    print("|---" * 18 + "|")
+    print("|---" * 21 + "|")
     warm_up()
     for workload in WORKLOADS + (TRANSFORMER_STACK,):
         if args.only and workload.name not in args.only:
             continue
-        sim = time_side(workload, "sim", calls)
-        ref = time_side(workload, "jax", calls)
-        plugin = time_side(workload, "plugin", calls)
+        sim = steady_seconds(workload, "sim", calls)
+        ref = steady_seconds(workload, "jax", calls)
+        plugin = steady_seconds(workload, "plugin", calls)
+        (sim_cold, sim_warm), (jax_cold, jax_warm), (_, plugin_warm) = (
+            first_calls(workload.name, side) for side in SIDES)
         stats = program_stats(workload, rates)
         mem = ("-", "-", "-")
         if not args.quick:
@@ -245,15 +285,14 @@ def main(argv=None) -> None:
             mem = (f"{s:.0f}", f"{j:.0f}", f"{s / j:.2f}")
         gflop = f"{stats['flops'] / 1e9:.1f}"
         # the share of the host's limit reached: distinct matmul time at the GEMM rate / sim
-        limit = f"{stats['limit_seconds'] / sim['steady']:.0%}"
+        limit = f"{stats['limit_seconds'] / sim:.0%}"
         print(f"| {workload.name} | {stats['chips']} | {stats['ops']} | {gflop} "
-              f"| {sim['steady'] * 1e3:.1f} | {ref['steady'] * 1e3:.1f} "
-              f"| {sim['steady'] / ref['steady']:.2f} | {limit} | {sim['first']:.2f} "
-              f"| {ref['first']:.2f} "
-              f"| {sim['first'] / ref['first']:.2f} | {mem[0]} | {mem[1]} | {mem[2]} "
-              f"| {plugin['steady'] * 1e3:.1f} | {plugin['steady'] / sim['steady']:.2f} "
-              f"| {plugin['first']:.2f} | {plugin['first'] / sim['first']:.2f} |",
-              flush=True)
+              f"| {sim * 1e3:.1f} | {ref * 1e3:.1f} | {sim / ref:.2f} | {limit} "
+              f"| {sim_cold:.2f} | {jax_cold:.2f} | {sim_cold / jax_cold:.2f} "
+              f"| {sim_warm:.2f} | {jax_warm:.2f} | {sim_warm / jax_warm:.2f} "
+              f"| {mem[0]} | {mem[1]} | {mem[2]} "
+              f"| {plugin * 1e3:.1f} | {plugin / sim:.2f} | {plugin_warm:.2f} "
+              f"| {plugin_warm / sim_warm:.2f} |", flush=True)
 
     if args.only:
         return

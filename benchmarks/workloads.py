@@ -163,12 +163,48 @@ def _replicated_inputs(rng):
             jnp.asarray(rng.standard_normal((REP_D, REP_D)) * REP_D ** -0.5, jnp.float32))
 
 
+# --- small per-chip matmuls: a 2D-sharded x @ w, K split over y and summed by a psum -------
+# Each chip multiplies a few hundred rows by a K x 512 block (K = 512..1024: 4 to 8 of the
+# Tensor Engine's 128-long passes); x varies along x and y, w along y and z, so the 64 chips'
+# products are 64 distinct small GEMMs. With the collective, the K-partial products are
+# summed over the 4 chips of y (out: rows over x, columns over z); without, each chip's
+# partial product is returned.
+
+SMALL_N = 512
+
+
+def _small_matmul(rows: int, k: int, dtype, psum: bool) -> Workload:
+    specs = (P("x", "y"), P("y", "z"))
+    out_spec = P("x", "z") if psum else P("x", ("y", "z"))
+
+    def build(mesh):
+        def body(x, w):
+            y = jnp.dot(x, w, preferred_element_type=jnp.float32)
+            return (jax.lax.psum(y, "y") if psum else y).astype(dtype)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=out_spec)
+
+    def inputs(rng):
+        return (_normal(rng, (4 * rows, 4 * k), dtype),
+                _normal(rng, (4 * k, 4 * SMALL_N), dtype, scale=(4 * k) ** -0.5))
+
+    short = {"bfloat16": "bf16", "float32": "fp32"}[jnp.dtype(dtype).name]
+    name = f"small_mm_{short}_{rows}x{k}" + ("_psum" if psum else "")
+    return Workload(name, build, inputs, specs)
+
+
 WORKLOADS = (
     Workload("tp_mlp_bf16", _mlp, _mlp_inputs, MLP_SPECS),
     Workload("transformer_block", _transformer, _transformer_inputs, BLOCK_SPECS),
     Workload("fsdp_step", _fsdp, _fsdp_inputs, FSDP_SPECS),
     Workload("ppermute_ring_loop", _ring, _ring_inputs, RING_SPECS),
     Workload("mostly_replicated", _replicated, _replicated_inputs, REP_SPECS),
+    _small_matmul(256, 512, jnp.bfloat16, psum=True),
+    _small_matmul(512, 1024, jnp.bfloat16, psum=True),
+    _small_matmul(256, 512, jnp.float32, psum=True),
+    _small_matmul(512, 1024, jnp.float32, psum=True),
+    _small_matmul(384, 768, jnp.bfloat16, psum=False),
+    _small_matmul(384, 768, jnp.float32, psum=False),
 )
 
 STACK_LAYERS = 12

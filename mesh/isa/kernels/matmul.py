@@ -18,12 +18,14 @@ computed at all (the product is replicated there).
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from mesh import dtypes, isa, numerics
-from mesh.isa.kernels import kernel
+from mesh.isa.kernels import kernel, native
 from mesh.isa.kernels.context import KernelContext
 
 
@@ -38,6 +40,59 @@ def _mesh_dims(lhs_shape, rhs_shape, nm: int) -> tuple[list[int], list[int], lis
 @kernel(isa.Matmul)
 def matmul(instr: isa.Matmul, args, ctx: KernelContext):
     lhs, rhs = args
+    if not runs_natively(instr, ctx.program):
+        return [_gemm_matmul(lhs, rhs, instr, ctx)]
+    # The same sums on a CPU, natively: operands and result in the executor's layouts
+    return [lax.platform_dependent(
+        lhs, rhs, cpu=functools.partial(_native_matmul, instr=instr, ctx=ctx),
+        default=functools.partial(_gemm_matmul, instr=instr, ctx=ctx))]
+
+
+def runs_natively(instr: isa.Matmul, program: isa.Program) -> bool:
+    """Whether a matmul of several passes runs in the native loop on a CPU
+    (mesh.isa.kernels.native), its operands and result in the executor's layouts."""
+    lhs, rhs = (program.values[v].type for v in instr.ins)
+    if not dtypes.is_float(instr.out_dtype) or instr.out_dtype in dtypes.COMPLEX_PARTS:
+        return False
+    k = int(np.prod([lhs.shape[d] for d in instr.lhs_contract], dtype=np.int64))
+    return k > instr.pass_size and native.runs(_host_dtype(
+        dtypes.storage_dtype(lhs.dtype), dtypes.storage_dtype(rhs.dtype)))
+
+
+def _native_matmul(lhs, rhs, instr: isa.Matmul, ctx: KernelContext):
+    """The matmul in the native loop, reading each operand where it is (a left operand
+    whose contraction is not its last dims, in order, is copied so that it is) and writing
+    the result in its layout."""
+    nm = ctx.nm
+    both, lhs_only, rhs_only = _mesh_dims(lhs.shape, rhs.shape, nm)
+    host = _host_dtype(lhs.dtype, rhs.dtype)
+    lhs_free = [nm + d for d in _free_dims(lhs.ndim - nm, instr.lhs_batch, instr.lhs_contract)]
+    rhs_free = [nm + d for d in _free_dims(rhs.ndim - nm, instr.rhs_batch, instr.rhs_contract)]
+    lhs_batch, rhs_batch = ([nm + d for d in b] for b in (instr.lhs_batch, instr.rhs_batch))
+    lhs_k, rhs_k = ([nm + d for d in c] for c in (instr.lhs_contract, instr.rhs_contract))
+    sizes = ctx.mesh.axis_sizes
+    out = (tuple(sizes[a] if a in both + lhs_only + rhs_only else 1 for a in range(nm))
+           + tuple(lhs.shape[d] for d in lhs_batch + lhs_free)
+           + tuple(rhs.shape[d] for d in rhs_free))
+    order = [d for d in range(lhs.ndim) if d not in lhs_k] + lhs_k
+    lhs = lax.transpose(lhs.astype(host), order)
+    at = [order.index(d) for d in range(lhs.ndim)]  # where each dim of lhs went
+    local = iter(range(nm, len(out)))
+    out_batch, out_rows, out_cols = ([next(local) for _ in dims]
+                                     for dims in (lhs_batch, lhs_free, rhs_free))
+    acc = native.pass_matmul(
+        lhs, rhs.astype(host), instr.pass_size,
+        [native.offsets(lhs.shape, [at[d] for d in dims])
+         for dims in (both + lhs_batch, lhs_only + lhs_free)],
+        [native.offsets(rhs.shape, dims) for dims in (both + rhs_batch, rhs_k,
+                                                       rhs_only + rhs_free)],
+        [native.offsets(out, dims) for dims in (both + out_batch, lhs_only + out_rows,
+                                                rhs_only + out_cols)], out)
+    return numerics.round_to(acc, instr.out_dtype, ctx.rounding).reshape(ctx.out_shape(instr))
+
+
+def _gemm_matmul(lhs, rhs, instr: isa.Matmul, ctx: KernelContext):
+    """The matmul as host GEMMs, one per pass (_passes), on operands transposed for them."""
     nm = ctx.nm
     both, lhs_only, rhs_only = _mesh_dims(lhs.shape, rhs.shape, nm)
     rhs_k_major = _contraction_first(rhs.ndim - nm, instr.rhs_batch, instr.rhs_contract)
@@ -56,7 +111,7 @@ def matmul(instr: isa.Matmul, args, ctx: KernelContext):
                       + tuple(mesh_sizes[a] for a in rhs_only) + rhs_free)
     out = lax.transpose(out, _result_order(nm, both, lhs_only, rhs_only, len(local_batch),
                                            len(lhs_free), len(rhs_free)))
-    return [out.reshape(ctx.out_shape(instr))]
+    return out.reshape(ctx.out_shape(instr))
 
 
 def _result_order(nm: int, both, lhs_only, rhs_only, n_batch: int, n_lhs_free: int,
@@ -77,7 +132,10 @@ def _result_order(nm: int, both, lhs_only, rhs_only, n_batch: int, n_lhs_free: i
 def result_is_gemm_output(instr: isa.Matmul, program: isa.Program) -> bool:
     """Whether the kernel's result array is the host GEMM's output itself, only reshaped
     (no transposing copy, no broadcast to its layout): XLA then writes the GEMM (or, for
-    a narrower output type, its rounding) straight into the result's buffer."""
+    a narrower output type, its rounding) straight into the result's buffer. The native
+    loop writes every result in its layout."""
+    if runs_natively(instr, program):
+        return True
     nm = program.mesh.rank
     lhs, rhs = (program.array_shape(v) for v in instr.ins)
     both, lhs_only, rhs_only = _mesh_dims(lhs, rhs, nm)
@@ -141,12 +199,41 @@ def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, out_dtype: str | 
         return lax.dot_general(lhs3.astype(acc), rhs3.astype(acc),
                                (((k_axes[0],), (k_axes[1],)), ((0,), (0,))),
                                preferred_element_type=acc)
-    batch, k = lhs3.shape[0], lhs3.shape[k_axes[0]]
+    k = lhs3.shape[k_axes[0]]
     host = _host_dtype(lhs3.dtype, rhs3.dtype, single_pass=k <= instr.pass_size)
     # In their own types, each pass converted to `host` once cut; sub-byte types are
     # converted up front (there is no unsigned integer of their width to bitcast them to)
     operands = [x if dtypes.bit_width(x.dtype.name) >= 8 else x.astype(host)
                 for x in (lhs3, rhs3)]
+    looped = functools.partial(_looped_passes, host=host, size=instr.pass_size,
+                               k_axes=k_axes)
+    if k > instr.pass_size and native.runs(host):
+        # The same sums on a CPU (native), one tile of the result at a time
+        acc = lax.platform_dependent(*operands, cpu=functools.partial(
+            _native_passes, host=host, size=instr.pass_size, rhs_k_major=rhs_k_major),
+            default=looped)
+    else:
+        acc = looped(*operands)
+    return numerics.round_to(acc, out_dtype, ctx.rounding)
+
+
+def _native_passes(lhs3, rhs3, host, size: int, rhs_k_major: bool):
+    """_looped_passes' result, from the native loop (mesh.isa.kernels.native)."""
+    k_dim, n_dim = (1, 2) if rhs_k_major else (2, 1)
+    out = lhs3.shape[:2] + rhs3.shape[n_dim:n_dim + 1]
+    return native.pass_matmul(
+        lhs3.astype(host), rhs3.astype(host), size,
+        [native.offsets(lhs3.shape, [d]) for d in (0, 1)],
+        [native.offsets(rhs3.shape, [d]) for d in (0, k_dim, n_dim)],
+        [native.offsets(out, [d]) for d in (0, 1, 2)], out)
+
+
+def _looped_passes(lhs3, rhs3, host, size: int, k_axes: list[int]):
+    """[B,M,K] x [B,N,K] or [B,K,N] (contraction axes `k_axes`) -> [B,M,N]: each pass of
+    `size` one host GEMM of `host` operands accumulating in FP32 (FP64 for FP64), added in
+    order by XLA."""
+    batch, k = lhs3.shape[0], lhs3.shape[k_axes[0]]
+    operands = [lhs3, rhs3]
     if batch == 1:  # a plain GEMM is faster on the host than a batch of one
         operands, k_axes = [x[0] for x in operands], [a - 1 for a in k_axes]
     batch_dims = ((), ()) if batch == 1 else ((0,), (0,))
@@ -161,7 +248,6 @@ def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, out_dtype: str | 
     def pass_of(x, axis, start, length):
         return lax.dynamic_slice_in_dim(x, start, length, axis=axis)
 
-    size = instr.pass_size
     whole, rest = divmod(k, size)
     acc = product(*(pass_of(x, a, 0, min(size, k)) for x, a in zip(operands, k_axes)))
     if whole > 1:
@@ -184,9 +270,7 @@ def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, out_dtype: str | 
     if rest and whole:
         acc = acc + product(*(pass_of(x, a, whole * size, rest)
                               for x, a in zip(operands, k_axes)))
-    if batch == 1:
-        acc = acc[None]
-    return numerics.round_to(acc, out_dtype, ctx.rounding)
+    return acc[None] if batch == 1 else acc
 
 
 def _complex_passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, part: str,

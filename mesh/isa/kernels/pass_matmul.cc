@@ -1,0 +1,416 @@
+// The Tensor Engine's matmul as the simulator models it (mesh/isa/kernels/matmul.py), for
+// the host CPU: out[b] = sum over passes p of (lhs[b][:, pass p] @ rhs[b][pass p, :]),
+// each pass summed in FP32 and the passes added in order into an FP32 accumulator.
+//
+// One XLA FFI handler, PassMatmul, called from the executor's jitted program, reading the
+// operands and writing the result where the executor holds them (offset tables). A pass of
+// BF16 operands is a chain of VDPBF16PS from +0.0 over the pass's pairs of contraction
+// elements: exactly the sums of the executor's XLA loop (one host GEMM per pass, XLA:CPU's
+// YNNPACK BF16 kernel, then an FP32 add) on a CPU with AVX-512 BF16. A pass of FP32 operands
+// is a chain of FMAs from +0.0 in contraction order, as a column of the PE array sums its
+// products: the same for every shape of matrix, where XLA:CPU's FP32 GEMMs sum in an order
+// that depends on the matrix's shape. Where the values live differs from the XLA loop: a
+// tile of the result stays in registers and L1 for all its passes, where XLA writes each
+// pass's product to memory and reads it back to add it.
+//
+// The handler reports itself unusable (Available() == 0) on a CPU without AVX-512 BF16;
+// the executor then uses its XLA loop.
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int64_t kTileRows = 8;     // rows of a register tile
+constexpr int64_t kTileCols = 32;    // columns of a register tile: two 16-lane vectors
+constexpr int64_t kBlockBytes = 256 << 10;  // a block of lhs rows kept in L2 over the panels
+// Batch elements per thread from which the threads take whole ones rather than share each
+constexpr int64_t kBatchesPerThread = 4;
+
+#define TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+// Where each element of an operand or of the result is, as offsets in elements that add:
+// element (b, m, k) of lhs is at batch[b] + row[m] + k (its contraction is contiguous),
+// element (b, k, n) of rhs at batch[b] + k_offsets[k] + col[n], element (b, m, n) of the
+// result at batch[b] + row[m] + col[n]. Any layout the executor holds an array in, whose
+// dims are split into batch, row (or contraction) and column dims, is such a sum.
+struct Offsets {
+  const int64_t* batch;
+  const int64_t* row;  // rhs: the contraction's
+  const int64_t* col;  // lhs: none
+};
+
+// rhs[k][n] of one batch element.
+template <typename T>
+struct Rhs {
+  const T* data;  // at the batch element
+  const Offsets& at;
+  int64_t k, n;
+  T operator()(int64_t kk, int64_t nn) const { return data[at.row[kk] + at.col[nn]]; }
+};
+
+// Whether the `cols` columns a table gives are contiguous (one vector load or store).
+bool Contiguous(const int64_t* col, int64_t cols) {
+  for (int64_t c = 1; c < cols; ++c) {
+    if (col[c] != col[0] + c) return false;
+  }
+  return true;
+}
+
+// Packs the columns [n0, n0 + 32) of rhs for the BF16 kernel: for each pass, its pairs of
+// contraction elements, each pair as 32 columns of (even, odd) BF16 values; columns past
+// the end and the odd element of a pass of odd length are zero.
+TARGET void PackBf16(const Rhs<uint16_t>& rhs, int64_t n0, int64_t pass, uint16_t* out) {
+  const int64_t cols = std::min(kTileCols, rhs.n - n0);
+  const bool contiguous = Contiguous(rhs.at.col + n0, cols);
+  const __mmask32 mask = cols >= 32 ? ~0u : (1u << cols) - 1;
+  // (even, odd) pairs of columns 0-15 and 16-31: lane 2c from the even row, 2c + 1 from
+  // the odd one (index 32 + c)
+  alignas(64) uint16_t low[32], high[32];
+  for (int i = 0; i < 32; ++i) {
+    low[i] = static_cast<uint16_t>(i / 2 + (i % 2) * 32);
+    high[i] = static_cast<uint16_t>(16 + i / 2 + (i % 2) * 32);
+  }
+  const __m512i to_low = _mm512_load_si512(low), to_high = _mm512_load_si512(high);
+  for (int64_t k0 = 0; k0 < rhs.k; k0 += pass) {
+    const int64_t len = std::min(pass, rhs.k - k0);
+    for (int64_t p = 0; p < (len + 1) / 2; ++p, out += 2 * kTileCols) {
+      const int64_t even = k0 + 2 * p, odd = even + 1;
+      const bool has_odd = 2 * p + 1 < len;
+      if (contiguous) {
+        const uint16_t* col = rhs.data + rhs.at.col[n0];
+        const __m512i e = _mm512_maskz_loadu_epi16(mask, col + rhs.at.row[even]);
+        const __m512i o = has_odd ? _mm512_maskz_loadu_epi16(mask, col + rhs.at.row[odd])
+                                  : _mm512_setzero_si512();
+        _mm512_storeu_si512(out, _mm512_permutex2var_epi16(e, to_low, o));
+        _mm512_storeu_si512(out + kTileCols, _mm512_permutex2var_epi16(e, to_high, o));
+        continue;
+      }
+      for (int64_t c = 0; c < kTileCols; ++c) {
+        out[2 * c] = c < cols ? rhs(even, n0 + c) : 0;
+        out[2 * c + 1] = c < cols && has_odd ? rhs(odd, n0 + c) : 0;
+      }
+    }
+  }
+}
+
+// Packs the columns [n0, n0 + 32) of rhs for the FP32 kernel: row after row of 32 columns.
+void PackF32(const Rhs<float>& rhs, int64_t n0, int64_t /*pass*/, float* out) {
+  const int64_t cols = std::min(kTileCols, rhs.n - n0);
+  const bool contiguous = Contiguous(rhs.at.col + n0, cols);
+  for (int64_t kk = 0; kk < rhs.k; ++kk, out += kTileCols) {
+    if (contiguous) {
+      std::memcpy(out, rhs.data + rhs.at.row[kk] + rhs.at.col[n0], cols * sizeof(float));
+    } else {
+      for (int64_t c = 0; c < cols; ++c) out[c] = rhs(kk, n0 + c);
+    }
+    std::fill(out + cols, out + kTileCols, 0.0f);
+  }
+}
+
+// A result tile's columns: `cols` (at most 32) of them, at out_row + col[c] for each of
+// its rows; loaded and stored as two vectors where they are contiguous.
+struct TileCols {
+  const int64_t* col;
+  int64_t cols;
+  bool contiguous;
+  __mmask16 m0, m1;
+
+  TileCols(const int64_t* col, int64_t cols) : col(col), cols(cols) {
+    contiguous = Contiguous(col, cols);
+    m0 = cols >= 16 ? 0xFFFF : (1u << cols) - 1;
+    m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1;
+  }
+
+  // The pass's sums acc added to the row's earlier passes (unless it is the first), stored.
+  TARGET void Accumulate(float* out_row, __m512 acc[2], bool first) const {
+    if (contiguous) {
+      float* o = out_row + col[0];
+      if (!first) {  // PSUM: the pass is added to the passes before it
+        acc[0] = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, o), acc[0]);
+        acc[1] = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, o + 16), acc[1]);
+      }
+      _mm512_mask_storeu_ps(o, m0, acc[0]);
+      _mm512_mask_storeu_ps(o + 16, m1, acc[1]);
+      return;
+    }
+    alignas(64) float sums[32];
+    _mm512_store_ps(sums, acc[0]);
+    _mm512_store_ps(sums + 16, acc[1]);
+    for (int64_t c = 0; c < cols; ++c) {
+      float* o = out_row + col[c];
+      *o = first ? sums[c] : *o + sums[c];
+    }
+  }
+};
+
+// The result tile of ROWS rows (each from the lhs row at a[r], to the result row at out[r])
+// and one packed panel of rhs, pass after pass.
+template <int ROWS>
+TARGET void TileBf16(const uint16_t* const* a, const uint16_t* panel, int64_t k, int64_t pass,
+                     float* const* out, const TileCols& cols) {
+  for (int64_t k0 = 0; k0 < k; k0 += pass) {
+    const int64_t len = std::min(pass, k - k0);
+    __m512 acc[ROWS][2];
+    for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    const int64_t pairs = len / 2;
+    for (int64_t p = 0; p < pairs; ++p) {
+      const __m512bh b0 = (__m512bh)_mm512_loadu_si512(panel);
+      const __m512bh b1 = (__m512bh)_mm512_loadu_si512(panel + 32);
+      panel += 64;
+      for (int r = 0; r < ROWS; ++r) {
+        uint32_t pair;
+        std::memcpy(&pair, a[r] + k0 + 2 * p, sizeof pair);
+        const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, b0);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, b1);
+      }
+    }
+    if (len % 2) {  // the last element alone, paired with zeros
+      const __m512bh b0 = (__m512bh)_mm512_loadu_si512(panel);
+      const __m512bh b1 = (__m512bh)_mm512_loadu_si512(panel + 32);
+      panel += 64;
+      for (int r = 0; r < ROWS; ++r) {
+        const uint32_t pair = a[r][k0 + len - 1];
+        const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, b0);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, b1);
+      }
+    }
+    for (int r = 0; r < ROWS; ++r) cols.Accumulate(out[r], acc[r], k0 == 0);
+  }
+}
+
+template <int ROWS>
+TARGET void TileF32(const float* const* a, const float* panel, int64_t k, int64_t pass,
+                    float* const* out, const TileCols& cols) {
+  for (int64_t k0 = 0; k0 < k; k0 += pass) {
+    const int64_t len = std::min(pass, k - k0);
+    __m512 acc[ROWS][2];
+    for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t kk = 0; kk < len; ++kk) {
+      const __m512 b0 = _mm512_loadu_ps(panel);
+      const __m512 b1 = _mm512_loadu_ps(panel + 16);
+      panel += 32;
+      for (int r = 0; r < ROWS; ++r) {
+        const __m512 x = _mm512_set1_ps(a[r][k0 + kk]);
+        acc[r][0] = _mm512_fmadd_ps(x, b0, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(x, b1, acc[r][1]);
+      }
+    }
+    for (int r = 0; r < ROWS; ++r) cols.Accumulate(out[r], acc[r], k0 == 0);
+  }
+}
+
+// Runs fn(0) .. fn(count - 1) on the calling thread and the FFI's intra-op thread pool. The
+// caller takes items too, so it never waits on a task that has not started; a task that
+// starts after the last item was taken does nothing (the state outlives the call).
+void ParallelFor(ffi::ThreadPool& pool, int64_t count, const std::function<void(int64_t)>& fn) {
+  struct State {
+    std::atomic<int64_t> next{0}, done{0};
+    const std::function<void(int64_t)>* fn;
+    int64_t count;
+    void Work() {
+      for (int64_t i; (i = next.fetch_add(1)) < count;) {
+        (*fn)(i);
+        done.fetch_add(1, std::memory_order_release);
+      }
+    }
+  };
+  auto state = std::make_shared<State>();
+  state->fn = &fn;
+  state->count = count;
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), count - 1);
+  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([state] { state->Work(); });
+  state->Work();
+  while (state->done.load(std::memory_order_acquire) < count) std::this_thread::yield();
+}
+
+// Packed rhs panels, at a cache line's alignment: a vector load of a panel then never
+// straddles two lines.
+template <typename T>
+class Packed {
+ public:
+  void resize(int64_t elems) {
+    const size_t bytes = (elems * sizeof(T) + kLine - 1) / kLine * kLine;
+    if (bytes > bytes_) {
+      data_.reset(static_cast<T*>(std::aligned_alloc(kLine, bytes)));
+      bytes_ = bytes;
+    }
+  }
+  T* data() { return data_.get(); }
+
+ private:
+  static constexpr size_t kLine = 64;
+  struct Free {
+    void operator()(T* p) const { std::free(p); }
+  };
+  std::unique_ptr<T, Free> data_;
+  size_t bytes_ = 0;
+};
+
+// The shape of one call: batch x (m x k) @ (k x n), and where each operand's elements are.
+template <typename T>
+struct Problem {
+  const T* lhs;
+  const T* rhs;
+  float* out;
+  int64_t batch, m, k, n, pass;
+  Offsets lhs_at, rhs_at, out_at;
+};
+
+template <typename T, typename Pack, typename Tile>
+void Run(ffi::ThreadPool& pool, const Problem<T>& p, int64_t panel_elems, Pack pack,
+         Tile tile) {
+  const int64_t panels = (p.n + kTileCols - 1) / kTileCols;
+  const int64_t block_rows = std::max<int64_t>(
+      kTileRows, kBlockBytes / (p.k * static_cast<int64_t>(sizeof(T))) / kTileRows * kTileRows);
+  const int64_t blocks = (p.m + block_rows - 1) / block_rows;
+  // Rows [block * block_rows, ...) of batch element b against one packed panel of its rhs.
+  auto compute = [&](int64_t b, int64_t block, int64_t panel, const T* packed) {
+    const T* lhs = p.lhs + p.lhs_at.batch[b];
+    float* out = p.out + p.out_at.batch[b];
+    const TileCols cols(p.out_at.col + panel * kTileCols,
+                        std::min(kTileCols, p.n - panel * kTileCols));
+    const int64_t end = std::min(p.m, (block + 1) * block_rows);
+    for (int64_t row = block * block_rows; row < end; row += kTileRows) {
+      const int64_t rows = std::min(kTileRows, end - row);
+      const T* a[kTileRows];
+      float* o[kTileRows];
+      for (int64_t r = 0; r < rows; ++r) {
+        a[r] = lhs + p.lhs_at.row[row + r];
+        o[r] = out + p.out_at.row[row + r];
+      }
+      tile(rows, a, packed, o, cols);
+    }
+  };
+  auto rhs_of = [&](int64_t b) { return Rhs<T>{p.rhs + p.rhs_at.batch[b], p.rhs_at, p.k, p.n}; };
+  if (p.batch >= kBatchesPerThread * std::max<int64_t>(1, pool.num_threads())) {
+    // Batch elements enough for every thread: each takes whole ones (no wait in between)
+    ParallelFor(pool, p.batch, [&](int64_t b) {
+      thread_local Packed<T> packed;
+      packed.resize(panels * panel_elems);
+      for (int64_t panel = 0; panel < panels; ++panel) {
+        pack(rhs_of(b), panel * kTileCols, p.pass, packed.data() + panel * panel_elems);
+      }
+      for (int64_t block = 0; block < blocks; ++block) {
+        for (int64_t panel = 0; panel < panels; ++panel) {
+          compute(b, block, panel, packed.data() + panel * panel_elems);
+        }
+      }
+    });
+    return;
+  }
+  Packed<T> packed;
+  packed.resize(panels * panel_elems);
+  for (int64_t b = 0; b < p.batch; ++b) {  // the threads share each batch element
+    ParallelFor(pool, panels, [&](int64_t panel) {
+      pack(rhs_of(b), panel * kTileCols, p.pass, packed.data() + panel * panel_elems);
+    });
+    ParallelFor(pool, blocks * panels, [&](int64_t item) {
+      const int64_t panel = item % panels;
+      compute(b, item / panels, panel, packed.data() + panel * panel_elems);
+    });
+  }
+}
+
+#define DISPATCH_ROWS(call)                                    \
+  switch (rows) {                                               \
+    case 1: call(1); break;                                     \
+    case 2: call(2); break;                                     \
+    case 3: call(3); break;                                     \
+    case 4: call(4); break;                                     \
+    case 5: call(5); break;                                     \
+    case 6: call(6); break;                                     \
+    case 7: call(7); break;                                     \
+    default: call(8); break;                                    \
+  }
+
+using Table = ffi::Buffer<ffi::S64, 1>;
+
+ffi::Error PassMatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
+                          Table lhs_batch, Table lhs_row, Table rhs_batch, Table rhs_k,
+                          Table rhs_col, Table out_batch, Table out_row, Table out_col,
+                          ffi::Result<ffi::AnyBuffer> out, int64_t pass_size) {
+  const int64_t batch = lhs_batch.element_count(), m = lhs_row.element_count(),
+                k = rhs_k.element_count(), n = rhs_col.element_count();
+  if (lhs.element_type() != rhs.element_type() || out->element_type() != ffi::F32 ||
+      rhs_batch.element_count() != batch || out_batch.element_count() != batch ||
+      out_row.element_count() != m || out_col.element_count() != n ||
+      static_cast<int64_t>(out->element_count()) != batch * m * n) {
+    return ffi::Error::InvalidArgument("PassMatmul: operands of one type, an FP32 result, "
+                                       "and offset tables of matching sizes");
+  }
+  if (pass_size < 1 || k < 1) {
+    return ffi::Error::InvalidArgument("PassMatmul: a pass size and K of at least 1");
+  }
+  const Offsets lhs_at{lhs_batch.typed_data(), lhs_row.typed_data(), nullptr},
+      rhs_at{rhs_batch.typed_data(), rhs_k.typed_data(), rhs_col.typed_data()},
+      out_at{out_batch.typed_data(), out_row.typed_data(), out_col.typed_data()};
+  float* o = static_cast<float*>(out->untyped_data());
+  if (lhs.element_type() == ffi::BF16) {
+    const Problem<uint16_t> p{static_cast<const uint16_t*>(lhs.untyped_data()),
+                              static_cast<const uint16_t*>(rhs.untyped_data()), o, batch, m, k,
+                              n, pass_size, lhs_at, rhs_at, out_at};
+    const int64_t passes = (k + pass_size - 1) / pass_size;
+    Run(pool, p, (k + passes) * kTileCols /* with room for odd passes' pads */, PackBf16,
+        [&](int64_t rows, const uint16_t* const* a, const uint16_t* panel, float* const* out_rows,
+            const TileCols& cols) {
+#define CALL(R) TileBf16<R>(a, panel, k, pass_size, out_rows, cols)
+          DISPATCH_ROWS(CALL)
+#undef CALL
+        });
+  } else if (lhs.element_type() == ffi::F32) {
+    const Problem<float> p{static_cast<const float*>(lhs.untyped_data()),
+                           static_cast<const float*>(rhs.untyped_data()), o, batch, m, k, n,
+                           pass_size, lhs_at, rhs_at, out_at};
+    Run(pool, p, k * kTileCols, PackF32,
+        [&](int64_t rows, const float* const* a, const float* panel, float* const* out_rows,
+            const TileCols& cols) {
+#define CALL(R) TileF32<R>(a, panel, k, pass_size, out_rows, cols)
+          DISPATCH_ROWS(CALL)
+#undef CALL
+        });
+  } else {
+    return ffi::Error::InvalidArgument("PassMatmul: BF16 or FP32 operands");
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PassMatmul, PassMatmulImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // lhs
+                                  .Arg<ffi::AnyBuffer>()  // rhs
+                                  .Arg<Table>()           // lhs batch offsets
+                                  .Arg<Table>()           // lhs row offsets
+                                  .Arg<Table>()           // rhs batch offsets
+                                  .Arg<Table>()           // rhs contraction offsets
+                                  .Arg<Table>()           // rhs column offsets
+                                  .Arg<Table>()           // result batch offsets
+                                  .Arg<Table>()           // result row offsets
+                                  .Arg<Table>()           // result column offsets
+                                  .Ret<ffi::AnyBuffer>()  // FP32
+                                  .Attr<int64_t>("pass_size"));
+
+// Whether this CPU runs PassMatmul (AVX-512 with BF16 dot products).
+extern "C" int Available() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512bf16");
+}

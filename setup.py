@@ -1,0 +1,27 @@
+"""The compiled parts of jax-trn2, built at install time with the system's compilers:
+the PJRT plugin's C entry point and the native matmul pass loop (an XLA FFI handler, built
+against the FFI headers jaxlib ships). Everything else is in pyproject.toml."""
+
+import importlib.util
+import os
+
+from setuptools import Extension, setup
+
+
+def jaxlib_include() -> str:
+    """jaxlib's C++ headers (xla/ffi/api), found without importing jaxlib."""
+    spec = importlib.util.find_spec("jaxlib")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("building jax-trn2 needs jaxlib (pyproject.toml's build requirements)")
+    return os.path.join(spec.submodule_search_locations[0], "include")
+
+
+setup(ext_modules=[
+    # GetPjrtApi, which hands jaxlib the table jax_trn2.plugin fills; no Python headers
+    Extension("jax_trn2.plugin._shim", sources=["jax_trn2/plugin/_shim.c"],
+              libraries=["m"]),  # fegetenv/fesetenv
+    # the matmul pass loop (mesh/isa/kernels/native.py loads it)
+    Extension("mesh.isa.kernels._pass_matmul", sources=["mesh/isa/kernels/pass_matmul.cc"],
+              include_dirs=[jaxlib_include()], extra_compile_args=["-O3", "-std=c++17"],
+              language="c++"),
+])

@@ -1,0 +1,106 @@
+"""The native pass loop (mesh.isa.kernels.native) against the reference arithmetic of the
+Tensor Engine's passes, written out in NumPy: each pass summed from +0.0 in FP32, passes
+added in order into an FP32 accumulator."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lowering.host import host_devices
+from mesh.isa.kernels import native
+
+needs_native = pytest.mark.skipif(not native.runs(jnp.bfloat16),
+                                  reason="the native loop needs AVX-512 BF16 and its library")
+
+
+def reference_bf16(a: np.ndarray, b: np.ndarray, size: int) -> np.ndarray:
+    """[M,K] x [K,N] of BF16 values: a pass is a chain of the host's BF16 dot instruction
+    (VDPBF16PS) from +0.0 over pairs of contraction elements, which adds the pair's odd
+    product, then its even one, each rounded to FP32 (products of BF16 values are exact);
+    a pass of odd length ends with its last element paired with zero."""
+    products = a.astype(np.float32)[:, :, None] * b.astype(np.float32)[None, :, :]
+    acc = None
+    for k0 in range(0, a.shape[1], size):
+        part = products[:, k0:k0 + size]
+        sums = np.zeros((a.shape[0], b.shape[1]), np.float32)
+        for j in range(0, part.shape[1], 2):
+            sums = sums + (part[:, j + 1] if j + 1 < part.shape[1] else np.float32(0))
+            sums = sums + part[:, j]
+        acc = sums if acc is None else acc + sums
+    return acc
+
+
+def tables(shape, batch, rows, cols=None):
+    """Offset tables of an array of `shape`: its batch dims, row dims, column dims."""
+    return [native.offsets(shape, dims) for dims in (batch, rows, cols) if dims is not None]
+
+
+def run(lhs, rhs, size, lhs_at, rhs_at, out_at, out_shape):
+    device = host_devices(1)[0]
+    fn = jax.jit(lambda l, r: native.pass_matmul(l, r, size, lhs_at, rhs_at, out_at, out_shape))
+    return np.asarray(fn(jax.device_put(lhs, device), jax.device_put(rhs, device)))
+
+
+@needs_native
+@pytest.mark.parametrize("m,k,n,size", [(5, 300, 7, 128), (9, 257, 33, 128), (1, 129, 1, 128),
+                                        (17, 1000, 70, 128), (3, 45, 40, 9)])
+def test_bf16_is_the_reference_arithmetic(rng, m, k, n, size):
+    a = rng.standard_normal((m, k)).astype(jnp.bfloat16)
+    b = rng.standard_normal((k, n)).astype(jnp.bfloat16)
+    got = run(a[None], b[None], size, tables((1, m, k), [0], [1]),
+              tables((1, k, n), [0], [1], [2]), tables((1, m, n), [0], [1], [2]), (1, m, n))
+    np.testing.assert_array_equal(got[0].view(np.uint32),
+                                  reference_bf16(a, b, size).view(np.uint32))
+
+
+@needs_native
+def test_fp32_sums_each_pass_in_contraction_order():
+    """Pass 1: 2^24 then 127 ones, each one lost to rounding (2^24 + 1 rounds to 2^24);
+    pass 2: 128 ones, summed exactly from zero, then added: 2^24 + 128. One chain over all
+    256 would lose every one (2^24); a pass summed in another order would keep some."""
+    a = np.ones((1, 1, 256), np.float32)
+    a[0, 0, 0] = 2.0 ** 24
+    b = np.ones((1, 256, 1), np.float32)
+    got = run(a, b, 128, tables(a.shape, [0], [1]), tables(b.shape, [0], [1], [2]),
+              tables((1, 1, 1), [0], [1], [2]), (1, 1, 1))
+    assert got.item() == 2.0 ** 24 + 128
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_an_element_depends_only_on_its_row_and_column(rng, dtype):
+    """As a column of the PE array sums its own products: the same row and column give the
+    same bits within any shape of product."""
+    a = rng.standard_normal((1, 40, 640)).astype(dtype)
+    b = rng.standard_normal((1, 640, 100)).astype(dtype)
+
+    def product(m, n):
+        lhs, rhs = np.ascontiguousarray(a[:, :m]), np.ascontiguousarray(b[:, :, :n])
+        return run(lhs, rhs, 128, tables(lhs.shape, [0], [1]), tables(rhs.shape, [0], [1], [2]),
+                   tables((1, m, n), [0], [1], [2]), (1, m, n))
+
+    whole = product(40, 100)
+    for m, n in [(1, 1), (7, 9), (40, 33), (8, 100)]:
+        np.testing.assert_array_equal(product(m, n), whole[:, :m, :n])
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("batch", [1, 3, 16])  # threads share one element; take whole ones
+def test_layouts_give_the_same_sums(rng, dtype, batch):
+    """Operands and result read and written where they are (rhs [B,N,K], the result
+    [N,B,M]) give the bits of contiguous [B,M,K] x [B,K,N] -> [B,M,N], and the float64
+    product to FP32 accuracy."""
+    m, k, n = 20, 384, 45
+    a = rng.standard_normal((batch, m, k)).astype(dtype)
+    b = rng.standard_normal((batch, k, n)).astype(dtype)
+    plain = run(a, b, 128, tables(a.shape, [0], [1]), tables(b.shape, [0], [1], [2]),
+                tables((batch, m, n), [0], [1], [2]), (batch, m, n))
+    b_nk = np.ascontiguousarray(b.transpose(0, 2, 1))
+    moved = run(a, b_nk, 128, tables(a.shape, [0], [1]), tables(b_nk.shape, [0], [2], [1]),
+                tables((n, batch, m), [1], [2], [0]), (n, batch, m))
+    np.testing.assert_array_equal(moved.transpose(1, 2, 0).view(np.uint32),
+                                  plain.view(np.uint32))
+    exact = np.einsum("bmk,bkn->bmn", a.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(plain, exact, rtol=0, atol=1e-4 * np.abs(exact).max())
