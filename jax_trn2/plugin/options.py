@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping
 from mesh.machine import Topology, get_topology
 from mesh.numerics import NEAREST, Rounding
 
-DEFAULT_TOPOLOGY = "trn2-ultra"
+DEFAULT_TOPOLOGY = "trn2-ultra"  # the plugin client's machine, and make_mesh's
 PREFIX = "trn2_"
 _ENV = {"topology": "JAX_TRN2_TOPOLOGY", "failed_links": "JAX_TRN2_FAILED_LINKS",
         "failed_chips": "JAX_TRN2_FAILED_CHIPS", "rounding": "JAX_TRN2_ROUNDING",
