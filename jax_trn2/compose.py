@@ -22,7 +22,6 @@ a call primitive); the rules registered here are the ones `core.call_p` has.
 
 from __future__ import annotations
 
-import contextlib
 from functools import partial
 from typing import Any, Callable
 
@@ -100,22 +99,9 @@ def _run_on_mesh(fun: lu.WrappedFun, *args, name: str, options: ProgramOptions):
     flat.__name__ = name
     # Under `jax.vmap` with an `axis_name` the call is evaluated inside the vmap's axis
     # environment: the function is traced in it (its collectives over the vmapped axis
-    # name it), and the program, which names no outer axis, runs as at the top level
-    # (the simulator's own computations set a mesh, which jax allows only there).
-    lowered = Jitted(flat, options=options).lower(*args)
-    with _top_level_axis_env():
-        return lowered.compile()(*args)
-
-
-@contextlib.contextmanager
-def _top_level_axis_env():
-    """No axis names bound, as outside every transformation."""
-    outer = core.trace_ctx.axis_env
-    core.trace_ctx.set_axis_env(core.top_axis_env)
-    try:
-        yield
-    finally:
-        core.trace_ctx.set_axis_env(outer)
+    # name it), and the program, which names no outer axis, runs as every program does,
+    # at jax's top level (jax_trn2.executable._executor_context).
+    return Jitted(flat, options=options).lower(*args).compile()(*args)
 
 
 def _lower_inline(ctx, *args, call_jaxpr, name, options):

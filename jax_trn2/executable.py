@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+from jax._src import core
 from jax.sharding import SingleDeviceSharding
 
 import lowering
@@ -73,14 +74,32 @@ _BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=1,
 
 @contextlib.contextmanager
 def _executor_context():
-    """Where the simulation's own computations are compiled and run: with 64-bit types (a
-    module's 64-bit values keep their type), and on the executor's devices rather than
-    over a mesh the caller set with jax.set_mesh (under which jax would compile and run
-    them replicated on every device of that mesh, each doing all the work), and compiled
-    even under jax.disable_jit (which is for stepping through the user's Python; the
-    simulator's computations are not the user's and run only compiled)."""
-    with jax.set_mesh(None), jax.enable_x64(True), jax.disable_jit(False):
+    """Where the simulation's own computations are compiled and run: at jax's top level,
+    with 64-bit types (a module's 64-bit values keep their type), and on the executor's
+    devices rather than over a mesh the caller set with jax.set_mesh (under which jax
+    would compile and run them replicated on every device of that mesh, each doing all the
+    work), and compiled even under jax.disable_jit (which is for stepping through the
+    user's Python; the simulator's computations are not the user's and run only
+    compiled)."""
+    with _top_level(), jax.set_mesh(None), jax.enable_x64(True), jax.disable_jit(False):
         yield
+
+
+@contextlib.contextmanager
+def _top_level():
+    """jax's trace state as outside every transformation. A program runs while the caller
+    may be inside one: jax runs a shard_map not under jit op by op, each op a program for
+    the plugin, inside the shard_map's trace and axis names; a jax_trn2.jit function under
+    `jax.vmap(..., axis_name=...)` runs in the vmap's axis names. The simulator's own
+    computations belong to neither (and jax.set_mesh is refused inside them). jax has no
+    public API for this (jax._src.core)."""
+    outer = core.trace_ctx.axis_env
+    core.trace_ctx.set_axis_env(core.top_axis_env)
+    try:
+        with core.take_current_trace():
+            yield
+    finally:
+        core.trace_ctx.set_axis_env(outer)
 
 
 def _placement(topology: Topology, mesh: isa.MeshSpec,

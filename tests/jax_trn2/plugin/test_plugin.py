@@ -83,6 +83,26 @@ def test_scalar_results_read_back(mesh, devices):
     assert float(jax.device_put(np.float32(3.0), devices[1])) == 3.0
 
 
+def test_shard_map_without_jit_and_its_gradient(rng):
+    """jax runs a shard_map that is not under jit op by op, each op a program for the
+    plugin compiled and run inside the shard_map's trace (and under jax.grad, its JVP's):
+    the simulator's own computations run at jax's top level all the same."""
+    def body(x, w):
+        return jax.lax.psum(jnp.sum(jnp.tanh(x @ w)), ("data", "model"))
+
+    def program(mesh):
+        return jax.shard_map(body, mesh=mesh, in_specs=(P("data", "model"), P("model", None)),
+                             out_specs=P())
+
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    ours, cpu = program(trn2_mesh((2, 4), ("data", "model"))), program(
+        cpu_mesh((2, 4), ("data", "model")))
+    np.testing.assert_allclose(np.asarray(ours(x, w)), cpu(x, w), rtol=2 ** -14)
+    np.testing.assert_allclose(np.asarray(jax.grad(ours, argnums=1)(x, w)),
+                               jax.grad(cpu, argnums=1)(x, w), rtol=2 ** -14, atol=1e-6)
+
+
 def test_resharding_and_device_to_device(mesh, devices):
     x = np.arange(64 * 8, dtype=np.int32).reshape(64, 8)
     a = jax.device_put(x, NamedSharding(mesh, P("a", "b")))
