@@ -44,12 +44,9 @@ class Client:
         first devices)."""
         chips = None if device_assignment is None else \
             [d.id if isinstance(d, Device) else d for d in device_assignment]
-        executable = LoadedExecutable.from_stablehlo(
+        return LoadedExecutable.from_stablehlo(
             self.topology, program, rounding=numerics.Rounding(rounding, seed),
-            executor_devices=executor_devices, device_assignment=chips)
-        if check_memory:
-            executable.check_memory()
-        return executable.load()
+            executor_devices=executor_devices, device_assignment=chips).load(check_memory)
 
     def buffer_from_pyval(self, array: Any, device: Device | None = None) -> Buffer:
         """Put a host array on a chip (the first one by default)."""

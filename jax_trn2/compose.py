@@ -22,7 +22,6 @@ a call primitive); the rules registered here are the ones `core.call_p` has.
 
 from __future__ import annotations
 
-import contextlib
 from functools import partial
 from typing import Any, Callable
 
@@ -32,7 +31,7 @@ from jax._src import linear_util as lu
 from jax._src.interpreters import ad, mlir
 from jax._src.interpreters import partial_eval as pe
 
-from mesh import numerics
+from jax_trn2.plugin.options import ProgramOptions
 
 
 class Trn2CallPrimitive(core.CallPrimitive):
@@ -59,7 +58,7 @@ def is_traced(leaves: list[Any]) -> bool:
 
 
 def call_traced(fun: Callable, static: dict, leaves: list[Any], in_tree,
-                topology: str | None, rounding: numerics.Rounding) -> Any:
+                options: ProgramOptions) -> Any:
     """`fun` on traced flat dynamic arguments `leaves` (static arguments `static`, by
     position or name), as a trn2_call: returns the output pytree."""
     out_tree_store = []
@@ -75,7 +74,7 @@ def call_traced(fun: Callable, static: dict, leaves: list[Any], in_tree,
     debug = api_util.debug_info("jax_trn2.jit", flat_fun, tuple(leaves), {})
     wrapped = lu.wrap_init(flat_fun, debug_info=debug)
     outs = trn2_call_p.bind(*leaves, subfuns=(wrapped,), name=getattr(fun, "__name__", "fun"),
-                            topology=topology, rounding=rounding)
+                            options=options)
     return tree_util.tree_unflatten(out_tree_store[-1], outs)
 
 
@@ -88,8 +87,7 @@ def _with_statics(args: tuple, kwargs: dict, static: dict) -> tuple[tuple, dict]
     return tuple(args), kwargs
 
 
-def _run_on_mesh(fun: lu.WrappedFun, *args, name: str, topology: str | None,
-                 rounding: numerics.Rounding):
+def _run_on_mesh(fun: lu.WrappedFun, *args, name: str, options: ProgramOptions):
     """Evaluate a trn2_call: compile the (possibly transformed) function for the mesh and
     run it. A transformed function records what its transformation needs when traced, so
     each evaluation traces it exactly once (no compilation cache across calls)."""
@@ -101,26 +99,13 @@ def _run_on_mesh(fun: lu.WrappedFun, *args, name: str, topology: str | None,
     flat.__name__ = name
     # Under `jax.vmap` with an `axis_name` the call is evaluated inside the vmap's axis
     # environment: the function is traced in it (its collectives over the vmapped axis
-    # name it), and the program, which names no outer axis, runs as at the top level
-    # (the simulator's own computations set a mesh, which jax allows only there).
-    lowered = Jitted(flat, topology=topology, rounding=rounding).lower(*args)
-    with _top_level_axis_env():
-        return lowered.compile()(*args)
+    # name it), and the program, which names no outer axis, runs as every program does,
+    # at jax's top level (jax_trn2.executable._executor_context).
+    return Jitted(flat, options=options).lower(*args).compile()(*args)
 
 
-@contextlib.contextmanager
-def _top_level_axis_env():
-    """No axis names bound, as outside every transformation."""
-    outer = core.trace_ctx.axis_env
-    core.trace_ctx.set_axis_env(core.top_axis_env)
-    try:
-        yield
-    finally:
-        core.trace_ctx.set_axis_env(outer)
-
-
-def _lower_inline(ctx, *args, call_jaxpr, name, topology, rounding):
-    del topology, rounding  # the enclosing program's machine and rounding apply
+def _lower_inline(ctx, *args, call_jaxpr, name, options):
+    del options  # the enclosing program's machine and rounding apply
     return mlir.core_call_lowering(ctx, *args, name=name, call_jaxpr=call_jaxpr)
 
 

@@ -13,11 +13,13 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+from jax._src import core
 from jax.sharding import SingleDeviceSharding
 
 import lowering
 from jax_trn2.device import Buffer, Device
 from jax_trn2.mesh import PROCESS_GRID_AXES, placement_for, topology_for
+from lowering import partition
 from lowering.host import host_devices
 from lowering.plan import plan_program
 from mesh import dtypes, isa, numerics, sharding
@@ -72,14 +74,48 @@ _BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=1,
 
 @contextlib.contextmanager
 def _executor_context():
-    """Where the simulation's own computations are compiled and run: with 64-bit types (a
-    module's 64-bit values keep their type), and on the executor's devices rather than
-    over a mesh the caller set with jax.set_mesh (under which jax would compile and run
-    them replicated on every device of that mesh, each doing all the work), and compiled
-    even under jax.disable_jit (which is for stepping through the user's Python; the
-    simulator's computations are not the user's and run only compiled)."""
-    with jax.set_mesh(None), jax.enable_x64(True), jax.disable_jit(False):
+    """Where the simulation's own computations are compiled and run: at jax's top level,
+    with 64-bit types (a module's 64-bit values keep their type), and on the executor's
+    devices rather than over a mesh the caller set with jax.set_mesh (under which jax
+    would compile and run them replicated on every device of that mesh, each doing all the
+    work), and compiled even under jax.disable_jit (which is for stepping through the
+    user's Python; the simulator's computations are not the user's and run only
+    compiled)."""
+    with _top_level(), jax.set_mesh(None), jax.enable_x64(True), jax.disable_jit(False):
         yield
+
+
+@contextlib.contextmanager
+def _top_level():
+    """jax's trace state as outside every transformation. A program runs while the caller
+    may be inside one: jax runs a shard_map not under jit op by op, each op a program for
+    the plugin, inside the shard_map's trace and axis names; a jax_trn2.jit function under
+    `jax.vmap(..., axis_name=...)` runs in the vmap's axis names. The simulator's own
+    computations belong to neither (and jax.set_mesh is refused inside them). jax has no
+    public API for this (jax._src.core)."""
+    outer = core.trace_ctx.axis_env
+    core.trace_ctx.set_axis_env(core.top_axis_env)
+    try:
+        with core.take_current_trace():
+            yield
+    finally:
+        core.trace_ctx.set_axis_env(outer)
+
+
+def _placement(topology: Topology, mesh: isa.MeshSpec,
+               device_assignment: Sequence[int] | None) -> Placement | None:
+    """Where each logical device of `mesh` sits: on the chips of `device_assignment`, else
+    where placement_for puts it. A program without a mesh is the same program on any chip
+    (the model runs it as chip 0): its assigned chip need only exist."""
+    if device_assignment is None:
+        return placement_for(topology, mesh.axis_sizes, mesh.axis_names)
+    if mesh.axis_sizes:
+        return place_on(topology, mesh.axis_sizes, mesh.axis_names, device_assignment)
+    outside = [c for c in device_assignment if not 0 <= c < topology.num_chips]
+    if outside:
+        raise ValueError(f"chips {outside} are not chips of '{topology.name}' (chip ids "
+                         f"0..{topology.num_chips - 1}): run the program on one of those")
+    return None
 
 
 class LoadedExecutable:
@@ -101,8 +137,11 @@ class LoadedExecutable:
                  arg_names: Sequence[str] | None = None,
                  rounding: numerics.Rounding = numerics.NEAREST,
                  executor_devices: Sequence[jax.Device] | None = None,
-                 device_assignment: Sequence[int] | None = None):
+                 device_assignment: Sequence[int] | None = None,
+                 module: Any = None):
+        """`module`: the StableHLO module the program was lowered from (for `layouts`)."""
         self.topology = topology
+        self.module = module
         self.rounding = rounding
         self.executor_devices = tuple(executor_devices) if executor_devices else None
         self._split_check = SplitGroupCheck()
@@ -110,11 +149,7 @@ class LoadedExecutable:
         self._workspace_made: concurrent.futures.Future | None = None  # the first one
         self._workspace_lock = threading.Lock()
         self._split_lock = threading.Lock()  # see _checked_run
-        mesh = program.mesh
-        self.placement: Placement | None = \
-            placement_for(topology, mesh.axis_sizes, mesh.axis_names) \
-            if device_assignment is None else \
-            place_on(topology, mesh.axis_sizes, mesh.axis_names, device_assignment)
+        self.placement = _placement(topology, program.mesh, device_assignment)
         # What runs is the planned program: matmuls tiled, collectives mapped on the torus.
         self.program = plan_program(program, topology, self.placement)
         self.arg_names = tuple(arg_names) if arg_names is not None else \
@@ -246,10 +281,15 @@ class LoadedExecutable:
             jax.effects_barrier()  # the checks' host callbacks have all run
             self._split_check.raise_if_split()
 
-    def load(self) -> "LoadedExecutable":
+    def load(self, check_memory: bool = True) -> "LoadedExecutable":
         """Compile the program for the host now (otherwise the first execute does): for
         `execute_sharded` when it takes each device's own arguments (an SPMD module), for
-        `execute` otherwise."""
+        `execute` otherwise. First, unless `check_memory` is False, OutOfHBMError when the
+        program does not fit some chip's HBM (as XLA's compile fails with
+        RESOURCE_EXHAUSTED). What every front door's compile is: jax_trn2.jit's, the
+        client's and the plugin's."""
+        if check_memory:
+            self.check_memory()
         per_device = any(self.program.values[v].varying for v in self.program.inputs)
         _ = self._run if per_device else self._run_global
         return self
@@ -270,7 +310,8 @@ class LoadedExecutable:
         the first chips). `host_callbacks`: the Python functions of the module's host
         callbacks, as jax's lowering keeps them. `module_name`: the file the module text
         came from, where an op without a debug location is (lowering.lower)."""
-        program = lowering.lower(stablehlo, host_callbacks=host_callbacks,
+        module = lowering.parse_module(stablehlo)
+        program = lowering.lower(module, host_callbacks=host_callbacks,
                                  module_name=module_name)
         if not isinstance(topology, Topology):
             topology = topology_for(program.mesh.axis_sizes, program.mesh.axis_names, topology)
@@ -282,7 +323,14 @@ class LoadedExecutable:
                 f"{program.mesh.num_devices} processes, but topology '{topology.name}' has "
                 f"only {topology.num_chips} chips (one process runs on each chip; trn2: 16, "
                 "trn2-ultra: 64, trn2-ultra-max: 256)")
-        return cls(program, topology, arg_names, rounding, executor_devices, device_assignment)
+        return cls(program, topology, arg_names, rounding, executor_devices, device_assignment,
+                   module)
+
+    @cached_property
+    def layouts(self) -> tuple[tuple, tuple]:
+        """How XLA lays the module's arguments and results out over the mesh, as dim_axes per
+        leaf (None: replicated; lowering.partition.layouts): the pieces each device holds."""
+        return partition.layouts(self.module, self.program)
 
     def devices(self) -> list[Device]:
         """The chips the program runs on, in logical device order (row-major over the mesh)."""

@@ -22,6 +22,7 @@ from jax.experimental.layout import Format, Layout
 
 from jax_trn2 import compose
 from jax_trn2.executable import LoadedExecutable
+from jax_trn2.plugin.options import PREFIX, ProgramOptions, program_options
 from jax_trn2.plot import save_plot
 from lowering import partition
 from mesh import isa, numerics
@@ -275,15 +276,21 @@ def _kept_leaves(jax_lowered, module: Any, count: int) -> list[int]:
     return kept
 
 
-def _refuse_compiler_options(options: dict | None, where: str) -> None:
-    if options is not None and not isinstance(options, dict):
-        raise TypeError(f"{where}: compiler_options must be a dict of XLA options, got "
-                        f"{options!r}")
-    if options:
-        raise ValueError(
-            f"{where}: compiler_options {sorted(options)} are options of XLA's compiler, which "
-            "does not compile the program here (it is lowered to Trainium2 instructions); pass "
-            "rounding/seed/topology to jax_trn2.jit for the simulated machine instead")
+def _program_options(compiler_options: dict | None, topology: str | Topology | None,
+                     rounding: str | None, seed: int | None) -> ProgramOptions:
+    """jax_trn2.jit's options, read as the plugin reads jax.jit's: `compiler_options`
+    (`trn2_*`) and the keywords that say the same, each said one way only."""
+    if compiler_options is not None and not isinstance(compiler_options, dict):
+        raise TypeError(f"jax_trn2.jit: compiler_options must be a dict, got "
+                        f"{compiler_options!r}")
+    given = dict(compiler_options or {})
+    for name, value in (("topology", topology), ("rounding", rounding), ("seed", seed)):
+        if value is not None:
+            if PREFIX + name in given:
+                raise ValueError(f"jax_trn2.jit: {name}= and compiler option "
+                                 f"'{PREFIX}{name}' both given: give one")
+            given[PREFIX + name] = value
+    return program_options(given)
 
 
 def _check_hashable(static: tuple) -> None:
@@ -482,14 +489,15 @@ class Lowered(_StageInfo):
     """A function lowered to StableHLO and then to a Trn2 program."""
 
     def __init__(self, jax_lowered, executable: LoadedExecutable, in_tree, out_tree,
-                 module: Any, out_avals: Sequence[Any], kept: Sequence[int]):
-        """`module`: jax's StableHLO module (how XLA lays arguments and results out is
-        worked out from it on compiling: lowering.partition.layouts); `out_avals`: each
+                 out_avals: Sequence[Any], kept: Sequence[int], check_memory: bool = True):
+        """`executable`: the Trn2 program lowered from jax's StableHLO module; `out_avals`: each
         result leaf's abstract value in jax's trace (its dtype and weak type); `kept`: the
-        argument leaves the module takes (jax.jit drops unused ones, unless keep_unused)."""
+        argument leaves the module takes (jax.jit drops unused ones, unless keep_unused);
+        `check_memory`: whether compile() checks HBM unless told (jax_trn2.jit's
+        trn2_check_memory)."""
         self._jax_stage = jax_lowered
+        self._check_memory = check_memory
         self._kept = tuple(kept)
-        self._module = module
         self._out_avals = tuple(out_avals)
         self._executable = executable
         self.in_tree = in_tree
@@ -523,29 +531,36 @@ class Lowered(_StageInfo):
         return self._executable.memory_analysis(chip)
 
     def compile(self, compiler_options: dict | None = None, *,
-                check_memory: bool = True) -> Compiled:
+                check_memory: bool | None = None) -> Compiled:
         """Compile the Trn2 program's executor for the host (one XLA computation).
 
         Raises jax_trn2.OutOfHBMError when the program needs more HBM on some chip than the
         chip has (as XLA fails with RESOURCE_EXHAUSTED), saying which chips and what fills
-        them; `check_memory=False` compiles it anyway (it still runs on the simulator).
-        `compiler_options` (XLA's) are refused, as by jax_trn2.jit."""
-        _refuse_compiler_options(compiler_options, "Lowered.compile")
-        if check_memory:
-            self._executable.check_memory()
+        them; `check_memory=False` (or compiler option `trn2_check_memory`, as for jax.jit
+        on the plugin) compiles it anyway (it still runs on the simulator). The program's
+        machine and rounding were fixed when it was lowered: `compiler_options` that
+        change them are refused, as are XLA's."""
+        executable = self._executable
+        fixed = ProgramOptions(executable.rounding, self._check_memory, executable.topology)
+        options = program_options(compiler_options or {}, fixed)
+        if (options.rounding, options.topology) != (fixed.rounding, fixed.topology):
+            raise ValueError("Lowered.compile: the program was lowered for its machine and "
+                             "rounding (trn2_topology, trn2_rounding, trn2_seed): give them to "
+                             "jax_trn2.jit instead")
+        executable.load(options.check_memory if check_memory is None else check_memory)
         out_info = tree_util.tree_leaves(self._jax_stage.out_info)
         in_avals = tree_util.tree_leaves(self.in_avals)
         compile_args = _compile_args(self._jax_stage)
-        in_layouts, out_layouts = partition.layouts(self._module, self._executable.program)
+        in_layouts, out_layouts = executable.layouts
         # XLA replicates a result with no elements, whatever its layout said
         out_layouts = [None if 0 in i.shape else layout for i, layout in
                        zip(out_info, out_layouts or (None,) * len(out_info), strict=True)]
         out_shardings = self._shardings(compile_args, [len(i.shape) for i in out_info],
                                         out_layouts,
                                         [getattr(i, "sharding", None) for i in out_info])
-        return Compiled(self._executable.load(), self.in_tree, self.out_tree, self._out_avals,
+        return Compiled(executable, self.in_tree, self.out_tree, self._out_avals,
                         [_in_memory(sharding, kind) for sharding, kind in zip(
-                            out_shardings, partition.result_memory_kinds(self._module),
+                            out_shardings, partition.result_memory_kinds(executable.module),
                             strict=True)],
                         self._jax_stage,
                         self._shardings(compile_args, [a.ndim for a in in_avals],
@@ -642,16 +657,17 @@ class Jitted:
     signature (shapes, dtypes, weak types, pytree structure and static arguments)."""
 
     def __init__(self, fun: Callable, static_argnums: int | Sequence[int] = (),
-                 static_argnames: str | Sequence[str] = (), topology: str | Topology | None = None,
-                 rounding: numerics.Rounding = numerics.NEAREST,
+                 static_argnames: str | Sequence[str] = (),
+                 options: ProgramOptions = ProgramOptions(),
                  executor_devices: Sequence[jax.Device] | None = None, **jit_options):
+        """`options`: the simulated machine's program options (the plugin's, from
+        jax_trn2.jit's keywords and compiler_options); the rest as for jax_trn2.jit."""
         # name and docstring only: the function's own attributes (a jax.pmap function's
         # `lower`, say) must not shadow this object's methods
         functools.update_wrapper(self, fun, updated=())
         self._fun = fun
-        self._topology = topology
+        self.options = options
         self._executor_devices = executor_devices
-        self.rounding = rounding
         try:
             self._params = list(inspect.signature(fun).parameters.values())
         except (TypeError, ValueError):
@@ -661,8 +677,13 @@ class Jitted:
         self._jax_jit = jax.jit(fun, static_argnums=self._static_argnums,
                                 static_argnames=self._static_argnames, **jit_options)
         self._cache = _programs_of(fun, (self._static_argnums, self._static_argnames,
-                                         topology, rounding, executor_devices,
+                                         options, executor_devices,
                                          tuple(sorted(jit_options.items()))))
+
+    @property
+    def rounding(self) -> numerics.Rounding:
+        """How the function's programs round to BF16/FP16/FP8 (mesh.numerics)."""
+        return self.options.rounding
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         """As a method (`@jax_trn2.jit` on a `def f(self, x)`), bound to the instance, as
@@ -719,7 +740,7 @@ class Jitted:
             # the function called is jax.jit's, so that its in/out shardings and their
             # checks hold in the transformed computation too (which XLA then partitions)
             return compose.call_traced(self._jax_jit, dict(static), leaves, tree,
-                                       self._topology, self.rounding)
+                                       self.options)
         # jax.jit's trace context too: the mesh of jax.set_mesh (PartitionSpecs and
         # constraints name its axes), x64, default matmul precision, ...
         key = (self.rounding, static, tree, tuple(jax.typeof(leaf) for leaf in leaves),
@@ -748,11 +769,11 @@ class Jitted:
         names = self._arg_names(dyn_args, dyn_kwargs, len(args))
         kept = _kept_leaves(jax_lowered, module, len(names))
         executable = LoadedExecutable.from_stablehlo(
-            self._topology, module, arg_names=[names[i] for i in kept], rounding=self.rounding,
-            executor_devices=self._executor_devices,
+            self.options.topology, module, arg_names=[names[i] for i in kept],
+            rounding=self.options.rounding, executor_devices=self._executor_devices,
             host_callbacks=_host_callbacks(jax_lowered))
         return Lowered(jax_lowered, executable, jax_lowered.in_tree, jax_lowered.out_tree,
-                       module, traced.jaxpr.out_avals, kept)
+                       traced.jaxpr.out_avals, kept, self.options.check_memory)
 
     def _arg_names(self, dyn_args: tuple, dyn_kwargs: dict, n_args: int) -> list[str]:
         """A name for every flattened dynamic argument: `argument 'w'`, `argument 'p'['b']`."""
@@ -779,14 +800,15 @@ def jit(fun: Callable | None = None, *, in_shardings: Any = UNSPECIFIED,
         donate_argnames: str | Sequence[str] | None = None, keep_unused: bool = False,
         device: jax.Device | None = None, backend: str | None = None, inline: bool = False,
         compiler_options: dict[str, Any] | None = None,
-        topology: str | Topology | None = None, rounding: str = "nearest", seed: int = 0,
-        executor_devices: Sequence[jax.Device] | None = None):
+        topology: str | Topology | None = None, rounding: str | None = None,
+        seed: int | None = None, executor_devices: Sequence[jax.Device] | None = None):
     """Like `jax.jit`, but runs on the simulated Trainium2 mesh.
 
     Pytrees in and out, keyword arguments, static arguments, and a compiled-program cache
-    keyed like jax.jit's. `topology` defaults to the one the mesh was made for by
-    `jax_trn2.make_mesh` (otherwise the preset with as many chips as the mesh has devices;
-    trn2-ultra for a program without a mesh). Usable as `@jit` or `@jit(...)`.
+    keyed like jax.jit's. `topology` (a preset name or a Topology) defaults to the one the
+    mesh was made for by `jax_trn2.make_mesh` (otherwise the preset with as many chips as
+    the mesh has devices; trn2-ultra for a program without a mesh). Usable as `@jit` or
+    `@jit(...)`.
 
     `in_shardings`, `out_shardings`, `donate_argnums` and `donate_argnames` have jax.jit's
     meaning (either donation argument alone also donates the same arguments passed the
@@ -798,27 +820,31 @@ def jit(fun: Callable | None = None, *, in_shardings: Any = UNSPECIFIED,
 
     `rounding` says how results are rounded to BF16/FP16/FP8: "nearest" (round-to-nearest-
     even, the hardware default) or "stochastic" (Trainium2's opt-in stochastic rounding,
-    random bits from `seed`: the same seed reproduces the same results, call after call).
-    See mesh.numerics for the arithmetic model.
+    random bits from `seed`, default 0: the same seed reproduces the same results, call
+    after call). See mesh.numerics for the arithmetic model.
+
+    `compiler_options` are those of jax.jit on the trn2 plugin's devices, read by the same
+    code (jax_trn2.plugin.options): `trn2_topology`, `trn2_rounding` and `trn2_seed` say
+    what the keywords above say (give each one way only), `trn2_check_memory=False`
+    compiles a program that does not fit a chip's HBM; XLA's options raise ValueError (XLA
+    does not compile the program here).
 
     `executor_devices` (e.g. `jax.devices()`: several GPUs, or the devices of several hosts
     joined with jax.distributed) run the one simulation together, its arrays split along
     the mesh axes; results are bit-identical to a run on one device.
 
     jax.jit's other keywords: `keep_unused`, `inline` and `device`/`backend` (deprecated in
-    jax: the device the results are committed to) have jax.jit's meaning; `compiler_options`
-    are options of XLA's compiler, which does not compile the program here, so any raise
-    ValueError.
+    jax: the device the results are committed to) have jax.jit's meaning.
     """
-    _refuse_compiler_options(compiler_options, "jax_trn2.jit")
-    policy = numerics.Rounding(rounding, seed)
+    options = _program_options(compiler_options, topology, rounding, seed)
     jit_options = dict(in_shardings=in_shardings, out_shardings=out_shardings,
                        donate_argnums=donate_argnums, donate_argnames=donate_argnames,
                        keep_unused=keep_unused, inline=inline, device=device, backend=backend)
     if fun is None:
         return functools.partial(jit, static_argnums=static_argnums,
-                                 static_argnames=static_argnames, topology=topology,
+                                 static_argnames=static_argnames,
+                                 compiler_options=compiler_options, topology=topology,
                                  rounding=rounding, seed=seed,
                                  executor_devices=executor_devices, **jit_options)
-    return Jitted(fun, static_argnums, static_argnames, topology, policy, executor_devices,
+    return Jitted(fun, static_argnums, static_argnames, options, executor_devices,
                   **jit_options)

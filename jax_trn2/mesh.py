@@ -9,11 +9,11 @@ from typing import Sequence
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
+from jax_trn2.plugin.options import DEFAULT_TOPOLOGY
 from lowering.host import host_devices
 from mesh.machine import (TOPOLOGY_NAMES, ULTRACLUSTER_PREFIX, Placement, Topology,
                           get_topology, place_first, place_mesh)
 
-DEFAULT_TOPOLOGY = "trn2-ultra"
 # The mesh of an SPMD module's processes (lowering.replica_groups.ProcessGrid).
 PROCESS_GRID_AXES = ("replica", "partition")
 ULTRASERVER_CHIPS = 64

@@ -32,9 +32,7 @@ class Executable:
 
     def __init__(self, client: Any, code: bytes, compile_options: bytes):
         from jax_trn2.executable import LoadedExecutable  # the simulator: loaded when used
-        from lowering import lower, partition
-        from lowering.mlir import parse_module
-        from mesh import numerics
+        from lowering import partition
 
         self.client = client
         self.code, self.compile_options = bytes(code), bytes(compile_options)
@@ -45,42 +43,28 @@ class Executable:
             if build.device_assignment is not None else \
             [[r * self.num_partitions + p for p in range(self.num_partitions)]
              for r in range(self.num_replicas)]
-        self.options = options.program_options(list(parsed.env_option_overrides),
-                                               client.options)
+        self.options = options.program_options(
+            list(parsed.env_option_overrides),
+            options.ProgramOptions(client.options.rounding, topology=client.options.topology))
         self.devices: list[Device] = [client.device(d) for row in self.assignment for d in row]
-        module = parse_module(self.code)
-        program = lower(module, host_callbacks=lowerings.CALLBACKS)
-        mesh = program.mesh
-        if mesh.axis_sizes and mesh.num_devices != len(self.devices):
-            raise ValueError(f"the program's mesh {dict(zip(mesh.axis_names, mesh.axis_sizes))}"
-                             f" has {mesh.num_devices} devices, but it was compiled for "
-                             f"{len(self.devices)} (num_replicas x num_partitions)")
-        topology = self.options.topology
-        outside = [d.id for d in self.devices if d.id >= topology.num_chips]
-        if outside:
-            raise ValueError(f"devices {outside} are not chips of trn2_topology "
-                             f"{topology.name!r} ({topology.num_chips} chips): run the program "
-                             f"on devices 0..{topology.num_chips - 1}")
-        self.loaded = LoadedExecutable(
-            program, topology, rounding=numerics.Rounding(self.options.rounding,
-                                                          self.options.seed),
-            device_assignment=[d.id for d in self.devices] if mesh.axis_sizes else None)
-        if self.options.check_memory:
-            self.loaded.check_memory()
-        self.loaded.load()  # the executor compiles here, on jaxlib's compile thread
-        self.in_layouts, self.out_layouts = partition.layouts(module, program)
+        # the executor compiles here, on jaxlib's compile thread
+        self.loaded = LoadedExecutable.from_stablehlo(
+            self.options.topology, self.code, rounding=self.options.rounding,
+            device_assignment=[d.id for d in self.devices],
+            host_callbacks=lowerings.CALLBACKS).load(self.options.check_memory)
+        self.in_layouts, self.out_layouts = self.loaded.layouts
+        module = self.loaded.module
         main = partition.main_function(module).regions[0].blocks[0]
         self.arg_slots = _slots(main.arguments)
         self.result_slots = _slots(main.operations[-1].operands)
         kinds = partition.result_memory_kinds(module)
         self.out_memory_kinds = ["device" if i is None else kinds[i] or "device"
                                  for i in self.result_slots]
-        donated = {position for position, _ in program.donated_inputs}
+        donated = {position for position, _ in self.loaded.program.donated_inputs}
         self.donated = [k for k, i in enumerate(self.arg_slots) if i in donated]
         self.name = _module_name(module)
         self.fingerprint = hashlib.sha256(self.code + self.compile_options).hexdigest()
         self._optimized: bytes | None = None
-        self._module = module  # for the optimized program, made when jaxlib asks
         self.owned = abi.Owned()
         self.deleted = False
         _LIVE[self.fingerprint] = self
@@ -170,7 +154,7 @@ class Executable:
         and results over the devices (jax reads the output shardings from it)."""
         if self._optimized is None:
             from jax_trn2.plugin.signature import signature_module
-            self._optimized = signature_module(self, self._module)
+            self._optimized = signature_module(self, self.loaded.module)
         return self._optimized
 
     def cost_analysis(self) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The simulated machine's options: for the client (the topology and its faults, the
-default rounding), and per program (rounding, seed, memory check, a topology with faults).
+default rounding), and per program (rounding, seed, memory check, topology), the same for
+plain jax.jit on the plugin's devices and for jax_trn2.jit.
 
 Client options come from `jax.config.update("jax_pjrt_client_create_options",
 "topology:trn2;failed_chips:5")` (or a dict), which jax passes to PJRT_Client_Create, or
@@ -12,64 +13,35 @@ else from the environment:
     JAX_TRN2_ROUNDING      "nearest" (default) or "stochastic"
     JAX_TRN2_SEED          the stochastic rounding seed (default 0)
 
-Program options are jax.jit's `compiler_options` with a `trn2_` prefix (jax passes them
-to PJRT_Client_Compile): `trn2_rounding`, `trn2_seed`, `trn2_check_memory`,
-`trn2_topology` (a preset name, or the key of a Topology jax_trn2.jit registered with
-`topology_key`: a Topology object with its own faults or numbers, of as many chips as the
-client has).
+Program options are `compiler_options` with a `trn2_` prefix, of jax.jit (jax passes them
+to PJRT_Client_Compile) and of jax_trn2.jit alike: `trn2_rounding`, `trn2_seed`,
+`trn2_check_memory`, `trn2_topology` (a preset name; jax_trn2.jit also takes a Topology
+object, with its own faults or numbers: jax.jit's options carry only scalars).
 """
 
 from __future__ import annotations
 
-import itertools
 import os
-import threading
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from mesh.machine import Topology, get_topology
+from mesh.numerics import NEAREST, Rounding
 
-DEFAULT_TOPOLOGY = "trn2-ultra"
+DEFAULT_TOPOLOGY = "trn2-ultra"  # the plugin client's machine, and make_mesh's
 PREFIX = "trn2_"
 _ENV = {"topology": "JAX_TRN2_TOPOLOGY", "failed_links": "JAX_TRN2_FAILED_LINKS",
         "failed_chips": "JAX_TRN2_FAILED_CHIPS", "rounding": "JAX_TRN2_ROUNDING",
         "seed": "JAX_TRN2_SEED"}
 _PROGRAM_KEYS = ("rounding", "seed", "check_memory", "topology")
 
-# Topology objects jax_trn2.jit passes by key (compiler options carry only scalars).
-_TOPOLOGIES: dict[str, Topology] = {}
-_TOPOLOGY_KEYS: dict[Topology, str] = {}
-_topology_lock = threading.Lock()
-_counter = itertools.count()
-
-
-def topology_key(topology: Topology) -> str:
-    """A `trn2_topology` compiler option naming `topology` (its preset name if it is one)."""
-    try:
-        if get_topology(topology.name) == topology:
-            return topology.name
-    except ValueError:  # a name of the user's own
-        pass
-    with _topology_lock:
-        key = _TOPOLOGY_KEYS.get(topology)
-        if key is None:
-            key = f"{topology.name}#{next(_counter)}"
-            _TOPOLOGY_KEYS[topology] = key
-            _TOPOLOGIES[key] = topology
-        return key
-
-
-def topology_named(name: str) -> Topology:
-    """The topology of a `trn2_topology` option or a client option: a registered key or a
-    preset name."""
-    return _TOPOLOGIES.get(name) or get_topology(name)
-
 
 @dataclass(frozen=True)
 class ClientOptions:
+    """The plugin client's machine, and the rounding of programs that name none."""
+
     topology: Topology
-    rounding: str = "nearest"
-    seed: int = 0
+    rounding: Rounding = NEAREST
 
 
 def client_options(given: Mapping[str, Any]) -> ClientOptions:
@@ -81,7 +53,7 @@ def client_options(given: Mapping[str, Any]) -> ClientOptions:
         raise ValueError(f"unknown trn2 client option(s) {unknown}; known: {sorted(known)} "
                          "(jax_pjrt_client_create_options, 'key:value;key:value')")
     value = {k: given[k] if k in given else os.environ.get(env) for k, env in _ENV.items()}
-    topology = topology_named(str(value["topology"] or DEFAULT_TOPOLOGY))
+    topology = get_topology(str(value["topology"] or DEFAULT_TOPOLOGY))
     overrides = {}
     if value["failed_links"]:
         links = set()
@@ -97,51 +69,56 @@ def client_options(given: Mapping[str, Any]) -> ClientOptions:
                                               for c in _items(value["failed_chips"]))
     if overrides:
         topology = topology.with_overrides(**overrides)
-    return ClientOptions(topology, rounding_name(value["rounding"] or "nearest"),
-                         _int(value["seed"] or 0, "seed"))
+    return ClientOptions(topology, Rounding(value["rounding"] or NEAREST.mode,
+                                            _int(value["seed"] or 0, "seed")))
 
 
 @dataclass(frozen=True)
 class ProgramOptions:
-    rounding: str
-    seed: int
-    check_memory: bool
-    topology: Topology
+    """How one program is compiled: its rounding, whether compiling checks that it fits
+    each chip's HBM, and its machine (None: jax_trn2.jit's default, the machine its mesh
+    was made for)."""
+
+    rounding: Rounding = NEAREST
+    check_memory: bool = True
+    topology: Topology | None = None
 
 
-def program_options(overrides: list[tuple[str, Any]], client: ClientOptions) -> ProgramOptions:
-    """A program's options from the compile options' env_option_overrides (jax.jit's
-    compiler_options): `trn2_*`, defaulting to the client's. Any other option is XLA's,
-    which does not compile the program here: ValueError naming it."""
-    given = {}
-    for key, value in overrides:
-        if not key.startswith(PREFIX) or key[len(PREFIX):] not in _PROGRAM_KEYS:
+def program_options(given: Mapping[str, Any] | Iterable[tuple[str, Any]],
+                    defaults: ProgramOptions = ProgramOptions()) -> ProgramOptions:
+    """A program's options from compiler options (`trn2_*`, a mapping or the compile
+    options' env_option_overrides), each not given as in `defaults`. Any other option is
+    XLA's, which does not compile the program here: ValueError naming it."""
+    options = {}
+    for key, value in (given.items() if isinstance(given, Mapping) else given):
+        if not isinstance(key, str) or not key.startswith(PREFIX) or \
+                key[len(PREFIX):] not in _PROGRAM_KEYS:
             raise ValueError(
                 f"compiler option {key!r} is not one the trn2 simulator knows (XLA's options "
                 "do not apply: the program is lowered to Trainium2 instructions, not compiled "
                 f"by XLA); known: {[PREFIX + k for k in _PROGRAM_KEYS]}")
-        given[key[len(PREFIX):]] = value
-    topology = topology_named(str(given["topology"])) if "topology" in given \
-        else client.topology
-    return ProgramOptions(rounding_name(given.get("rounding", client.rounding)),
-                          _int(given.get("seed", client.seed), "seed"),
-                          _bool(given.get("check_memory", True)), topology)
-
-
-def rounding_name(value: Any) -> str:
-    if value not in ("nearest", "stochastic"):
-        raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {value!r}")
-    return value
+        options[key[len(PREFIX):]] = value
+    topology = options.get("topology", defaults.topology)
+    if topology is not None and not isinstance(topology, Topology):
+        topology = get_topology(str(topology))
+    rounding = Rounding(options.get("rounding", defaults.rounding.mode),
+                        _int(options.get("seed", defaults.rounding.seed), "trn2_seed"))
+    return ProgramOptions(rounding, _bool(options.get("check_memory", defaults.check_memory)),
+                          topology)
 
 
 def _items(text: Any) -> list[str]:
     return [item.strip() for item in str(text).split(",") if item.strip()]
 
 
-def _int(value: Any, name: str) -> int:
+def _int(value: Any, name: str) -> Any:
+    """An integer spelled as text (an environment variable's, a client option's) as an int;
+    any other value as it is, for the option's own check (a float is no seed)."""
+    if not isinstance(value, str):
+        return value
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except ValueError:
         raise ValueError(f"{name}: expected an integer, got {value!r}") from None
 
 

@@ -325,9 +325,30 @@ def test_jaxs_other_jit_keywords():
         on_2 = jax_trn2.jit(lambda a: a * 2, device=jax.devices()[2])
     got = on_2(x)
     assert got.sharding == jax.sharding.SingleDeviceSharding(jax.devices()[2]) and got.committed
-    with pytest.raises(ValueError, match=r"compiler_options \['xla_cpu_enable_fast_math'\] are "
-                                         "options of XLA's compiler"):
+    with pytest.raises(ValueError, match="compiler option 'xla_cpu_enable_fast_math' is not "
+                                         "one the trn2 simulator knows"):
         jax_trn2.jit(lambda a: a, compiler_options={"xla_cpu_enable_fast_math": True})
+
+
+def test_compiler_options_are_the_plugins():
+    """jax_trn2.jit reads the trn2_* compiler options as the plugin reads jax.jit's: the
+    same program options give the same bits through both front doors, and say what the
+    keywords say (one way at a time)."""
+    x = RNG.standard_normal((64, 64)).astype(np.float32)
+    f = lambda a: (a * 3).astype(jnp.bfloat16)  # noqa: E731  rounded to BF16
+    options = {"trn2_rounding": "stochastic", "trn2_seed": 7}
+    got = np.asarray(jax_trn2.jit(f, compiler_options=options)(x))
+    keywords = np.asarray(jax_trn2.jit(f, rounding="stochastic", seed=7)(x))
+    plain = np.asarray(jax.jit(f, compiler_options=options)(
+        jax.device_put(x, jax.devices("trn2")[0])))
+    nearest = np.asarray(jax_trn2.jit(f)(x))
+    assert got.view(np.uint16).tolist() == keywords.view(np.uint16).tolist() == \
+        plain.view(np.uint16).tolist()
+    assert (got != nearest).any()  # the option was applied
+    with pytest.raises(ValueError, match="rounding= and compiler option 'trn2_rounding' both"):
+        jax_trn2.jit(f, rounding="nearest", compiler_options=options)
+    with pytest.raises(ValueError, match="unknown rounding mode 'up'"):
+        jax_trn2.jit(f, compiler_options={"trn2_rounding": "up"})
 
 
 def test_an_array_donated_and_passed_again_is_refused_as_jax_refuses_it():
@@ -349,8 +370,11 @@ def test_compiled_formats_and_memory_fields_as_jax_jits():
     assert ours.output_formats == theirs.output_formats
     stats = ours.memory_analysis()
     assert stats.host_temp_size_in_bytes == stats.host_argument_size_in_bytes == 0
-    with pytest.raises(ValueError, match="Lowered.compile: compiler_options"):
+    with pytest.raises(ValueError, match="compiler option 'xla_cpu_enable_fast_math'"):
         jax_trn2.jit(f).lower(X, 1.0).compile({"xla_cpu_enable_fast_math": True})
+    with pytest.raises(ValueError, match="Lowered.compile: the program was lowered for its "
+                                         "machine and rounding"):
+        jax_trn2.jit(f).lower(X, 1.0).compile({"trn2_rounding": "stochastic"})
     lowered = jax_trn2.jit(f).lower(X, 1.0)
     assert "loc(" in lowered.as_text("stablehlo", debug_info=True)
 

@@ -117,6 +117,10 @@ def test_out_of_hbm_names_chips_sizes_and_source_lines():
     assert error.value.chips == (0,) and error.value.stats.peak_memory_in_bytes > 96 * GIB
     compiled = lowered.compile(check_memory=False)  # told not to check: it compiles
     assert compiled.memory_analysis().peak_memory_in_bytes == stats.peak_memory_in_bytes
+    # told so as jax.jit on the plugin is told: by compile, or by the jit's compiler options
+    lowered.compile({"trn2_check_memory": False})
+    unchecked = jax_trn2.jit(too_big, compiler_options={"trn2_check_memory": False})
+    unchecked.lower(jax.ShapeDtypeStruct((), jnp.float32)).compile()
 
 
 def test_calling_a_program_that_does_not_fit_raises():

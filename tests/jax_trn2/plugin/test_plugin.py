@@ -9,7 +9,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import jax_trn2
 from jax_trn2.plugin import table
 from mesh.executor import EXACT_PRECISION
-from tests.e2e.e2e_reference import cpu_mesh
+from tests.e2e.e2e_reference import cpu_mesh, trn2_mesh
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +83,26 @@ def test_scalar_results_read_back(mesh, devices):
     assert float(jax.device_put(np.float32(3.0), devices[1])) == 3.0
 
 
+def test_shard_map_without_jit_and_its_gradient(rng):
+    """jax runs a shard_map that is not under jit op by op, each op a program for the
+    plugin compiled and run inside the shard_map's trace (and under jax.grad, its JVP's):
+    the simulator's own computations run at jax's top level all the same."""
+    def body(x, w):
+        return jax.lax.psum(jnp.sum(jnp.tanh(x @ w)), ("data", "model"))
+
+    def program(mesh):
+        return jax.shard_map(body, mesh=mesh, in_specs=(P("data", "model"), P("model", None)),
+                             out_specs=P())
+
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    ours, cpu = program(trn2_mesh((2, 4), ("data", "model"))), program(
+        cpu_mesh((2, 4), ("data", "model")))
+    np.testing.assert_allclose(np.asarray(ours(x, w)), cpu(x, w), rtol=2 ** -14)
+    np.testing.assert_allclose(np.asarray(jax.grad(ours, argnums=1)(x, w)),
+                               jax.grad(cpu, argnums=1)(x, w), rtol=2 ** -14, atol=1e-6)
+
+
 def test_resharding_and_device_to_device(mesh, devices):
     x = np.arange(64 * 8, dtype=np.int32).reshape(64, 8)
     a = jax.device_put(x, NamedSharding(mesh, P("a", "b")))
@@ -109,6 +129,30 @@ def test_cost_and_memory_analysis_are_the_estimates(mesh):
     memory = compiled.memory_analysis()
     assert memory.argument_size_in_bytes == 8 * 2 * 4  # each chip's piece of x
     assert "Trn2" in jax_trn2.listing(compiled) or "DMA" in jax_trn2.listing(compiled)
+
+
+def test_both_front_doors_compile_through_one_core():
+    """jax_trn2.jit and plain jax.jit on the plugin's devices lower, plan and estimate a
+    program with the same code: the same estimate (PJRT carries the plugin's figures as
+    32-bit floats) and the same HBM figures."""
+    def body(a):
+        return jax.lax.psum(jnp.tanh(a) @ a.T, "b")
+
+    x = np.ones((64, 16), np.float32)
+    ours = jax_trn2.jit(jax.shard_map(body, mesh=jax_trn2.make_mesh((8, 8), ("a", "b")),
+                                      in_specs=P("a", "b"), out_specs=P("a")))
+    ours = ours.lower(x).compile()
+    mesh = trn2_mesh((8, 8), ("a", "b"))
+    plain = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("a", "b"), out_specs=P("a")))
+    plain = plain.lower(jax.device_put(x, NamedSharding(mesh, P("a", "b")))).compile()
+    cost, plain_cost = ours.cost_analysis(), plain.cost_analysis()
+    for key in ("step_seconds", "ideal_step_seconds", "communication_seconds", "mfu"):
+        assert np.float32(cost["trn2"][key]) == np.float32(plain_cost[f"trn2.{key}"]), key
+    assert cost["trn2"]["step_seconds"] > 1e-4  # the psum's expected runtime cost is in it
+    memory, plain_memory = ours.memory_analysis(), plain.memory_analysis()
+    for field in ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
+                  "peak_memory_in_bytes"):
+        assert getattr(memory, field) == getattr(plain_memory, field), field
 
 
 def test_host_callbacks_and_linalg(devices, capfd):
