@@ -30,7 +30,7 @@ from jaxlib.mlir import ir, passmanager
 from jaxlib.mlir.dialects import func, sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 
-from lowering import hlo_sharding, mlir, replica_groups, xla_log
+from lowering import hlo_sharding, mlir, protobuf, replica_groups, xla_log
 from lowering.errors import LoweringError
 from lowering.host import host_client
 from mesh import isa
@@ -376,33 +376,10 @@ def _set_replica_groups(module: ir.Module, groups: dict[int, np.ndarray]) -> Non
 
 def _hlo_module_proto(hlo_proto: bytes) -> bytes:
     """Field 1 (`hlo_module`, an HloModuleProto) of a serialized HloProto."""
-    pos = 0
-    while pos < len(hlo_proto):
-        key, pos = _varint(hlo_proto, pos)
-        field, wire_type = key >> 3, key & 7
-        if wire_type == 2:
-            length, pos = _varint(hlo_proto, pos)
-            if field == 1:
-                return hlo_proto[pos:pos + length]
-            pos += length
-        elif wire_type == 0:
-            _, pos = _varint(hlo_proto, pos)
-        elif wire_type in (1, 5):
-            pos += 8 if wire_type == 1 else 4
-        else:
-            break
+    for number, value in protobuf.fields(hlo_proto):
+        if number == 1:
+            return value
     raise LoweringError("XLA's partitioned-module dump holds no HloModuleProto")
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    value, shift = 0, 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
 
 
 def _sdy_mesh_devices(module: ir.Module) -> int:

@@ -20,6 +20,7 @@ from jax._src.lib import xla_client
 
 from jax_trn2.plugin import abi, lowerings, options, proto
 from jax_trn2.plugin.handles import Buffer, Device, Memory, Whole
+from lowering import protobuf
 from mesh import sharding
 
 _SERIALIZED_MAGIC = b"jax-trn2 executable 1\n"
@@ -168,8 +169,8 @@ class Executable:
     def serialize(self) -> bytes:
         """The program and its compile options (a deserialized executable is compiled again
         from them: the simulator's compile is its lowering)."""
-        return _SERIALIZED_MAGIC + proto.field_bytes(1, self.code) + \
-            proto.field_bytes(2, self.compile_options)
+        return _SERIALIZED_MAGIC + protobuf.field_bytes(1, self.code) + \
+            protobuf.field_bytes(2, self.compile_options)
 
 
 def of(compiled: Any) -> Executable:
@@ -203,7 +204,7 @@ class View:
 def deserialize(client: Any, data: bytes, compile_options: bytes | None) -> Executable:
     if not data.startswith(_SERIALIZED_MAGIC):
         raise ValueError("not an executable serialized by the jax-trn2 plugin")
-    parts = dict(proto.fields(data[len(_SERIALIZED_MAGIC):]))
+    parts = dict(protobuf.fields(data[len(_SERIALIZED_MAGIC):]))
     return Executable(client, parts[1], compile_options or parts[2])
 
 

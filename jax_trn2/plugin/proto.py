@@ -2,15 +2,15 @@
 
 jaxlib ships no Python classes for XLA's protos; the plugin needs only a device assignment
 (read from and written to `DeviceAssignmentProto`) and the wrapper `HloModuleProtoWithConfig`
-around an HloModuleProto, so a field reader and writer are enough. Field numbers are
-XLA's (xla/xla_data.proto, xla/service/hlo.proto, xla/xla.proto).
+around an HloModuleProto, so a field reader and writer (lowering.protobuf) are enough. Field
+numbers are XLA's (xla/xla_data.proto, xla/service/hlo.proto, xla/xla.proto).
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Sequence
 
-_VARINT, _FIXED64, _BYTES, _FIXED32 = 0, 1, 2, 5
+from lowering.protobuf import field_bytes, field_varint, fields, read_varint
 
 # DeviceAssignmentProto
 _REPLICA_COUNT, _COMPUTATION_COUNT, _COMPUTATION_DEVICES = 1, 2, 3
@@ -25,65 +25,13 @@ _SPMD_OUTPUT_SHARDING, _SPMD_PARAMETERS_SHARDINGS = 12, 14
 _SHARDING_TYPE, _TUPLE_SHARDINGS, _TUPLE = 1, 5, 2
 
 
-def varint(value: int) -> bytes:
-    out = bytearray()
-    value &= (1 << 64) - 1  # negative int64s as two's complement, as protobuf writes them
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    value, shift = 0, 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
-def fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
-    """(field number, value) of each field of a message: an int for varints and fixed-width
-    fields, the bytes of a length-delimited one."""
-    pos = 0
-    while pos < len(data):
-        key, pos = _read_varint(data, pos)
-        number, wire_type = key >> 3, key & 7
-        if wire_type == _VARINT:
-            value, pos = _read_varint(data, pos)
-        elif wire_type == _BYTES:
-            length, pos = _read_varint(data, pos)
-            value, pos = data[pos:pos + length], pos + length
-        elif wire_type in (_FIXED64, _FIXED32):
-            width = 8 if wire_type == _FIXED64 else 4
-            value, pos = int.from_bytes(data[pos:pos + width], "little"), pos + width
-        else:
-            raise ValueError(f"protobuf wire type {wire_type} (groups) in field {number}")
-        yield number, value
-
-
-def field_bytes(number: int, payload: bytes) -> bytes:
-    return varint(number << 3 | _BYTES) + varint(len(payload)) + payload
-
-
-def field_varint(number: int, value: int) -> bytes:
-    return varint(number << 3 | _VARINT) + varint(value)
-
-
 def _ints(value: int | bytes) -> list[int]:
     """A repeated integer field's value: one varint, or a packed run of them."""
     if isinstance(value, int):
         return [value]
     out, pos = [], 0
     while pos < len(value):
-        item, pos = _read_varint(value, pos)
+        item, pos = read_varint(value, pos)
         out.append(item)
     return out
 
