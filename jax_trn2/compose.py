@@ -23,7 +23,7 @@ a call primitive); the rules registered here are the ones `core.call_p` has.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from jax import tree_util
 from jax._src import api_util, core, dtypes
@@ -58,9 +58,10 @@ def is_traced(leaves: list[Any]) -> bool:
 
 
 def call_traced(fun: Callable, static: dict, leaves: list[Any], in_tree,
-                options: ProgramOptions) -> Any:
+                options: ProgramOptions, executor_devices: Sequence[Any] | None) -> Any:
     """`fun` on traced flat dynamic arguments `leaves` (static arguments `static`, by
-    position or name), as a trn2_call: returns the output pytree."""
+    position or name), as a trn2_call: returns the output pytree. The call is evaluated
+    with `options` on `executor_devices`, as the untransformed function would be."""
     out_tree_store = []
 
     def flat_fun(*flat_args):
@@ -74,7 +75,9 @@ def call_traced(fun: Callable, static: dict, leaves: list[Any], in_tree,
     debug = api_util.debug_info("jax_trn2.jit", flat_fun, tuple(leaves), {})
     wrapped = lu.wrap_init(flat_fun, debug_info=debug)
     outs = trn2_call_p.bind(*leaves, subfuns=(wrapped,), name=getattr(fun, "__name__", "fun"),
-                            options=options)
+                            options=options,
+                            executor_devices=None if executor_devices is None
+                            else tuple(executor_devices))
     return tree_util.tree_unflatten(out_tree_store[-1], outs)
 
 
@@ -87,7 +90,8 @@ def _with_statics(args: tuple, kwargs: dict, static: dict) -> tuple[tuple, dict]
     return tuple(args), kwargs
 
 
-def _run_on_mesh(fun: lu.WrappedFun, *args, name: str, options: ProgramOptions):
+def _run_on_mesh(fun: lu.WrappedFun, *args, name: str, options: ProgramOptions,
+                 executor_devices: tuple[Any, ...] | None):
     """Evaluate a trn2_call: compile the (possibly transformed) function for the mesh and
     run it. A transformed function records what its transformation needs when traced, so
     each evaluation traces it exactly once (no compilation cache across calls)."""
@@ -101,11 +105,12 @@ def _run_on_mesh(fun: lu.WrappedFun, *args, name: str, options: ProgramOptions):
     # environment: the function is traced in it (its collectives over the vmapped axis
     # name it), and the program, which names no outer axis, runs as every program does,
     # at jax's top level (jax_trn2.executable._executor_context).
-    return Jitted(flat, options=options).lower(*args).compile()(*args)
+    return Jitted(flat, options=options,
+                  executor_devices=executor_devices).lower(*args).compile()(*args)
 
 
-def _lower_inline(ctx, *args, call_jaxpr, name, options):
-    del options  # the enclosing program's machine and rounding apply
+def _lower_inline(ctx, *args, call_jaxpr, name, options, executor_devices):
+    del options, executor_devices  # the enclosing program's machine and rounding apply
     return mlir.core_call_lowering(ctx, *args, name=name, call_jaxpr=call_jaxpr)
 
 

@@ -541,6 +541,9 @@ class Lowered(_StageInfo):
         machine and rounding were fixed when it was lowered: `compiler_options` that
         change them are refused, as are XLA's."""
         executable = self._executable
+        if check_memory is not None and PREFIX + "check_memory" in (compiler_options or {}):
+            raise ValueError("Lowered.compile: check_memory given twice (the keyword and "
+                             "compiler option trn2_check_memory)")
         fixed = ProgramOptions(executable.rounding, self._check_memory, executable.topology)
         options = program_options(compiler_options or {}, fixed)
         if (options.rounding, options.topology) != (fixed.rounding, fixed.topology):
@@ -740,7 +743,7 @@ class Jitted:
             # the function called is jax.jit's, so that its in/out shardings and their
             # checks hold in the transformed computation too (which XLA then partitions)
             return compose.call_traced(self._jax_jit, dict(static), leaves, tree,
-                                       self.options)
+                                       self.options, self._executor_devices)
         # jax.jit's trace context too: the mesh of jax.set_mesh (PartitionSpecs and
         # constraints name its axes), x64, default matmul precision, ...
         key = (self.rounding, static, tree, tuple(jax.typeof(leaf) for leaf in leaves),

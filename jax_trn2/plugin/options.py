@@ -25,6 +25,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+import numpy as np
+
 from mesh.machine import Topology, get_topology
 from mesh.numerics import NEAREST, Rounding
 
@@ -89,6 +91,9 @@ def program_options(given: Mapping[str, Any] | Iterable[tuple[str, Any]],
     """A program's options from compiler options (`trn2_*`, a mapping or the compile
     options' env_option_overrides), each not given as in `defaults`. Any other option is
     XLA's, which does not compile the program here: ValueError naming it."""
+    if isinstance(given, (str, bytes)):
+        raise TypeError(f"compiler_options: expected a mapping of option names to values, "
+                        f"got {given!r}")
     options = {}
     for key, value in (given.items() if isinstance(given, Mapping) else given):
         if not isinstance(key, str) or not key.startswith(PREFIX) or \
@@ -123,8 +128,10 @@ def _int(value: Any, name: str) -> Any:
 
 
 def _bool(value: Any) -> bool:
-    if isinstance(value, str):
-        if value.lower() not in ("true", "false", "1", "0"):
-            raise ValueError(f"trn2_check_memory: expected true or false, got {value!r}")
+    """A bool, or one spelled as text ("true"/"false"/"1"/"0"): ValueError for anything
+    else (None or 0.0 must not quietly turn the memory check off)."""
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
         return value.lower() in ("true", "1")
-    return bool(value)
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    raise ValueError(f"trn2_check_memory: expected true or false, got {value!r}")

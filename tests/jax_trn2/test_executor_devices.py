@@ -59,6 +59,21 @@ for a, b in zip(one, pinned(x, w)):
     assert np.array_equal(np.atleast_1d(np.asarray(a)).view(np.uint8),
                           np.atleast_1d(np.asarray(b)).view(np.uint8))
 print("pinned to", last)
+# Under a transformation the call is evaluated on the executor devices it was given too
+# (jax_trn2.compose makes a jax_trn2.jit function of the transformed one: it is told them).
+import sys
+jit_module = sys.modules["jax_trn2.jit"]  # the module (jax_trn2.jit is the function)
+square_grad = jax_trn2.jit(jax.grad(lambda x: jnp.sum(x * x)), executor_devices=[last])
+given = []
+class Recording(jit_module.Jitted):
+    def __init__(self, *args, **kwargs):
+        given.append(kwargs.get("executor_devices"))
+        super().__init__(*args, **kwargs)
+jit_module.Jitted = Recording
+batched = jax.vmap(square_grad)(np.ones((2, 3), np.float32))
+assert np.array_equal(np.asarray(batched), np.full((2, 3), 2, np.float32))
+assert given[-1] == (last,), given
+print("transformed on", last)
 """
 
 
@@ -69,3 +84,4 @@ def test_simulation_over_several_devices_is_bit_identical(devices):
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"bit-identical over {devices} devices" in result.stdout
     assert "pinned to" in result.stdout
+    assert "transformed on" in result.stdout

@@ -121,6 +121,14 @@ def test_out_of_hbm_names_chips_sizes_and_source_lines():
     lowered.compile({"trn2_check_memory": False})
     unchecked = jax_trn2.jit(too_big, compiler_options={"trn2_check_memory": False})
     unchecked.lower(jax.ShapeDtypeStruct((), jnp.float32)).compile()
+    # a value that is not a bool does not quietly turn the check off; nor does one of two
+    for not_a_bool in (None, 0.0, "no"):
+        with pytest.raises(ValueError, match="trn2_check_memory: expected true or false"):
+            lowered.compile({"trn2_check_memory": not_a_bool})
+    with pytest.raises(ValueError, match="check_memory given twice"):
+        lowered.compile({"trn2_check_memory": False}, check_memory=True)
+    with pytest.raises(TypeError, match="compiler_options: expected a mapping"):
+        lowered.compile("trn2_check_memory=false")
 
 
 def test_calling_a_program_that_does_not_fit_raises():
