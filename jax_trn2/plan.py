@@ -36,6 +36,7 @@ import os
 import pickle
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
@@ -118,6 +119,7 @@ class Plan:
     planned_seconds: float = 0.0  # host wall time to build, lower and estimate
     tokens_per_step: float | None = None  # given to the sweep
     model_flops: float | None = None  # the model's FLOPs per step, given to the sweep
+    warnings: tuple[str, ...] = ()  # what planning warned of (XLA's partitioner, say)
 
     @property
     def ok(self) -> bool:
@@ -299,7 +301,9 @@ def sweep(build: Callable[[Layout], tuple[Any, Sequence[Any]]], layouts: Iterabl
     plans: list[Plan] = []
 
     def done(layout: Layout, outcome: tuple) -> None:
-        plans.append(Plan(layout, *outcome, tokens_per_step, model_flops))
+        estimate_, error, seconds, warned = outcome
+        plans.append(Plan(layout, estimate_, error, seconds, tokens_per_step, model_flops,
+                          warned))
         if report is not None:
             report(len(plans), len(layouts), plans[-1])
 
@@ -330,8 +334,8 @@ def progress_line(done: int, total: int, name: str, estimate_: StepEstimate | No
 def plan_jobs(build: Callable, jobs: Sequence[Any], workers: int | None,
               done: Callable[[Any, tuple], None]) -> int:
     """Plan every job, `estimate(*build(job))`, calling `done(job, (StepEstimate | None,
-    error | None, seconds))` as each completes; returns the worker processes used (1: this
-    process alone).
+    error | None, seconds, warnings))` as each completes; returns the worker processes used
+    (1: this process alone).
 
     `workers` processes plan in parallel (spawned: jax's threads do not survive a fork);
     None plans the first job here and starts one per core for the rest if that saves more
@@ -366,21 +370,27 @@ def plan_jobs(build: Callable, jobs: Sequence[Any], workers: int | None,
     return workers
 
 
-def _plan_one(build: Callable, job: Any) -> tuple[StepEstimate | None, str | None, float]:
-    """Build and estimate one job; an exception becomes the plan's error. A job is a
-    Layout or has one (`job.layout`)."""
+def _plan_one(build: Callable, job: Any
+              ) -> tuple[StepEstimate | None, str | None, float, tuple[str, ...]]:
+    """Build and estimate one job; an exception becomes the plan's error, a warning one of
+    its warnings (kept with the plan, not printed: a sweep of 24 layouts would print each
+    of XLA's partitioner warnings 24 times). A job is a Layout or has one (`job.layout`)."""
     started = time.perf_counter()
-    try:
-        jitted, args = build(job)
-        machine = getattr(job, "layout", job).machine
-        result = estimate(jitted, args, machine)
-        if result.topology != machine.name:
-            raise ValueError(f"the step was lowered for topology '{result.topology}', but the "
-                             f"layout is on '{machine.name}': pass topology=layout.topology "
-                             "to jax_trn2.jit")
-        return result, None, time.perf_counter() - started
-    except Exception as e:  # the reason goes in the table; the sweep goes on
-        return None, f"{type(e).__name__}: {e}", time.perf_counter() - started
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            jitted, args = build(job)
+            machine = getattr(job, "layout", job).machine
+            result = estimate(jitted, args, machine)
+            if result.topology != machine.name:
+                raise ValueError(f"the step was lowered for topology '{result.topology}', "
+                                 f"but the layout is on '{machine.name}': pass "
+                                 "topology=layout.topology to jax_trn2.jit")
+            outcome = result, None
+        except Exception as e:  # the reason goes in the table; the sweep goes on
+            outcome = None, f"{type(e).__name__}: {e}"
+    warned = tuple(dict.fromkeys(str(w.message) for w in caught))
+    return (*outcome, time.perf_counter() - started, warned)
 
 
 def _spawnable(fn: Callable) -> bool:

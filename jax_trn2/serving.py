@@ -70,6 +70,7 @@ class ServingPlan:
     decode: StepEstimate | None
     errors: tuple[str, ...] = ()
     max_batch: int | None = None
+    warnings: tuple[str, ...] = ()  # what planning its steps warned of
 
     @property
     def ok(self) -> bool:
@@ -198,7 +199,7 @@ def serve(prefill: Callable[[Layout, int, int], tuple[Any, Sequence[Any]]],
     # the largest-batch search needs two decode batches per layout
     if max_batch and len(batches) == 1:
         jobs += [ServingJob(DECODE, layout, 2 * batches[0], kv_length) for layout in layouts]
-    results, count = _plan_all(step, jobs, workers, progress)
+    results, warned, count = _plan_all(step, jobs, workers, progress)
     searched = {}
     if max_batch:
         searched = _largest_batches(step, layouts, kv_length, results, progress)
@@ -208,26 +209,29 @@ def serve(prefill: Callable[[Layout, int, int], tuple[Any, Sequence[Any]]],
             outcome = {kind: results[ServingJob(kind, layout, batch, length)] for kind, length
                        in ((PREFILL, prompt_tokens), (DECODE, kv_length))}
             errors = tuple(f"{kind}: {error}" for kind, (_, error) in outcome.items() if error)
+            warnings = tuple(dict.fromkeys(
+                w for kind, length in ((PREFILL, prompt_tokens), (DECODE, kv_length))
+                for w in warned[ServingJob(kind, layout, batch, length)]))
             plans.append(ServingPlan(layout, batch, prompt_tokens, kv_length,
                                      outcome[PREFILL][0], outcome[DECODE][0], errors,
-                                     searched.get(layout)))
+                                     searched.get(layout), warnings))
     return ServingTable(plans, time.perf_counter() - started, count, len(results))
 
 
 def _plan_all(step: Callable, jobs: Sequence[ServingJob], workers: int | None,
-              progress: bool) -> tuple[dict[ServingJob, tuple], int]:
+              progress: bool) -> tuple[dict[ServingJob, tuple], dict[ServingJob, tuple], int]:
     """Plan `jobs` (jax_trn2.plan.plan_jobs), a line of progress for each: their
-    (StepEstimate | None, error | None), and the worker processes used."""
-    results = {}
+    (StepEstimate | None, error | None), their warnings, and the worker processes used."""
+    results, warned = {}, {}
 
     def done(job: ServingJob, outcome: tuple) -> None:
-        results[job] = outcome[:2]
+        results[job], warned[job] = outcome[:2], outcome[3]
         if progress:
             print(progress_line(len(results), len(jobs), f"{job.layout.name} on "
-                                f"{job.layout.topology_name}, {job.name}", *outcome),
+                                f"{job.layout.topology_name}, {job.name}", *outcome[:3]),
                   file=sys.stderr, flush=True)
 
-    return results, plan_jobs(step, jobs, workers, done)
+    return results, warned, plan_jobs(step, jobs, workers, done)
 
 
 def _largest_batches(step: Callable, layouts: Sequence[Layout], kv_length: int,

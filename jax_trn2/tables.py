@@ -107,6 +107,10 @@ def sweep_table(sweep: Any) -> str:
         reason = " ".join(plan.error.split())
         lines.append(f"failed  {plan.layout.name} on {plan.layout.topology_name}: "
                      f"{reason[:300]}")
+    warned = [rank for rank, plan in enumerate(sweep.plans, 1) if plan.warnings]
+    if warned:
+        lines.append(f"warnings while planning #{', #'.join(map(str, warned))} (XLA's "
+                     "partitioner, say): each plan's .warnings")
     return "\n".join(lines)
 
 
@@ -153,6 +157,9 @@ def serving_table(table: Any) -> str:
         rows.append(row)
         failed += [f"failed  {p.layout.name}, batch {p.batch}: {' '.join(e.split())[:300]}"
                    for e in p.errors]
+    warned = [f"{p.layout.name}, batch {p.batch}" for p in plans if p.warnings]
+    notes = [f"warnings while planning {'; '.join(warned)} (XLA's partitioner, say): each "
+             "plan's .warnings"] if warned else []
     where = f"{table.workers} worker processes" if table.workers > 1 else "this process"
     first = plans[0]
     lines = [f"{table.planned} steps planned in {table.wall_seconds:.1f} s ({where}); prompt "
@@ -161,7 +168,7 @@ def serving_table(table: Any) -> str:
              "Neuron runtime's measured costs), ideal: the hardware's limits; tokens/s: "
              "decoding; max batch: the largest decode batch that fits at this KV length", "",
              format_table(headers, rows, left=(0,))]
-    return "\n".join(lines + failed)
+    return "\n".join(lines + failed + notes)
 
 
 def _pair(e: Any) -> str:

@@ -137,6 +137,23 @@ def test_a_layout_that_fails_and_one_that_does_not_fit():
     assert plan.Sweep([over]).best is None
 
 
+def test_warnings_are_kept_with_their_plan(recwarn):
+    """A warning while planning (XLA's partitioner's, say) goes with its plan, not to the
+    console once per layout; the table names the plans that have one."""
+    import warnings
+
+    def warning_build(layout):
+        if layout == FSDP16:
+            warnings.warn("XLA's SPMD partitioner found no efficient way to reshard")
+        return build(layout)
+
+    sweep = plan.sweep(warning_build, [FSDP4_TP2, FSDP16], workers=1, progress=False)
+    assert not recwarn.list
+    assert sweep[0].layout == FSDP16 and sweep[1].warnings == ()
+    assert sweep[0].warnings == ("XLA's SPMD partitioner found no efficient way to reshard",)
+    assert "warnings while planning #1 (XLA's partitioner, say)" in str(sweep)
+
+
 def test_progress_lines(capsys):
     plan.sweep(build, [FSDP16], workers=1)
     err = capsys.readouterr().err
