@@ -248,3 +248,11 @@ def test_no_buffer_growth_over_many_calls(devices):
         f(x).block_until_ready()
     assert len(table.HANDLES) <= before + 2
     assert devices[0].memory_stats()["bytes_in_use"] < 10_000
+
+
+def test_unsafe_buffer_pointer_is_the_pieces_address(devices):
+    x = jax.device_put(np.arange(8.0, dtype=np.float32), devices[3])
+    y = jnp.array(x, copy=True)
+    assert x.unsafe_buffer_pointer() != 0
+    assert x.unsafe_buffer_pointer() != y.unsafe_buffer_pointer()
+    np.testing.assert_array_equal(np.asarray(y), np.arange(8.0, dtype=np.float32))
