@@ -256,3 +256,10 @@ def test_unsafe_buffer_pointer_is_the_pieces_address(devices):
     assert x.unsafe_buffer_pointer() != 0
     assert x.unsafe_buffer_pointer() != y.unsafe_buffer_pointer()
     np.testing.assert_array_equal(np.asarray(y), np.arange(8.0, dtype=np.float32))
+
+
+def test_a_program_without_outputs_runs(devices):
+    """XLA gives a program whose result is the empty tuple one output sharding, and jaxlib
+    requires exactly one (an argument kept but nothing returned)."""
+    x = jax.device_put(np.arange(3.0, dtype=np.float32), devices[0])
+    assert jax.jit(lambda v: None, keep_unused=True)(x) is None
