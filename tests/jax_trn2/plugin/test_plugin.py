@@ -263,3 +263,11 @@ def test_a_program_without_outputs_runs(devices):
     requires exactly one (an argument kept but nothing returned)."""
     x = jax.device_put(np.arange(3.0, dtype=np.float32), devices[0])
     assert jax.jit(lambda v: None, keep_unused=True)(x) is None
+
+
+def test_host_arrays_with_negative_strides_are_copied_whole(devices):
+    """jaxlib hands a reversed numpy view over as its first element's address and negative
+    byte strides: its lowest byte is before that address."""
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for view in (a[::-1], a[:, ::-1], a[::-1, ::-2], a.T[::-1], np.broadcast_to(a[0], (3, 4))):
+        np.testing.assert_array_equal(np.asarray(jax.device_put(view, devices[0])), view)
