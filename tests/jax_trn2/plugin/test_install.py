@@ -64,6 +64,17 @@ def test_a_program_without_arguments_or_results_under_jax_platforms(tmp_path):
     assert "result [1.0, 5.0]" in out
 
 
+def test_host_callbacks_under_jax_platforms_with_the_cpu(tmp_path):
+    """The README's setting for host callbacks with the simulator as the default."""
+    code = ("import jax, jax.numpy as jnp\n"
+            "f = lambda x: jax.pure_callback(lambda a: a + 1, jax.ShapeDtypeStruct((3,), "
+            "jnp.int32), x)\n"
+            "y = jax.jit(f)(jnp.arange(3))\n"
+            "print(jax.default_backend(), y.tolist(), y.devices())\n")
+    out = run(code, tmp_path, JAX_PLATFORMS="trn2,cpu")
+    assert "neuron [1, 2, 3] {Trn2Device(id=0" in out
+
+
 def test_client_options_choose_the_topology(tmp_path):
     out = run("import jax; d = jax.devices('trn2'); print(len(d), d[-1].coords)", tmp_path,
               JAX_TRN2_TOPOLOGY="trn2")
