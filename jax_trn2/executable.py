@@ -172,9 +172,15 @@ class LoadedExecutable:
                   for shape, v in zip(input_shapes(self.program, global_io),
                                       self.program.inputs)]
         workspace = self._workspace_values if global_io else ()
-        with _executor_context():
-            return compile_program(self.program, self.rounding, self._devices,
-                                   global_io, self._split_check, workspace).lower(
+        devices = self._devices
+        # A program without inputs or outputs has no sharding to place its computation
+        # by: jax would compile it for its default device, which may be the trn2 plugin
+        # (JAX_PLATFORMS=trn2), which refuses the executor's XLA options.
+        on_device = jax.default_device(devices[0]) if devices is not None and \
+            len(devices) == 1 else contextlib.nullcontext()
+        with _executor_context(), on_device:
+            return compile_program(self.program, self.rounding, devices, global_io,
+                                   self._split_check, workspace).lower(
                 *inputs, *self._workspace_types(workspace)).compile()
 
     @cached_property

@@ -71,6 +71,9 @@ def parse(text: str) -> Tiling | None:
     """The tiling of an HloSharding, None when it is replicated, manual or maximal (one
     device holds the whole value, the others a copy: replicated in the simulator)."""
     sharding = _from_string(text)
+    if sharding.is_unreduced():  # (no tile assignment: it would read as no devices)
+        raise NotImplementedError(f"sharding {text}: unreduced values are not supported "
+                                  "by jax-trn2")
     if sharding.is_manual() or sharding.is_replicated() or sharding.is_maximal():
         return None
     dims = tuple(sharding.tile_assignment_dimensions())

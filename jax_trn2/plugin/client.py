@@ -70,10 +70,12 @@ class Client:
         itemsize = dtype.itemsize
         shape = tuple(dims)
         strides = tuple(byte_strides) if byte_strides else None
-        span = _span(shape, strides, itemsize)
-        raw = (ctypes.c_char * span).from_address(address) if span else b""
-        host = np.ndarray(shape, dtype, buffer=raw, strides=strides) if span else \
-            np.zeros(shape, dtype)
+        low, span = _span(shape, strides, itemsize)
+        # (with negative strides, e.g. a reversed numpy view, the first element is not the
+        # lowest address: the memory read starts `low` bytes before it)
+        raw = (ctypes.c_char * span).from_address(address + low) if span else b""
+        host = np.ndarray(shape, dtype, buffer=raw, offset=-low, strides=strides) if span \
+            else np.zeros(shape, dtype)
         copy = np.array(host, order="C")
         flat = copy.reshape(-1)  # a fingerprint: 64 elements spread over the array
         key = (dtype, shape, flat[::max(1, flat.size // _SAMPLES)][:_SAMPLES].tobytes())
@@ -89,13 +91,18 @@ class Client:
         return Buffer(copy, memory.device, memory)
 
 
-def _span(shape: tuple[int, ...], strides: tuple[int, ...] | None, itemsize: int) -> int:
-    """Bytes from the first element to the end of the last one (0 for no elements)."""
+def _span(shape: tuple[int, ...], strides: tuple[int, ...] | None,
+          itemsize: int) -> tuple[int, int]:
+    """The array's memory: the offset of its lowest byte from the first element's (0, or
+    negative where strides are) and its bytes from there to the end of its highest element
+    (0 for no elements)."""
     if 0 in shape:
-        return 0
+        return 0, 0
     if strides is None:
-        return int(np.prod(shape, dtype=np.int64)) * itemsize
-    return sum((n - 1) * abs(s) for n, s in zip(shape, strides)) + itemsize
+        return 0, int(np.prod(shape, dtype=np.int64)) * itemsize
+    low = sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
+    high = sum((n - 1) * s for n, s in zip(shape, strides) if s > 0)
+    return low, high - low + itemsize
 
 
 def attributes() -> dict[str, Any]:

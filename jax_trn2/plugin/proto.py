@@ -82,8 +82,12 @@ def hlo_module_with_config(hlo_module: bytes, parameter_names: Sequence[str],
     layout = kept + b"".join(field_bytes(_PARAMETER_NAMES, name.encode())
                              for name in parameter_names)
     config = field_bytes(_ENTRY_COMPUTATION_LAYOUT, layout)
+    # XLA gives a program without outputs (an empty tuple) one replicated output sharding,
+    # and jaxlib checks for exactly one (GetHloShardings); an empty OpSharding is
+    # REPLICATED, its type's default.
     tuple_sharding = field_varint(_SHARDING_TYPE, _TUPLE) + b"".join(
-        field_bytes(_TUPLE_SHARDINGS, s) for s in output_shardings)
+        field_bytes(_TUPLE_SHARDINGS, s) for s in output_shardings) if output_shardings \
+        else b""
     module = hlo_module + field_bytes(_SPMD_OUTPUT_SHARDING, tuple_sharding) + b"".join(
         field_bytes(_SPMD_PARAMETERS_SHARDINGS, s) for s in parameter_shardings)
     return field_bytes(_HLO_MODULE, module) + field_bytes(_CONFIG, config)

@@ -386,6 +386,14 @@ def Buffer_IsOnCpu(args):
 
 
 @slot
+def Buffer_UnsafePointer(args):
+    """The address of the host memory holding the buffer's bytes (jax.Array's
+    unsafe_buffer_pointer). jaxlib calls this slot without checking it is set: left NULL,
+    it crashed the process."""
+    args.buffer_pointer = _get(args.buffer, Buffer).data().ctypes.data
+
+
+@slot
 def Buffer_ToHostBuffer(args):
     """Copy to the caller's host memory (dense, row-major); with no destination, say how
     many bytes it needs."""

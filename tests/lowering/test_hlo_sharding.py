@@ -65,6 +65,12 @@ def test_tuple_sharding_is_unsupported():
         hlo_sharding.parse("{{replicated}, {manual}}")
 
 
+@pytest.mark.parametrize("text", ["{unreduced}", "{devices=[2,1,2]<=[4] last_tile_dims={unreduced}}"])
+def test_unreduced_shardings_are_unsupported(text):
+    with pytest.raises(NotImplementedError, match="unreduced|UNREDUCED"):
+        hlo_sharding.parse(text)
+
+
 @pytest.mark.parametrize("text, count, elements", [
     ("{{replicated}, {devices=[2]<=[2]}}", 2, ["{replicated}", "{devices=[2]<=[2]}"]),
     ("{devices=[2]<=[2]}", 3, ["{devices=[2]<=[2]}"] * 3),

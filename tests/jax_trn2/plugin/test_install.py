@@ -47,6 +47,34 @@ def test_jax_platforms_selects_the_simulator(tmp_path):
     assert "Trainium2 neuron [1, 2, 3, 4]" in out
 
 
+def test_a_program_without_arguments_or_results_under_jax_platforms(tmp_path):
+    """jax runs a shard_map not under jit op by op: a scan whose carry is all forwarded is
+    a program with neither arguments nor results, whose simulation has no sharding to
+    place it by; it must still run on the simulator's own CPU client, not on jax's
+    default backend (the plugin itself)."""
+    code = ("import jax, jax.numpy as jnp\n"
+            "from jax.sharding import PartitionSpec as P\n"
+            "mesh = jax.sharding.Mesh(jax.devices()[:2], ('x',))\n"
+            "def g(x):\n"
+            "    (c,), _ = jax.lax.scan(lambda c, _: (c, None), (x.sum(),), None, length=1)\n"
+            "    return c[None]\n"
+            "f = jax.shard_map(g, mesh=mesh, in_specs=P('x'), out_specs=P('x'))\n"
+            "print('result', f(jnp.arange(4.0)).tolist())\n")
+    out = run(code, tmp_path, JAX_PLATFORMS="trn2")
+    assert "result [1.0, 5.0]" in out
+
+
+def test_host_callbacks_under_jax_platforms_with_the_cpu(tmp_path):
+    """The README's setting for host callbacks with the simulator as the default."""
+    code = ("import jax, jax.numpy as jnp\n"
+            "f = lambda x: jax.pure_callback(lambda a: a + 1, jax.ShapeDtypeStruct((3,), "
+            "jnp.int32), x)\n"
+            "y = jax.jit(f)(jnp.arange(3))\n"
+            "print(jax.default_backend(), y.tolist(), y.devices())\n")
+    out = run(code, tmp_path, JAX_PLATFORMS="trn2,cpu")
+    assert "neuron [1, 2, 3] {Trn2Device(id=0" in out
+
+
 def test_client_options_choose_the_topology(tmp_path):
     out = run("import jax; d = jax.devices('trn2'); print(len(d), d[-1].coords)", tmp_path,
               JAX_TRN2_TOPOLOGY="trn2")

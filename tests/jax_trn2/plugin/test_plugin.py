@@ -248,3 +248,26 @@ def test_no_buffer_growth_over_many_calls(devices):
         f(x).block_until_ready()
     assert len(table.HANDLES) <= before + 2
     assert devices[0].memory_stats()["bytes_in_use"] < 10_000
+
+
+def test_unsafe_buffer_pointer_is_the_pieces_address(devices):
+    x = jax.device_put(np.arange(8.0, dtype=np.float32), devices[3])
+    y = jnp.array(x, copy=True)
+    assert x.unsafe_buffer_pointer() != 0
+    assert x.unsafe_buffer_pointer() != y.unsafe_buffer_pointer()
+    np.testing.assert_array_equal(np.asarray(y), np.arange(8.0, dtype=np.float32))
+
+
+def test_a_program_without_outputs_runs(devices):
+    """XLA gives a program whose result is the empty tuple one output sharding, and jaxlib
+    requires exactly one (an argument kept but nothing returned)."""
+    x = jax.device_put(np.arange(3.0, dtype=np.float32), devices[0])
+    assert jax.jit(lambda v: None, keep_unused=True)(x) is None
+
+
+def test_host_arrays_with_negative_strides_are_copied_whole(devices):
+    """jaxlib hands a reversed numpy view over as its first element's address and negative
+    byte strides: its lowest byte is before that address."""
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for view in (a[::-1], a[:, ::-1], a[::-1, ::-2], a.T[::-1], np.broadcast_to(a[0], (3, 4))):
+        np.testing.assert_array_equal(np.asarray(jax.device_put(view, devices[0])), view)
