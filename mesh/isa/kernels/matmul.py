@@ -7,9 +7,15 @@ Here each pass is one host matmul with FP32 accumulation, and passes are added i
 BF16 and FP8 inputs go to the host as BF16 (every FP8 value is a BF16 value), so that CPUs
 with BF16 dot instructions run them at their BF16 rate; a product of two BF16 values fits
 FP32's 24-bit significand, so products are exact either way. Other float inputs go as FP32.
-(Host BF16 dot instructions flush subnormal products to zero; a product that small is below
+(Host BF16 dot instructions flush subnormal sums to zero; a product that small is below
 FP32's normal range and lost in any FP32 sum with a normal value.) Integer inputs accumulate
 exactly in their integer output type.
+
+A float matmul of several passes of BF16 or FP32 host operands runs, on a CPU executor
+device, in the native pass loop (mesh.isa.kernels.native), which gives the same bits on
+every host CPU; the XLA loop of host GEMMs (_looped_passes), whose sums' order depends on
+the host's GEMM kernels, runs only what the native loop does not take: other host types
+(FP64), single passes, and executor devices that are not CPUs.
 
 Mesh dims: a mesh axis along which both operands vary is a batch dim, one along which only
 one operand varies is a free dim of that operand, and one along which neither varies is not
@@ -49,8 +55,9 @@ def matmul(instr: isa.Matmul, args, ctx: KernelContext):
 
 
 def runs_natively(instr: isa.Matmul, program: isa.Program) -> bool:
-    """Whether a matmul of several passes runs in the native loop on a CPU
-    (mesh.isa.kernels.native), its operands and result in the executor's layouts."""
+    """Whether a matmul of several passes runs in the native loop on a CPU executor device
+    (mesh.isa.kernels.native; any CPU: it gives the same bits on each), its operands and
+    result in the executor's layouts; on other executor devices it runs as host GEMMs."""
     lhs, rhs = (program.values[v].type for v in instr.ins)
     if not dtypes.is_float(instr.out_dtype) or instr.out_dtype in dtypes.COMPLEX_PARTS:
         return False
@@ -208,7 +215,8 @@ def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, out_dtype: str | 
     looped = functools.partial(_looped_passes, host=host, size=instr.pass_size,
                                k_axes=k_axes)
     if k > instr.pass_size and native.runs(host):
-        # The same sums on a CPU (native), one tile of the result at a time
+        # On a CPU executor device, the native loop: one tile of the result at a time, the
+        # same bits on every host; the XLA loop elsewhere
         acc = lax.platform_dependent(*operands, cpu=functools.partial(
             _native_passes, host=host, size=instr.pass_size, rhs_k_major=rhs_k_major),
             default=looped)
