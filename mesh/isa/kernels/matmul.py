@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import PartitionSpec
 
 from mesh import dtypes, isa, numerics
 from mesh.isa.kernels import kernel, native
@@ -69,16 +71,39 @@ def runs_natively(instr: isa.Matmul, program: isa.Program) -> bool:
 def _native_matmul(lhs, rhs, instr: isa.Matmul, ctx: KernelContext):
     """The matmul in the native loop, reading each operand where it is (a left operand
     whose contraction is not its last dims, in order, is copied so that it is) and writing
-    the result in its layout."""
-    nm = ctx.nm
-    both, lhs_only, rhs_only = _mesh_dims(lhs.shape, rhs.shape, nm)
+    the result in its layout. Over several executor devices each computes its slice of the
+    result along the first mesh axis the result varies along that they divide
+    (jax.shard_map): XLA's partitioner cannot split the custom call, and would gather the
+    operands to every device for all of the matmul."""
+    mesh_dims = _mesh_dims(lhs.shape, rhs.shape, ctx.nm)
+    product = functools.partial(_native_product, instr=instr, nm=ctx.nm, mesh_dims=mesh_dims)
+    devices = 1 if ctx.executor is None else ctx.executor.size
+    axis = next((a for a in sorted(sum(mesh_dims, [])) if devices > 1
+                 and max(lhs.shape[a], rhs.shape[a]) % devices == 0), None)
+    if axis is not None:
+        def split(ndim, along):  # the spec of an array split along mesh axis `axis` or not
+            return PartitionSpec(*("executor" if along and d == axis else None
+                                   for d in range(ndim)))
+
+        product = jax.shard_map(product, mesh=ctx.executor,
+                                in_specs=(split(lhs.ndim, lhs.shape[axis] > 1),
+                                          split(rhs.ndim, rhs.shape[axis] > 1)),
+                                out_specs=split(ctx.nm, True))
+    acc = product(lhs, rhs)
+    return numerics.round_to(acc, instr.out_dtype, ctx.rounding).reshape(ctx.out_shape(instr))
+
+
+def _native_product(lhs, rhs, instr: isa.Matmul, nm: int, mesh_dims):
+    """_native_matmul's FP32 sums (before rounding), of operands split along mesh axes or
+    not: `mesh_dims` (_mesh_dims) of the whole operands."""
+    both, lhs_only, rhs_only = mesh_dims
     host = _host_dtype(lhs.dtype, rhs.dtype)
     lhs_free = [nm + d for d in _free_dims(lhs.ndim - nm, instr.lhs_batch, instr.lhs_contract)]
     rhs_free = [nm + d for d in _free_dims(rhs.ndim - nm, instr.rhs_batch, instr.rhs_contract)]
     lhs_batch, rhs_batch = ([nm + d for d in b] for b in (instr.lhs_batch, instr.rhs_batch))
     lhs_k, rhs_k = ([nm + d for d in c] for c in (instr.lhs_contract, instr.rhs_contract))
-    sizes = ctx.mesh.axis_sizes
-    out = (tuple(sizes[a] if a in both + lhs_only + rhs_only else 1 for a in range(nm))
+    out = (tuple(lhs.shape[a] if a in both + lhs_only else rhs.shape[a] if a in rhs_only
+                 else 1 for a in range(nm))
            + tuple(lhs.shape[d] for d in lhs_batch + lhs_free)
            + tuple(rhs.shape[d] for d in rhs_free))
     order = [d for d in range(lhs.ndim) if d not in lhs_k] + lhs_k
@@ -87,7 +112,7 @@ def _native_matmul(lhs, rhs, instr: isa.Matmul, ctx: KernelContext):
     local = iter(range(nm, len(out)))
     out_batch, out_rows, out_cols = ([next(local) for _ in dims]
                                      for dims in (lhs_batch, lhs_free, rhs_free))
-    acc = native.pass_matmul(
+    return native.pass_matmul(
         lhs, rhs.astype(host), instr.pass_size,
         [native.offsets(lhs.shape, [at[d] for d in dims])
          for dims in (both + lhs_batch, lhs_only + lhs_free)],
@@ -95,7 +120,6 @@ def _native_matmul(lhs, rhs, instr: isa.Matmul, ctx: KernelContext):
                                                        rhs_only + rhs_free)],
         [native.offsets(out, dims) for dims in (both + out_batch, lhs_only + out_rows,
                                                 rhs_only + out_cols)], out)
-    return numerics.round_to(acc, instr.out_dtype, ctx.rounding).reshape(ctx.out_shape(instr))
 
 
 def _gemm_matmul(lhs, rhs, instr: isa.Matmul, ctx: KernelContext):
