@@ -251,8 +251,11 @@ TARGET_BF16 void PackBf16Avx512(const Rhs<uint16_t>& rhs, int64_t n0, int64_t pa
 }
 
 // TileCols::Accumulate of a pass's sums in two vectors, as vectors where the columns are
-// contiguous.
-TARGET_F32 void Accumulate(const TileCols& cols, float* out_row, __m512 acc[2], bool first) {
+// contiguous. (Inlined into the tiles as it was when it was TileCols's: which NaN a sum of
+// two NaNs gives depends on the order the compiler hands vaddps its operands.)
+TARGET_F32 inline __attribute__((always_inline)) void Accumulate(const TileCols& cols,
+                                                                 float* out_row, __m512 acc[2],
+                                                                 bool first) {
   if (cols.contiguous) {
     float* o = out_row + cols.col[0];
     if (!first) {  // PSUM: the pass is added to the passes before it
