@@ -16,9 +16,11 @@
 // The same arithmetic runs on every CPU: the AVX-512 code on an x86-64 CPU that has the
 // instructions it uses (FP32: AVX-512F; BF16: AVX-512F, BW and BF16), and otherwise (or when
 // the call asks for it) a portable path of plain C++ over the same packed panels that
-// performs the same FP32 operations in the same order, VDPBF16PS emulated: the results
-// are the same bits on any host. (The build turns off FMA contraction: the portable path's
-// products and sums are rounded where it says.)
+// performs the same FP32 operations in the same order, VDPBF16PS emulated as an AMD Zen 4
+// computes it (DotBf16): the results are the same bits on any host, but for which NaN a
+// sum of two NaNs gives (the order in which the compiler hands an add its operands). (The
+// build turns off FMA contraction: the portable path's products and sums are rounded
+// where it says.)
 
 #if defined(__x86_64__)
 #include <immintrin.h>
