@@ -22,6 +22,6 @@ setup(ext_modules=[
               libraries=["m"]),  # fegetenv/fesetenv
     # the matmul pass loop (mesh/isa/kernels/native.py loads it)
     Extension("mesh.isa.kernels._pass_matmul", sources=["mesh/isa/kernels/pass_matmul.cc"],
-              include_dirs=[jaxlib_include()], extra_compile_args=["-O3", "-std=c++17"],
+              include_dirs=[jaxlib_include()], extra_compile_args=["-O3", "-std=c++17", "-ffp-contract=off"],
               language="c++"),
 ])

@@ -30,14 +30,17 @@ class ExecutionError(RuntimeError):
 def run_program(program: isa.Program, args: Sequence[jnp.ndarray],
                 rounding: Callable | None = None,
                 active: jnp.ndarray | None = None,
-                split_check: SplitGroupCheck | None = None) -> list[jnp.ndarray]:
+                split_check: SplitGroupCheck | None = None,
+                executor: Mesh | None = None) -> list[jnp.ndarray]:
     """Run `program` on arrays in the executor layout (traceable: use under jax.jit);
     `active`: the chips whose control flow reaches it (KernelContext.active);
     `split_check`: checks, where `active` is not every chip, that each collective's groups
-    are reached whole (mesh.isa.kernels.participation)."""
+    are reached whole (mesh.isa.kernels.participation); `executor`: the devices the
+    computation is split over (KernelContext.executor)."""
     env: dict[int, jnp.ndarray] = dict(zip(program.inputs, args))
     ctx = KernelContext(program, run=lambda p, a, reached=active: run_program(
-        p, a, rounding, reached, split_check), rounding=rounding, active=active)
+        p, a, rounding, reached, split_check, executor), rounding=rounding, active=active,
+        executor=executor)
     for instr in program.instructions:
         groups = meeting_groups(instr) \
             if active is not None and split_check is not None else None
@@ -142,6 +145,8 @@ def compile_program(program: isa.Program,
     (their contents are not read), and returns after the outputs, for the next call.
     """
     n_outputs = len(program.outputs)
+    executor = None if devices is None or len(devices) == 1 else \
+        Mesh(np.array(devices), ("executor",))
     kept = dataclasses.replace(program, outputs=program.outputs + tuple(workspace)) \
         if workspace else program
 
@@ -151,7 +156,8 @@ def compile_program(program: isa.Program,
         with jax.enable_x64(True):
             values = [_from_input(a, v, program)
                       for a, v in zip(args, program.inputs, strict=True)]
-            return run_program(kept, values, rounding.rounder(), split_check=split_check)
+            return run_program(kept, values, rounding.rounder(), split_check=split_check,
+                               executor=executor)
 
     def run_global(*args):
         origin = (0,) * program.mesh.rank
@@ -243,7 +249,7 @@ def input_shapes(program: isa.Program, global_io: bool) -> list[tuple[int, ...]]
 def _split_over(devices: Sequence[jax.Device], shape: tuple[int, ...]) -> NamedSharding:
     """The sharding of an executor array over `devices`: its first (mesh) axis whose size
     the device count divides, else replicated."""
-    mesh = Mesh(np.array(devices), ("executor",))
+    mesh = Mesh(np.array(devices), ("executor",))  # (compile_program's `executor`)
     spec = [None] * len(shape)
     axis = next((i for i, n in enumerate(shape) if n > 1 and n % len(devices) == 0), None)
     if axis is not None:

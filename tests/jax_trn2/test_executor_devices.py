@@ -85,3 +85,51 @@ def test_simulation_over_several_devices_is_bit_identical(devices):
     assert f"bit-identical over {devices} devices" in result.stdout
     assert "pinned to" in result.stdout
     assert "transformed on" in result.stdout
+
+
+NATIVE_SCRIPT = """
+import jax
+jax.config.update("jax_num_cpu_devices", 4)
+import re
+import jax.numpy as jnp, numpy as np
+from jax.sharding import PartitionSpec as P
+import jax_trn2
+
+mesh = jax_trn2.make_mesh((4, 4, 4), ("x", "y", "z"))
+rng = np.random.default_rng(0)
+
+def dot(x, w):
+    return jnp.dot(x, w, preferred_element_type=jnp.float32)
+
+def batched(x, w):
+    return jnp.einsum("bmk,bkn->bmn", x, w, preferred_element_type=jnp.float32)
+
+def native_result_x(jitted, x, w):  # the x (first mesh) dim of the native loop's result
+    text = jitted.lower(x, w).compile().executable._run_global.as_text()
+    (shape,) = set(re.findall(r"= f32\\[(\\d+),[^]]*\\][^\\n]*jax_trn2_pass_matmul", text))
+    return int(shape)
+
+# operands split along x: the left one only, both (a batch), the left along x and the
+# right along y; K of several passes
+cases = [(dot, (P("x"), P()), P("x"), (32, 512), (512, 40)),
+         (batched, (P("x"), P("x")), P("x"), (4, 8, 512), (4, 512, 40)),
+         (dot, (P("x"), P(None, "y")), P("x", "y"), (32, 300), (300, 40))]
+for dtype in (jnp.bfloat16, jnp.float32):
+    for body, in_specs, out_specs, x_shape, w_shape in cases:
+        f = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+        x = rng.standard_normal(x_shape).astype(dtype)
+        w = rng.standard_normal(w_shape).astype(dtype)
+        one, split = jax_trn2.jit(f), jax_trn2.jit(f, executor_devices=jax.devices())
+        assert np.array_equal(np.asarray(one(x, w)).view(np.uint8),
+                              np.asarray(split(x, w)).view(np.uint8))
+        # each device computes a quarter of the mesh's x axis, not all of it
+        assert native_result_x(one, x, w) == 4 and native_result_x(split, x, w) == 1
+print("native matmuls split")
+"""
+
+
+def test_native_matmuls_are_split_over_the_devices():
+    result = subprocess.run([sys.executable, "-c", NATIVE_SCRIPT], cwd=REPO,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "native matmuls split" in result.stdout

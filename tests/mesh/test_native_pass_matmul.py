@@ -1,6 +1,9 @@
 """The native pass loop (mesh.isa.kernels.native) against the reference arithmetic of the
 Tensor Engine's passes, written out in NumPy: each pass summed from +0.0 in FP32, passes
-added in order into an FP32 accumulator."""
+added in order into an FP32 accumulator; and its portable path against its AVX-512 code."""
+
+import importlib.util
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -9,10 +12,6 @@ import pytest
 
 from lowering.host import host_devices
 from mesh.isa.kernels import native
-
-needs_native = pytest.mark.skipif(not native.runs(jnp.bfloat16),
-                                  reason="the native loop needs AVX-512 BF16 and its library")
-
 
 def reference_bf16(a: np.ndarray, b: np.ndarray, size: int) -> np.ndarray:
     """[M,K] x [K,N] of BF16 values: a pass is a chain of the host's BF16 dot instruction
@@ -36,13 +35,13 @@ def tables(shape, batch, rows, cols=None):
     return [native.offsets(shape, dims) for dims in (batch, rows, cols) if dims is not None]
 
 
-def run(lhs, rhs, size, lhs_at, rhs_at, out_at, out_shape):
+def run(lhs, rhs, size, lhs_at, rhs_at, out_at, out_shape, portable=False):
     device = host_devices(1)[0]
-    fn = jax.jit(lambda l, r: native.pass_matmul(l, r, size, lhs_at, rhs_at, out_at, out_shape))
+    fn = jax.jit(lambda l, r: native.pass_matmul(l, r, size, lhs_at, rhs_at, out_at, out_shape,
+                                                 portable=portable))
     return np.asarray(fn(jax.device_put(lhs, device), jax.device_put(rhs, device)))
 
 
-@needs_native
 @pytest.mark.parametrize("m,k,n,size", [(5, 300, 7, 128), (9, 257, 33, 128), (1, 129, 1, 128),
                                         (17, 1000, 70, 128), (3, 45, 40, 9)])
 def test_bf16_is_the_reference_arithmetic(rng, m, k, n, size):
@@ -54,7 +53,6 @@ def test_bf16_is_the_reference_arithmetic(rng, m, k, n, size):
                                   reference_bf16(a, b, size).view(np.uint32))
 
 
-@needs_native
 def test_fp32_sums_each_pass_in_contraction_order():
     """Pass 1: 2^24 then 127 ones, each one lost to rounding (2^24 + 1 rounds to 2^24);
     pass 2: 128 ones, summed exactly from zero, then added: 2^24 + 128. One chain over all
@@ -67,7 +65,6 @@ def test_fp32_sums_each_pass_in_contraction_order():
     assert got.item() == 2.0 ** 24 + 128
 
 
-@needs_native
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 def test_an_element_depends_only_on_its_row_and_column(rng, dtype):
     """As a column of the PE array sums its own products: the same row and column give the
@@ -85,7 +82,6 @@ def test_an_element_depends_only_on_its_row_and_column(rng, dtype):
         np.testing.assert_array_equal(product(m, n), whole[:, :m, :n])
 
 
-@needs_native
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("batch", [1, 3, 16])  # threads share one element; take whole ones
 def test_layouts_give_the_same_sums(rng, dtype, batch):
@@ -104,3 +100,71 @@ def test_layouts_give_the_same_sums(rng, dtype, batch):
                                   plain.view(np.uint32))
     exact = np.einsum("bmk,bkn->bmn", a.astype(np.float64), b.astype(np.float64))
     np.testing.assert_allclose(plain, exact, rtol=0, atol=1e-4 * np.abs(exact).max())
+
+
+def extremes(rng, shape, dtype):
+    """Values of every exponent (subnormal ones, and products beyond FP32's range), with
+    zeros of both signs, infinities and NaN among them."""
+    x = rng.standard_normal(shape) * np.exp2(rng.integers(-140, 120, shape))
+    pick = rng.random(shape)
+    for value, share in ((np.inf, 0.01), (-np.inf, 0.01), (np.nan, 0.005), (0.0, 0.02),
+                         (-0.0, 0.02), (2.0 ** -130, 0.02)):
+        x[pick < share] = value
+        pick[pick < share] = 1.0
+        pick -= share
+    return x.astype(dtype)
+
+
+def same_bits_or_both_nan(got, want):
+    """Equal bits, except that a NaN may be another NaN: which NaN a sum of NaNs gives
+    depends on the order in which the compiler hands the instruction its operands."""
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan])
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("batch,m,k,n,size", [
+    (1, 1, 300, 1, 128),     # one row and column, a short last pass
+    (1, 1, 300, 64, 128),
+    (2, 64, 512, 96, 128),
+    (3, 9, 45, 40, 9),       # K < 128, several odd passes
+    (1, 5, 50, 7, 16),       # a last pass of 2
+    (1, 130, 1100, 33, 128),  # several blocks of rows (BF16: 112 rows, FP32: 56)
+    (16, 11, 257, 35, 128),  # batch elements enough for each thread to take whole ones
+])
+@pytest.mark.parametrize("values", ["normal", "extremes"])
+def test_portable_path_gives_the_avx512_bits(rng, dtype, batch, m, k, n, size, values):
+    if not native.avx512(dtype):
+        pytest.skip("this CPU runs the portable path only")
+    make = extremes if values == "extremes" else (
+        lambda rng, shape, dtype: rng.standard_normal(shape).astype(dtype))
+    a, b = make(rng, (batch, m, k), dtype), make(rng, (batch, k, n), dtype)
+    layouts = [(b, tables(b.shape, [0], [1], [2]), tables((batch, m, n), [0], [1], [2]),
+                (batch, m, n))]
+    b_nk = np.ascontiguousarray(b.transpose(0, 2, 1))  # strided columns, a strided result
+    layouts.append((b_nk, tables(b_nk.shape, [0], [2], [1]), tables((n, batch, m), [1], [2], [0]),
+                    (n, batch, m)))
+    for rhs, rhs_at, out_at, out_shape in layouts:
+        fast, portable = (run(a, rhs, size, tables(a.shape, [0], [1]), rhs_at, out_at, out_shape,
+                              portable=p) for p in (False, True))
+        same_bits_or_both_nan(portable, fast)
+        if values == "normal":
+            assert not np.isnan(fast).any()
+
+
+@pytest.mark.parametrize("operand", ["lhs", "rhs", "result"])
+def test_offsets_outside_a_buffer_are_an_error(operand):
+    a, b = np.ones((1, 4, 200), np.float32), np.ones((1, 200, 3), np.float32)
+    at = {"lhs": tables(a.shape, [0], [1]), "rhs": tables(b.shape, [0], [1], [2]),
+          "result": tables((1, 4, 3), [0], [1], [2])}
+    at[operand][-1] = at[operand][-1] + 1  # the last row (lhs) or column one element on
+    with pytest.raises(Exception, match=f"{operand}'s offsets reach outside"):
+        run(a, b, 128, at["lhs"], at["rhs"], at["result"], (1, 4, 3))
+
+
+def test_without_the_built_library_importing_is_an_error(tmp_path):
+    shutil.copy(native.__file__, tmp_path / "native.py")  # a directory without the library
+    spec = importlib.util.spec_from_file_location("unbuilt_native", tmp_path / "native.py")
+    with pytest.raises(ImportError, match="pip install -e ."):
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
 from mesh import isa
 
@@ -23,6 +24,9 @@ class KernelContext:
     # a body for all chips: side effects (host callbacks) happen on these chips only.
     # None: every chip.
     active: jnp.ndarray | None = None
+    # The devices the executor's computation is split over, as a 1-D mesh (axis
+    # "executor"); None: one device.
+    executor: Mesh | None = None
 
     def run_on(self, program: isa.Program, args, reached: jnp.ndarray):
         """Run a sub-program that only the chips where `reached` holds get to."""

@@ -7,9 +7,15 @@ Here each pass is one host matmul with FP32 accumulation, and passes are added i
 BF16 and FP8 inputs go to the host as BF16 (every FP8 value is a BF16 value), so that CPUs
 with BF16 dot instructions run them at their BF16 rate; a product of two BF16 values fits
 FP32's 24-bit significand, so products are exact either way. Other float inputs go as FP32.
-(Host BF16 dot instructions flush subnormal products to zero; a product that small is below
+(Host BF16 dot instructions flush subnormal sums to zero; a product that small is below
 FP32's normal range and lost in any FP32 sum with a normal value.) Integer inputs accumulate
 exactly in their integer output type.
+
+A float matmul of several passes of BF16 or FP32 host operands runs, on a CPU executor
+device, in the native pass loop (mesh.isa.kernels.native), which gives the same bits on
+every host CPU; the XLA loop of host GEMMs (_looped_passes), whose sums' order depends on
+the host's GEMM kernels, runs only what the native loop does not take: other host types
+(FP64), single passes, and executor devices that are not CPUs.
 
 Mesh dims: a mesh axis along which both operands vary is a batch dim, one along which only
 one operand varies is a free dim of that operand, and one along which neither varies is not
@@ -20,9 +26,11 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import PartitionSpec
 
 from mesh import dtypes, isa, numerics
 from mesh.isa.kernels import kernel, native
@@ -49,8 +57,9 @@ def matmul(instr: isa.Matmul, args, ctx: KernelContext):
 
 
 def runs_natively(instr: isa.Matmul, program: isa.Program) -> bool:
-    """Whether a matmul of several passes runs in the native loop on a CPU
-    (mesh.isa.kernels.native), its operands and result in the executor's layouts."""
+    """Whether a matmul of several passes runs in the native loop on a CPU executor device
+    (mesh.isa.kernels.native; any CPU: it gives the same bits on each), its operands and
+    result in the executor's layouts; on other executor devices it runs as host GEMMs."""
     lhs, rhs = (program.values[v].type for v in instr.ins)
     if not dtypes.is_float(instr.out_dtype) or instr.out_dtype in dtypes.COMPLEX_PARTS:
         return False
@@ -62,16 +71,39 @@ def runs_natively(instr: isa.Matmul, program: isa.Program) -> bool:
 def _native_matmul(lhs, rhs, instr: isa.Matmul, ctx: KernelContext):
     """The matmul in the native loop, reading each operand where it is (a left operand
     whose contraction is not its last dims, in order, is copied so that it is) and writing
-    the result in its layout."""
-    nm = ctx.nm
-    both, lhs_only, rhs_only = _mesh_dims(lhs.shape, rhs.shape, nm)
+    the result in its layout. Over several executor devices each computes its slice of the
+    result along the first mesh axis the result varies along that they divide
+    (jax.shard_map): XLA's partitioner cannot split the custom call, and would gather the
+    operands to every device for all of the matmul."""
+    mesh_dims = _mesh_dims(lhs.shape, rhs.shape, ctx.nm)
+    product = functools.partial(_native_product, instr=instr, nm=ctx.nm, mesh_dims=mesh_dims)
+    devices = 1 if ctx.executor is None else ctx.executor.size
+    axis = next((a for a in sorted(sum(mesh_dims, [])) if devices > 1
+                 and max(lhs.shape[a], rhs.shape[a]) % devices == 0), None)
+    if axis is not None:
+        def split(ndim, along):  # the spec of an array split along mesh axis `axis` or not
+            return PartitionSpec(*("executor" if along and d == axis else None
+                                   for d in range(ndim)))
+
+        product = jax.shard_map(product, mesh=ctx.executor,
+                                in_specs=(split(lhs.ndim, lhs.shape[axis] > 1),
+                                          split(rhs.ndim, rhs.shape[axis] > 1)),
+                                out_specs=split(ctx.nm, True))
+    acc = product(lhs, rhs)
+    return numerics.round_to(acc, instr.out_dtype, ctx.rounding).reshape(ctx.out_shape(instr))
+
+
+def _native_product(lhs, rhs, instr: isa.Matmul, nm: int, mesh_dims):
+    """_native_matmul's FP32 sums (before rounding), of operands split along mesh axes or
+    not: `mesh_dims` (_mesh_dims) of the whole operands."""
+    both, lhs_only, rhs_only = mesh_dims
     host = _host_dtype(lhs.dtype, rhs.dtype)
     lhs_free = [nm + d for d in _free_dims(lhs.ndim - nm, instr.lhs_batch, instr.lhs_contract)]
     rhs_free = [nm + d for d in _free_dims(rhs.ndim - nm, instr.rhs_batch, instr.rhs_contract)]
     lhs_batch, rhs_batch = ([nm + d for d in b] for b in (instr.lhs_batch, instr.rhs_batch))
     lhs_k, rhs_k = ([nm + d for d in c] for c in (instr.lhs_contract, instr.rhs_contract))
-    sizes = ctx.mesh.axis_sizes
-    out = (tuple(sizes[a] if a in both + lhs_only + rhs_only else 1 for a in range(nm))
+    out = (tuple(lhs.shape[a] if a in both + lhs_only else rhs.shape[a] if a in rhs_only
+                 else 1 for a in range(nm))
            + tuple(lhs.shape[d] for d in lhs_batch + lhs_free)
            + tuple(rhs.shape[d] for d in rhs_free))
     order = [d for d in range(lhs.ndim) if d not in lhs_k] + lhs_k
@@ -80,7 +112,7 @@ def _native_matmul(lhs, rhs, instr: isa.Matmul, ctx: KernelContext):
     local = iter(range(nm, len(out)))
     out_batch, out_rows, out_cols = ([next(local) for _ in dims]
                                      for dims in (lhs_batch, lhs_free, rhs_free))
-    acc = native.pass_matmul(
+    return native.pass_matmul(
         lhs, rhs.astype(host), instr.pass_size,
         [native.offsets(lhs.shape, [at[d] for d in dims])
          for dims in (both + lhs_batch, lhs_only + lhs_free)],
@@ -88,7 +120,6 @@ def _native_matmul(lhs, rhs, instr: isa.Matmul, ctx: KernelContext):
                                                        rhs_only + rhs_free)],
         [native.offsets(out, dims) for dims in (both + out_batch, lhs_only + out_rows,
                                                 rhs_only + out_cols)], out)
-    return numerics.round_to(acc, instr.out_dtype, ctx.rounding).reshape(ctx.out_shape(instr))
 
 
 def _gemm_matmul(lhs, rhs, instr: isa.Matmul, ctx: KernelContext):
@@ -208,7 +239,8 @@ def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, out_dtype: str | 
     looped = functools.partial(_looped_passes, host=host, size=instr.pass_size,
                                k_axes=k_axes)
     if k > instr.pass_size and native.runs(host):
-        # The same sums on a CPU (native), one tile of the result at a time
+        # On a CPU executor device, the native loop: one tile of the result at a time, the
+        # same bits on every host; the XLA loop elsewhere
         acc = lax.platform_dependent(*operands, cpu=functools.partial(
             _native_passes, host=host, size=instr.pass_size, rhs_k_major=rhs_k_major),
             default=looped)

@@ -5,8 +5,11 @@ memory.
 
 It is an XLA FFI custom call on the CPU, registered with jax when this module is imported
 (so that an executable that calls it can run however it was made: traced here, or read
-from a compilation cache). `runs(dtype)` says whether it takes operands of that host type
-here: BF16 and FP32, on a CPU with AVX-512 BF16, where the library was built.
+from a compilation cache made on another host). It takes BF16 and FP32 operands (`runs`)
+on any CPU and gives the same bits on every one: its AVX-512 code where the CPU has the
+instructions (`avx512`), else a portable path of the same operations in the same order.
+The results depend on it (the executor's XLA loop sums in other orders), so importing this
+module without the built library is an error rather than a fallback.
 """
 
 from __future__ import annotations
@@ -24,27 +27,36 @@ TARGET = "jax_trn2_pass_matmul"
 HOST_DTYPES = (jnp.bfloat16, jnp.float32)
 
 
-def _load() -> ctypes.CDLL | None:
-    """The built library, registered with jax, when it is there and this CPU runs it."""
+def _load() -> ctypes.CDLL:
+    """The built library, registered with jax."""
     here = os.path.dirname(os.path.abspath(__file__))
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = os.path.join(here, "_pass_matmul" + suffix)
-        if os.path.exists(path):
+    paths = [os.path.join(here, "_pass_matmul" + suffix)
+             for suffix in importlib.machinery.EXTENSION_SUFFIXES]
+    for path in filter(os.path.exists, paths):
+        try:
             library = ctypes.CDLL(path)
-            if not library.Available():
-                return None
-            jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.PassMatmul),
-                                        platform="cpu")
-            return library
-    return None
+        except OSError as error:
+            raise ImportError(f"the native matmul pass loop {path} does not load ({error}); "
+                              "rebuild it: pip install -e . in the repository") from error
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.PassMatmul),
+                                    platform="cpu")
+        return library
+    raise ImportError(f"the native matmul pass loop (mesh/isa/kernels/pass_matmul.cc) is not "
+                      f"built in {here}: build it with pip install -e . in the repository")
 
 
 _LIBRARY = _load()
 
 
 def runs(host_dtype) -> bool:
-    """Whether the native loop takes operands of `host_dtype` on this CPU."""
-    return jnp.dtype(host_dtype) in HOST_DTYPES and _LIBRARY is not None
+    """Whether the native loop takes operands of `host_dtype` (on any CPU)."""
+    return jnp.dtype(host_dtype) in HOST_DTYPES
+
+
+def avx512(host_dtype) -> bool:
+    """Whether the native loop runs its AVX-512 code for operands of `host_dtype` on this
+    CPU (else its portable path, which gives the same bits)."""
+    return bool(_LIBRARY.Avx512(int(jnp.dtype(host_dtype) == jnp.bfloat16)))
 
 
 def offsets(shape: Sequence[int], dims: Sequence[int]) -> np.ndarray:
@@ -60,15 +72,16 @@ def offsets(shape: Sequence[int], dims: Sequence[int]) -> np.ndarray:
 
 def pass_matmul(lhs: jax.Array, rhs: jax.Array, pass_size: int, lhs_at: Sequence[np.ndarray],
                 rhs_at: Sequence[np.ndarray], out_at: Sequence[np.ndarray],
-                out_shape: Sequence[int]) -> jax.Array:
+                out_shape: Sequence[int], portable: bool = False) -> jax.Array:
     """The FP32 array of `out_shape` whose element (b, m, n) is the sum over k of
     lhs(b, m, k) rhs(b, k, n), K cut into passes of `pass_size`, each summed in FP32, added
     in order (traceable, CPU only: under lax.platform_dependent). Operands of one host type,
     BF16 or FP32, in any layout the offset tables (`offsets`) describe:
     lhs(b, m, k) is lhs's element lhs_at[0][b] + lhs_at[1][m] + k (its contraction
     contiguous), rhs(b, k, n) is rhs_at[0][b] + rhs_at[1][k] + rhs_at[2][n], and the
-    result's (b, m, n) out_at[0][b] + out_at[1][m] + out_at[2][n]."""
+    result's (b, m, n) out_at[0][b] + out_at[1][m] + out_at[2][n]. `portable` runs the
+    portable path even where the AVX-512 code would run (for tests: the same bits)."""
     call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(tuple(out_shape), jnp.float32))
     with jax.enable_x64(True):  # offsets of arrays of 2^31 elements or more
         tables = [jnp.asarray(t, jnp.int64) for t in (*lhs_at, *rhs_at, *out_at)]
-    return call(lhs, rhs, *tables, pass_size=np.int64(pass_size))
+    return call(lhs, rhs, *tables, pass_size=np.int64(pass_size), portable=bool(portable))

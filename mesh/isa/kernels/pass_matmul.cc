@@ -13,16 +13,27 @@
 // tile of the result stays in registers and L1 for all its passes, where XLA writes each
 // pass's product to memory and reads it back to add it.
 //
-// The handler reports itself unusable (Available() == 0) on a CPU without AVX-512 BF16;
-// the executor then uses its XLA loop.
+// The same arithmetic runs on every CPU: the AVX-512 code on an x86-64 CPU that has the
+// instructions it uses (FP32: AVX-512F; BF16: AVX-512F, BW and BF16), and otherwise (or when
+// the call asks for it) a portable path of plain C++ over the same packed panels that
+// performs the same FP32 operations in the same order, VDPBF16PS emulated as an AMD Zen 4
+// computes it (DotBf16): the results are the same bits on any host, but for which NaN a
+// sum of two NaNs gives (the order in which the compiler hands an add its operands). (The
+// build turns off FMA contraction: the portable path's products and sums are rounded
+// where it says.)
 
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -31,6 +42,8 @@
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
+
+extern "C" int Avx512(int bf16);  // below
 
 namespace {
 
@@ -45,8 +58,6 @@ constexpr int64_t kBlockBytes = 256 << 10;  // a block of lhs rows kept in L2 ov
 constexpr int64_t kGroupBytes = 2 << 20;
 // Batch elements per thread from which the threads take whole ones rather than share each
 constexpr int64_t kBatchesPerThread = 4;
-
-#define TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
 // Where each element of an operand or of the result is, as offsets in elements that add:
 // element (b, m, k) of lhs is at batch[b] + row[m] + k (its contraction is contiguous),
@@ -76,35 +87,16 @@ bool Contiguous(const int64_t* col, int64_t cols) {
   return true;
 }
 
-// Packs the columns [n0, n0 + 32) of rhs for the BF16 kernel: for each pass, its pairs of
+// Packs the columns [n0, n0 + 32) of rhs for the BF16 kernels: for each pass, its pairs of
 // contraction elements, each pair as 32 columns of (even, odd) BF16 values; columns past
 // the end and the odd element of a pass of odd length are zero.
-TARGET void PackBf16(const Rhs<uint16_t>& rhs, int64_t n0, int64_t pass, uint16_t* out) {
+void PackBf16(const Rhs<uint16_t>& rhs, int64_t n0, int64_t pass, uint16_t* out) {
   const int64_t cols = std::min(kTileCols, rhs.n - n0);
-  const bool contiguous = Contiguous(rhs.at.col + n0, cols);
-  const __mmask32 mask = cols >= 32 ? ~0u : (1u << cols) - 1;
-  // (even, odd) pairs of columns 0-15 and 16-31: lane 2c from the even row, 2c + 1 from
-  // the odd one (index 32 + c)
-  alignas(64) uint16_t low[32], high[32];
-  for (int i = 0; i < 32; ++i) {
-    low[i] = static_cast<uint16_t>(i / 2 + (i % 2) * 32);
-    high[i] = static_cast<uint16_t>(16 + i / 2 + (i % 2) * 32);
-  }
-  const __m512i to_low = _mm512_load_si512(low), to_high = _mm512_load_si512(high);
   for (int64_t k0 = 0; k0 < rhs.k; k0 += pass) {
     const int64_t len = std::min(pass, rhs.k - k0);
     for (int64_t p = 0; p < (len + 1) / 2; ++p, out += 2 * kTileCols) {
       const int64_t even = k0 + 2 * p, odd = even + 1;
       const bool has_odd = 2 * p + 1 < len;
-      if (contiguous) {
-        const uint16_t* col = rhs.data + rhs.at.col[n0];
-        const __m512i e = _mm512_maskz_loadu_epi16(mask, col + rhs.at.row[even]);
-        const __m512i o = has_odd ? _mm512_maskz_loadu_epi16(mask, col + rhs.at.row[odd])
-                                  : _mm512_setzero_si512();
-        _mm512_storeu_si512(out, _mm512_permutex2var_epi16(e, to_low, o));
-        _mm512_storeu_si512(out + kTileCols, _mm512_permutex2var_epi16(e, to_high, o));
-        continue;
-      }
       for (int64_t c = 0; c < kTileCols; ++c) {
         out[2 * c] = c < cols ? rhs(even, n0 + c) : 0;
         out[2 * c + 1] = c < cols && has_odd ? rhs(odd, n0 + c) : 0;
@@ -113,7 +105,7 @@ TARGET void PackBf16(const Rhs<uint16_t>& rhs, int64_t n0, int64_t pass, uint16_
   }
 }
 
-// Packs the columns [n0, n0 + 32) of rhs for the FP32 kernel: row after row of 32 columns.
+// Packs the columns [n0, n0 + 32) of rhs for the FP32 kernels: row after row of 32 columns.
 void PackF32(const Rhs<float>& rhs, int64_t n0, int64_t /*pass*/, float* out) {
   const int64_t cols = std::min(kTileCols, rhs.n - n0);
   const bool contiguous = Contiguous(rhs.at.col + n0, cols);
@@ -133,7 +125,7 @@ struct TileCols {
   const int64_t* col;
   int64_t cols;
   bool contiguous;
-  __mmask16 m0, m1;
+  uint16_t m0, m1;  // AVX-512 masks of the columns in the first and second 16
 
   TileCols(const int64_t* col, int64_t cols) : col(col), cols(cols) {
     contiguous = Contiguous(col, cols);
@@ -141,32 +133,151 @@ struct TileCols {
     m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1;
   }
 
-  // The pass's sums acc added to the row's earlier passes (unless it is the first), stored.
-  TARGET void Accumulate(float* out_row, __m512 acc[2], bool first) const {
-    if (contiguous) {
-      float* o = out_row + col[0];
-      if (!first) {  // PSUM: the pass is added to the passes before it
-        acc[0] = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, o), acc[0]);
-        acc[1] = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, o + 16), acc[1]);
-      }
-      _mm512_mask_storeu_ps(o, m0, acc[0]);
-      _mm512_mask_storeu_ps(o + 16, m1, acc[1]);
-      return;
-    }
-    alignas(64) float sums[32];
-    _mm512_store_ps(sums, acc[0]);
-    _mm512_store_ps(sums + 16, acc[1]);
+  // The pass's sums added to the row's earlier passes (unless it is the first), stored.
+  void Accumulate(float* out_row, const float* sums, bool first) const {
     for (int64_t c = 0; c < cols; ++c) {
       float* o = out_row + col[c];
-      *o = first ? sums[c] : *o + sums[c];
+      *o = first ? sums[c] : *o + sums[c];  // PSUM: the pass is added to the passes before it
     }
   }
 };
 
+// The portable path: the AVX-512 kernels' operations, lane by lane, in their order.
+
+// A BF16 value as FP32, a subnormal read as a zero of its sign (VDPBF16PS's DAZ).
+inline float FromBf16(uint16_t bits) {
+  if ((bits & 0x7F80) == 0) bits &= 0x8000;
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float x;
+  std::memcpy(&x, &wide, sizeof x);
+  return x;
+}
+
+// x, or a zero of its sign where x is subnormal (VDPBF16PS's FTZ, on products and sums).
+inline float Flush(float x) { return std::fabs(x) < FLT_MIN ? std::copysign(0.0f, x) : x; }
+
+// One lane of VDPBF16PS as this CPU (AMD Zen 4) computes it: acc plus the odd pair's
+// product, then plus the even one's, each sum rounded to FP32 once (a fused multiply-add:
+// a product beyond FP32's range is neither rounded to infinity nor flushed before it is
+// added) and flushed.
+inline float DotBf16(float acc, float a_even, float a_odd, float b_even, float b_odd) {
+  acc = Flush(std::fma(a_odd, b_odd, acc));
+  return Flush(std::fma(a_even, b_even, acc));
+}
+
+// TileBf16 (below), portably.
+template <int ROWS>
+void PortableTileBf16(const uint16_t* const* a, const uint16_t* panel, int64_t k, int64_t pass,
+                      float* const* out, const TileCols& cols) {
+  for (int64_t k0 = 0; k0 < k; k0 += pass) {
+    const int64_t len = std::min(pass, k - k0);
+    float acc[ROWS][kTileCols] = {};
+    for (int64_t p = 0; p < (len + 1) / 2; ++p, panel += 2 * kTileCols) {
+      float b_even[kTileCols], b_odd[kTileCols];
+      for (int64_t c = 0; c < kTileCols; ++c) {
+        b_even[c] = FromBf16(panel[2 * c]);
+        b_odd[c] = FromBf16(panel[2 * c + 1]);
+      }
+      const bool has_odd = 2 * p + 1 < len;  // else the last element is paired with zero
+      for (int r = 0; r < ROWS; ++r) {
+        const float a_even = FromBf16(a[r][k0 + 2 * p]);
+        const float a_odd = has_odd ? FromBf16(a[r][k0 + 2 * p + 1]) : 0.0f;
+        for (int64_t c = 0; c < kTileCols; ++c) {
+          acc[r][c] = DotBf16(acc[r][c], a_even, a_odd, b_even[c], b_odd[c]);
+        }
+      }
+    }
+    for (int r = 0; r < ROWS; ++r) cols.Accumulate(out[r], acc[r], k0 == 0);
+  }
+}
+
+// TileF32 (below), portably: one fused multiply-add per product.
+template <int ROWS>
+void PortableTileF32(const float* const* a, const float* panel, int64_t k, int64_t pass,
+                     float* const* out, const TileCols& cols) {
+  for (int64_t k0 = 0; k0 < k; k0 += pass) {
+    const int64_t len = std::min(pass, k - k0);
+    float acc[ROWS][kTileCols] = {};
+    for (int64_t kk = 0; kk < len; ++kk, panel += kTileCols) {
+      for (int r = 0; r < ROWS; ++r) {
+        const float x = a[r][k0 + kk];
+        for (int64_t c = 0; c < kTileCols; ++c) acc[r][c] = std::fma(x, panel[c], acc[r][c]);
+      }
+    }
+    for (int r = 0; r < ROWS; ++r) cols.Accumulate(out[r], acc[r], k0 == 0);
+  }
+}
+
+#if defined(__x86_64__)
+#define TARGET_F32 __attribute__((target("avx512f")))
+#define TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+bool HasAvx512F() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f");
+}
+
+bool HasAvx512Bf16() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512bf16");
+}
+
+// PackBf16, two vector loads per pair where the columns are contiguous.
+TARGET_BF16 void PackBf16Avx512(const Rhs<uint16_t>& rhs, int64_t n0, int64_t pass,
+                                uint16_t* out) {
+  const int64_t cols = std::min(kTileCols, rhs.n - n0);
+  if (!Contiguous(rhs.at.col + n0, cols)) return PackBf16(rhs, n0, pass, out);
+  const __mmask32 mask = cols >= 32 ? ~0u : (1u << cols) - 1;
+  // (even, odd) pairs of columns 0-15 and 16-31: lane 2c from the even row, 2c + 1 from
+  // the odd one (index 32 + c)
+  alignas(64) uint16_t low[32], high[32];
+  for (int i = 0; i < 32; ++i) {
+    low[i] = static_cast<uint16_t>(i / 2 + (i % 2) * 32);
+    high[i] = static_cast<uint16_t>(16 + i / 2 + (i % 2) * 32);
+  }
+  const __m512i to_low = _mm512_load_si512(low), to_high = _mm512_load_si512(high);
+  for (int64_t k0 = 0; k0 < rhs.k; k0 += pass) {
+    const int64_t len = std::min(pass, rhs.k - k0);
+    for (int64_t p = 0; p < (len + 1) / 2; ++p, out += 2 * kTileCols) {
+      const int64_t even = k0 + 2 * p, odd = even + 1;
+      const bool has_odd = 2 * p + 1 < len;
+      const uint16_t* col = rhs.data + rhs.at.col[n0];
+      const __m512i e = _mm512_maskz_loadu_epi16(mask, col + rhs.at.row[even]);
+      const __m512i o = has_odd ? _mm512_maskz_loadu_epi16(mask, col + rhs.at.row[odd])
+                                : _mm512_setzero_si512();
+      _mm512_storeu_si512(out, _mm512_permutex2var_epi16(e, to_low, o));
+      _mm512_storeu_si512(out + kTileCols, _mm512_permutex2var_epi16(e, to_high, o));
+    }
+  }
+}
+
+// TileCols::Accumulate of a pass's sums in two vectors, as vectors where the columns are
+// contiguous. (Inlined into the tiles as it was when it was TileCols's: which NaN a sum of
+// two NaNs gives depends on the order the compiler hands vaddps its operands.)
+TARGET_F32 inline __attribute__((always_inline)) void Accumulate(const TileCols& cols,
+                                                                 float* out_row, __m512 acc[2],
+                                                                 bool first) {
+  if (cols.contiguous) {
+    float* o = out_row + cols.col[0];
+    if (!first) {  // PSUM: the pass is added to the passes before it
+      acc[0] = _mm512_add_ps(_mm512_maskz_loadu_ps(cols.m0, o), acc[0]);
+      acc[1] = _mm512_add_ps(_mm512_maskz_loadu_ps(cols.m1, o + 16), acc[1]);
+    }
+    _mm512_mask_storeu_ps(o, cols.m0, acc[0]);
+    _mm512_mask_storeu_ps(o + 16, cols.m1, acc[1]);
+    return;
+  }
+  alignas(64) float sums[32];
+  _mm512_store_ps(sums, acc[0]);
+  _mm512_store_ps(sums + 16, acc[1]);
+  cols.Accumulate(out_row, sums, first);
+}
+
 // The result tile of ROWS rows (each from the lhs row at a[r], to the result row at out[r])
 // and one packed panel of rhs, pass after pass.
 template <int ROWS>
-TARGET void TileBf16(const uint16_t* const* a, const uint16_t* panel, int64_t k, int64_t pass,
+TARGET_BF16 void TileBf16(const uint16_t* const* a, const uint16_t* panel, int64_t k, int64_t pass,
                      float* const* out, const TileCols& cols) {
   for (int64_t k0 = 0; k0 < k; k0 += pass) {
     const int64_t len = std::min(pass, k - k0);
@@ -196,12 +307,12 @@ TARGET void TileBf16(const uint16_t* const* a, const uint16_t* panel, int64_t k,
         acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, b1);
       }
     }
-    for (int r = 0; r < ROWS; ++r) cols.Accumulate(out[r], acc[r], k0 == 0);
+    for (int r = 0; r < ROWS; ++r) Accumulate(cols, out[r], acc[r], k0 == 0);
   }
 }
 
 template <int ROWS>
-TARGET void TileF32(const float* const* a, const float* panel, int64_t k, int64_t pass,
+TARGET_F32 void TileF32(const float* const* a, const float* panel, int64_t k, int64_t pass,
                     float* const* out, const TileCols& cols) {
   for (int64_t k0 = 0; k0 < k; k0 += pass) {
     const int64_t len = std::min(pass, k - k0);
@@ -217,9 +328,10 @@ TARGET void TileF32(const float* const* a, const float* panel, int64_t k, int64_
         acc[r][1] = _mm512_fmadd_ps(x, b1, acc[r][1]);
       }
     }
-    for (int r = 0; r < ROWS; ++r) cols.Accumulate(out[r], acc[r], k0 == 0);
+    for (int r = 0; r < ROWS; ++r) Accumulate(cols, out[r], acc[r], k0 == 0);
   }
 }
+#endif  // defined(__x86_64__)
 
 // Runs fn(0) .. fn(count - 1) on the calling thread and the FFI's intra-op thread pool. The
 // caller takes items too, so it never waits on a task that has not started; a task that
@@ -250,12 +362,14 @@ void ParallelFor(ffi::ThreadPool& pool, int64_t count, const std::function<void(
 template <typename T>
 class Packed {
  public:
-  void resize(int64_t elems) {
+  // Whether there is room for `elems` (false: out of memory).
+  bool resize(int64_t elems) {
     const size_t bytes = (elems * sizeof(T) + kLine - 1) / kLine * kLine;
     if (bytes > bytes_) {
       data_.reset(static_cast<T*>(std::aligned_alloc(kLine, bytes)));
-      bytes_ = bytes;
+      bytes_ = data_ ? bytes : 0;
     }
+    return data_ != nullptr;
   }
   T* data() { return data_.get(); }
 
@@ -278,8 +392,10 @@ struct Problem {
   Offsets lhs_at, rhs_at, out_at;
 };
 
+// The call's result, pack(...) packing rhs panels and tile(...) computing a result tile
+// from one; false when there was no memory for the panels.
 template <typename T, typename Pack, typename Tile>
-void Run(ffi::ThreadPool& pool, const Problem<T>& p, int64_t panel_elems, Pack pack,
+bool Run(ffi::ThreadPool& pool, const Problem<T>& p, int64_t panel_elems, Pack pack,
          Tile tile) {
   const int64_t panels = (p.n + kTileCols - 1) / kTileCols;
   const int64_t block_rows = std::max<int64_t>(
@@ -308,9 +424,13 @@ void Run(ffi::ThreadPool& pool, const Problem<T>& p, int64_t panel_elems, Pack p
   auto rhs_of = [&](int64_t b) { return Rhs<T>{p.rhs + p.rhs_at.batch[b], p.rhs_at, p.k, p.n}; };
   if (p.batch >= kBatchesPerThread * std::max<int64_t>(1, pool.num_threads())) {
     // Batch elements enough for every thread: each takes whole ones (no wait in between)
+    std::atomic<bool> allocated{true};
     ParallelFor(pool, p.batch, [&](int64_t b) {
       thread_local Packed<T> packed;
-      packed.resize(panels * panel_elems);
+      if (!packed.resize(panels * panel_elems)) {
+        allocated = false;
+        return;
+      }
       for (int64_t panel = 0; panel < panels; ++panel) {
         pack(rhs_of(b), panel * kTileCols, p.pass, packed.data() + panel * panel_elems);
       }
@@ -322,10 +442,10 @@ void Run(ffi::ThreadPool& pool, const Problem<T>& p, int64_t panel_elems, Pack p
         }
       }
     });
-    return;
+    return allocated;
   }
   Packed<T> packed;
-  packed.resize(panels * panel_elems);
+  if (!packed.resize(panels * panel_elems)) return false;
   for (int64_t b = 0; b < p.batch; ++b) {  // the threads share each batch element
     ParallelFor(pool, panels, [&](int64_t panel) {
       pack(rhs_of(b), panel * kTileCols, p.pass, packed.data() + panel * panel_elems);
@@ -338,6 +458,7 @@ void Run(ffi::ThreadPool& pool, const Problem<T>& p, int64_t panel_elems, Pack p
       compute(b, rest / in_group, panel, packed.data() + panel * panel_elems);
     });
   }
+  return true;
 }
 
 #define DISPATCH_ROWS(call)                                    \
@@ -354,10 +475,23 @@ void Run(ffi::ThreadPool& pool, const Problem<T>& p, int64_t panel_elems, Pack p
 
 using Table = ffi::Buffer<ffi::S64, 1>;
 
+// Whether every sum of one offset from each table (and at most `last` in all) is in
+// [0, last]: each table's offsets are at least 0, and their largest add up to at most
+// `last`. The tables are not empty.
+bool Inside(std::initializer_list<const Table*> tables, int64_t last) {
+  for (const Table* table : tables) {
+    const int64_t* at = table->typed_data();
+    const auto [low, high] = std::minmax_element(at, at + table->element_count());
+    if (*low < 0 || *high > last) return false;
+    last -= *high;  // what the tables after it may still add
+  }
+  return true;
+}
+
 ffi::Error PassMatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
                           Table lhs_batch, Table lhs_row, Table rhs_batch, Table rhs_k,
                           Table rhs_col, Table out_batch, Table out_row, Table out_col,
-                          ffi::Result<ffi::AnyBuffer> out, int64_t pass_size) {
+                          ffi::Result<ffi::AnyBuffer> out, int64_t pass_size, bool portable) {
   const int64_t batch = lhs_batch.element_count(), m = lhs_row.element_count(),
                 k = rhs_k.element_count(), n = rhs_col.element_count();
   if (lhs.element_type() != rhs.element_type() || out->element_type() != ffi::F32 ||
@@ -370,35 +504,78 @@ ffi::Error PassMatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer lhs, ffi::AnyBuff
   if (pass_size < 1 || k < 1) {
     return ffi::Error::InvalidArgument("PassMatmul: a pass size and K of at least 1");
   }
+  if (batch * m * n == 0) return ffi::Error::Success();  // an empty result
+  // The last element each operand's tables reach, in elements: lhs's rows run k long
+  if (!Inside({&lhs_batch, &lhs_row}, static_cast<int64_t>(lhs.element_count()) - k)) {
+    return ffi::Error::InvalidArgument("PassMatmul: lhs's offsets reach outside lhs");
+  }
+  if (!Inside({&rhs_batch, &rhs_k, &rhs_col}, static_cast<int64_t>(rhs.element_count()) - 1)) {
+    return ffi::Error::InvalidArgument("PassMatmul: rhs's offsets reach outside rhs");
+  }
+  if (!Inside({&out_batch, &out_row, &out_col}, batch * m * n - 1)) {
+    return ffi::Error::InvalidArgument("PassMatmul: the result's offsets reach outside it");
+  }
   const Offsets lhs_at{lhs_batch.typed_data(), lhs_row.typed_data(), nullptr},
       rhs_at{rhs_batch.typed_data(), rhs_k.typed_data(), rhs_col.typed_data()},
       out_at{out_batch.typed_data(), out_row.typed_data(), out_col.typed_data()};
   float* o = static_cast<float*>(out->untyped_data());
+  bool allocated;
   if (lhs.element_type() == ffi::BF16) {
     const Problem<uint16_t> p{static_cast<const uint16_t*>(lhs.untyped_data()),
                               static_cast<const uint16_t*>(rhs.untyped_data()), o, batch, m, k,
                               n, pass_size, lhs_at, rhs_at, out_at};
     const int64_t passes = (k + pass_size - 1) / pass_size;
-    Run(pool, p, (k + passes) * kTileCols /* with room for odd passes' pads */, PackBf16,
-        [&](int64_t rows, const uint16_t* const* a, const uint16_t* panel, float* const* out_rows,
-            const TileCols& cols) {
+    const int64_t panel_elems = (k + passes) * kTileCols;  // with room for odd passes' pads
+#if defined(__x86_64__)
+    if (!portable && Avx512(/*bf16=*/1)) {
+      allocated = Run(pool, p, panel_elems, PackBf16Avx512,
+                      [&](int64_t rows, const uint16_t* const* a, const uint16_t* panel,
+                          float* const* out_rows, const TileCols& cols) {
 #define CALL(R) TileBf16<R>(a, panel, k, pass_size, out_rows, cols)
-          DISPATCH_ROWS(CALL)
+                        DISPATCH_ROWS(CALL)
 #undef CALL
-        });
+                      });
+    } else  // the portable path
+#endif
+    {
+      allocated = Run(pool, p, panel_elems, PackBf16,
+                      [&](int64_t rows, const uint16_t* const* a, const uint16_t* panel,
+                          float* const* out_rows, const TileCols& cols) {
+#define CALL(R) PortableTileBf16<R>(a, panel, k, pass_size, out_rows, cols)
+                        DISPATCH_ROWS(CALL)
+#undef CALL
+                      });
+    }
   } else if (lhs.element_type() == ffi::F32) {
     const Problem<float> p{static_cast<const float*>(lhs.untyped_data()),
                            static_cast<const float*>(rhs.untyped_data()), o, batch, m, k, n,
                            pass_size, lhs_at, rhs_at, out_at};
-    Run(pool, p, k * kTileCols, PackF32,
-        [&](int64_t rows, const float* const* a, const float* panel, float* const* out_rows,
-            const TileCols& cols) {
+#if defined(__x86_64__)
+    if (!portable && Avx512(/*bf16=*/0)) {
+      allocated = Run(pool, p, k * kTileCols, PackF32,
+                      [&](int64_t rows, const float* const* a, const float* panel,
+                          float* const* out_rows, const TileCols& cols) {
 #define CALL(R) TileF32<R>(a, panel, k, pass_size, out_rows, cols)
-          DISPATCH_ROWS(CALL)
+                        DISPATCH_ROWS(CALL)
 #undef CALL
-        });
+                      });
+    } else  // the portable path
+#endif
+    {
+      allocated = Run(pool, p, k * kTileCols, PackF32,
+                      [&](int64_t rows, const float* const* a, const float* panel,
+                          float* const* out_rows, const TileCols& cols) {
+#define CALL(R) PortableTileF32<R>(a, panel, k, pass_size, out_rows, cols)
+                        DISPATCH_ROWS(CALL)
+#undef CALL
+                      });
+    }
   } else {
     return ffi::Error::InvalidArgument("PassMatmul: BF16 or FP32 operands");
+  }
+  if (!allocated) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      "PassMatmul: no memory for the packed rhs panels");
   }
   return ffi::Error::Success();
 }
@@ -419,11 +596,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PassMatmul, PassMatmulImpl,
                                   .Arg<Table>()           // result row offsets
                                   .Arg<Table>()           // result column offsets
                                   .Ret<ffi::AnyBuffer>()  // FP32
-                                  .Attr<int64_t>("pass_size"));
+                                  .Attr<int64_t>("pass_size")
+                                  .Attr<bool>("portable"));  // the portable path, here too
 
-// Whether this CPU runs PassMatmul (AVX-512 with BF16 dot products).
-extern "C" int Available() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512bf16");
+// Whether PassMatmul runs its AVX-512 code (rather than the portable path) on this CPU for
+// operands of BF16 (bf16 != 0) or FP32.
+extern "C" int Avx512(int bf16) {
+#if defined(__x86_64__)
+  static const bool f32 = HasAvx512F(), with_bf16 = HasAvx512Bf16();
+  return bf16 ? with_bf16 : f32;
+#else
+  (void)bf16;
+  return 0;
+#endif
 }
