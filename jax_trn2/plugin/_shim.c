@@ -18,6 +18,7 @@
 #include <fenv.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <string.h>
 
 static const void *api_table = 0;
 
@@ -55,8 +56,14 @@ void *trn2_ready_event(void) { return &ready_event; }
 
 void *trn2_Event_Destroy(trn2_args *args) { (void)args; return 0; }
 
+// The bool fields PJRT's args have where `out` starts: written byte-wise (memcpy), as
+// writing a bool through a pointer to void * would break C's aliasing rules.
+static void write_bool(trn2_args *args, bool value) {
+  memcpy(&args->out[0], &value, sizeof value);
+}
+
 void *trn2_Event_IsReady(trn2_args *args) {
-  *(bool *)&args->out[0] = true;
+  write_bool(args, true);
   return 0;
 }
 
@@ -86,7 +93,7 @@ void *trn2_Buffer_Memory(trn2_args *args) {
 }
 
 void *trn2_Buffer_IsDeleted(trn2_args *args) {
-  *(bool *)&args->out[0] = args->object->deleted;
+  write_bool(args, args->object->deleted);
   return 0;
 }
 

@@ -495,8 +495,10 @@ ffi::Error PassMatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer lhs, ffi::AnyBuff
   const int64_t batch = lhs_batch.element_count(), m = lhs_row.element_count(),
                 k = rhs_k.element_count(), n = rhs_col.element_count();
   if (lhs.element_type() != rhs.element_type() || out->element_type() != ffi::F32 ||
-      rhs_batch.element_count() != batch || out_batch.element_count() != batch ||
-      out_row.element_count() != m || out_col.element_count() != n ||
+      static_cast<int64_t>(rhs_batch.element_count()) != batch ||
+      static_cast<int64_t>(out_batch.element_count()) != batch ||
+      static_cast<int64_t>(out_row.element_count()) != m ||
+      static_cast<int64_t>(out_col.element_count()) != n ||
       static_cast<int64_t>(out->element_count()) != batch * m * n) {
     return ffi::Error::InvalidArgument("PassMatmul: operands of one type, an FP32 result, "
                                        "and offset tables of matching sizes");
