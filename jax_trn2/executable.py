@@ -28,7 +28,7 @@ from mesh.perf import trace
 from mesh.perf.estimate import ProgramEstimate, target_text
 from mesh.emulated_floats import host_to_storage, storage_to_host
 from mesh.executor import as_input, compile_program, input_dtype, input_shapes, \
-    workspace_values
+    runs_on_cpu, workspace_values
 from mesh.isa.kernels.participation import SplitGroupCheck
 from mesh.machine import Placement, Topology, place_on
 from mesh.memory import MemoryStats
@@ -222,7 +222,7 @@ class LoadedExecutable:
         device; mesh.executor.workspace_values)."""
         if self.executor_devices is not None and len(self.executor_devices) > 1:
             return ()
-        return workspace_values(self.program)
+        return workspace_values(self.program, runs_on_cpu(self._devices))
 
     def _workspace_types(self, workspace: Sequence[int]) -> list[jax.ShapeDtypeStruct]:
         values = self.program.values

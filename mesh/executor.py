@@ -31,16 +31,17 @@ def run_program(program: isa.Program, args: Sequence[jnp.ndarray],
                 rounding: Callable | None = None,
                 active: jnp.ndarray | None = None,
                 split_check: SplitGroupCheck | None = None,
-                executor: Mesh | None = None) -> list[jnp.ndarray]:
+                executor: Mesh | None = None, on_cpu: bool = True) -> list[jnp.ndarray]:
     """Run `program` on arrays in the executor layout (traceable: use under jax.jit);
     `active`: the chips whose control flow reaches it (KernelContext.active);
     `split_check`: checks, where `active` is not every chip, that each collective's groups
     are reached whole (mesh.isa.kernels.participation); `executor`: the devices the
-    computation is split over (KernelContext.executor)."""
+    computation is split over (KernelContext.executor); `on_cpu`: whether they are CPUs
+    (KernelContext.on_cpu)."""
     env: dict[int, jnp.ndarray] = dict(zip(program.inputs, args))
     ctx = KernelContext(program, run=lambda p, a, reached=active: run_program(
-        p, a, rounding, reached, split_check, executor), rounding=rounding, active=active,
-        executor=executor)
+        p, a, rounding, reached, split_check, executor, on_cpu), rounding=rounding,
+        active=active, executor=executor, on_cpu=on_cpu)
     for instr in program.instructions:
         groups = meeting_groups(instr) \
             if active is not None and split_check is not None else None
@@ -88,7 +89,13 @@ WORKSPACE_MIN_BYTES = 32 << 20
 WORKSPACE_LIMIT_BYTES = 1 << 30
 
 
-def workspace_values(program: isa.Program) -> tuple[int, ...]:
+def runs_on_cpu(devices: Sequence[jax.Device] | None) -> bool:
+    """Whether a computation for `devices` (compile_program's) runs on CPUs."""
+    return all(d.platform == "cpu" for d in devices) if devices \
+        else jax.default_backend() == "cpu"
+
+
+def workspace_values(program: isa.Program, on_cpu: bool = True) -> tuple[int, ...]:
     """The values whose arrays an executable keeps from one call to the next and gives
     back to XLA for the next call to write into (compile_program's `workspace`).
 
@@ -100,7 +107,8 @@ def workspace_values(program: isa.Program) -> tuple[int, ...]:
     256 MiB of gradients runs about twice as fast with them kept."""
     chosen, total = [], 0
     for instr in program.instructions:
-        if not isinstance(instr, isa.Matmul) or not result_is_gemm_output(instr, program):
+        if not isinstance(instr, isa.Matmul) or \
+                not result_is_gemm_output(instr, program, on_cpu):
             continue
         value = instr.outs[0]
         size = int(np.prod(program.array_shape(value), dtype=np.int64)) * \
@@ -157,7 +165,7 @@ def compile_program(program: isa.Program,
             values = [_from_input(a, v, program)
                       for a, v in zip(args, program.inputs, strict=True)]
             return run_program(kept, values, rounding.rounder(), split_check=split_check,
-                               executor=executor)
+                               executor=executor, on_cpu=runs_on_cpu(devices))
 
     def run_global(*args):
         origin = (0,) * program.mesh.rank

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from lowering.host import host_devices
+from mesh import isa
 from mesh.isa.kernels import native
 
 def reference_bf16(a: np.ndarray, b: np.ndarray, size: int) -> np.ndarray:
@@ -168,3 +169,33 @@ def test_without_the_built_library_importing_is_an_error(tmp_path):
     spec = importlib.util.spec_from_file_location("unbuilt_native", tmp_path / "native.py")
     with pytest.raises(ImportError, match="pip install -e ."):
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+def test_off_cpu_executor_devices_a_matmul_runs_as_host_gemms(rng):
+    """Where the executor's devices are not CPUs the native loop (a CPU custom call) cannot
+    run: the matmul is host GEMMs, one per pass, traced alone (the CPU's kernel is not
+    traced as well)."""
+    import jax_trn2
+    from mesh import executor
+    from mesh.isa.kernels import matmul
+
+    x = rng.standard_normal((4, 300)).astype(np.float32)
+    w = rng.standard_normal((300, 8)).astype(np.float32)
+    program = jax_trn2.jit(lambda x, w: x @ w).lower(x, w).compile().executable.program
+    (product,) = [i for i in program.instructions if isinstance(i, isa.Matmul)]
+    assert matmul.runs_natively(product, program, on_cpu=True)
+    assert not matmul.runs_natively(product, program, on_cpu=False)
+    args = [jnp.asarray(a).reshape(program.array_shape(v)) for a, v in
+            zip((x, w), program.inputs)]
+    texts, results = {}, {}
+    for on_cpu in (True, False):
+        run = jax.jit(lambda *a: executor.run_program(program, a, on_cpu=on_cpu))
+        texts[on_cpu] = run.lower(*args).as_text()
+        results[on_cpu] = np.asarray(run(*args)[0]).reshape(4, 8)
+    assert native.TARGET in texts[True] and native.TARGET not in texts[False]
+    # Both sum 300 FP32 products in 3 passes, in different orders within a pass: each
+    # within 300 roundings of the sum of |products| (2^-24 each) of the exact result.
+    exact = x.astype(np.float64) @ w.astype(np.float64)
+    bound = 300 * 2.0 ** -24 * (np.abs(x).astype(np.float64) @ np.abs(w))
+    for result in results.values():
+        assert np.all(np.abs(result - exact) <= bound)

@@ -27,6 +27,9 @@ class KernelContext:
     # The devices the executor's computation is split over, as a 1-D mesh (axis
     # "executor"); None: one device.
     executor: Mesh | None = None
+    # Whether the executor runs on CPU devices, where matmuls of several BF16 or FP32
+    # passes run in the native loop (mesh.isa.kernels.native); else as host GEMMs.
+    on_cpu: bool = True
 
     def run_on(self, program: isa.Program, args, reached: jnp.ndarray):
         """Run a sub-program that only the chips where `reached` holds get to."""

@@ -48,18 +48,17 @@ def _mesh_dims(lhs_shape, rhs_shape, nm: int) -> tuple[list[int], list[int], lis
 @kernel(isa.Matmul)
 def matmul(instr: isa.Matmul, args, ctx: KernelContext):
     lhs, rhs = args
-    if not runs_natively(instr, ctx.program):
-        return [_gemm_matmul(lhs, rhs, instr, ctx)]
-    # The same sums on a CPU, natively: operands and result in the executor's layouts
-    return [lax.platform_dependent(
-        lhs, rhs, cpu=functools.partial(_native_matmul, instr=instr, ctx=ctx),
-        default=functools.partial(_gemm_matmul, instr=instr, ctx=ctx))]
+    if runs_natively(instr, ctx.program, ctx.on_cpu):
+        return [_native_matmul(lhs, rhs, instr, ctx)]
+    return [_gemm_matmul(lhs, rhs, instr, ctx)]
 
 
-def runs_natively(instr: isa.Matmul, program: isa.Program) -> bool:
-    """Whether a matmul of several passes runs in the native loop on a CPU executor device
-    (mesh.isa.kernels.native; any CPU: it gives the same bits on each), its operands and
-    result in the executor's layouts; on other executor devices it runs as host GEMMs."""
+def runs_natively(instr: isa.Matmul, program: isa.Program, on_cpu: bool) -> bool:
+    """Whether a matmul of several passes runs in the native loop (mesh.isa.kernels.native;
+    any CPU: it gives the same bits on each), its operands and result in the executor's
+    layouts: on CPU executor devices (`on_cpu`); on others it runs as host GEMMs."""
+    if not on_cpu:
+        return False
     lhs, rhs = (program.values[v].type for v in instr.ins)
     if not dtypes.is_float(instr.out_dtype) or instr.out_dtype in dtypes.COMPLEX_PARTS:
         return False
@@ -160,12 +159,12 @@ def _result_order(nm: int, both, lhs_only, rhs_only, n_batch: int, n_lhs_free: i
     return tuple([mesh_pos[a] for a in range(nm) if a in mesh_pos] + local_order)
 
 
-def result_is_gemm_output(instr: isa.Matmul, program: isa.Program) -> bool:
+def result_is_gemm_output(instr: isa.Matmul, program: isa.Program, on_cpu: bool) -> bool:
     """Whether the kernel's result array is the host GEMM's output itself, only reshaped
     (no transposing copy, no broadcast to its layout): XLA then writes the GEMM (or, for
     a narrower output type, its rounding) straight into the result's buffer. The native
-    loop writes every result in its layout."""
-    if runs_natively(instr, program):
+    loop writes every result in its layout (`on_cpu`: the executor's devices are CPUs)."""
+    if runs_natively(instr, program, on_cpu):
         return True
     nm = program.mesh.rank
     lhs, rhs = (program.array_shape(v) for v in instr.ins)
@@ -236,16 +235,13 @@ def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, out_dtype: str | 
     # converted up front (there is no unsigned integer of their width to bitcast them to)
     operands = [x if dtypes.bit_width(x.dtype.name) >= 8 else x.astype(host)
                 for x in (lhs3, rhs3)]
-    looped = functools.partial(_looped_passes, host=host, size=instr.pass_size,
-                               k_axes=k_axes)
-    if k > instr.pass_size and native.runs(host):
-        # On a CPU executor device, the native loop: one tile of the result at a time, the
+    if ctx.on_cpu and k > instr.pass_size and native.runs(host):
+        # On CPU executor devices, the native loop: one tile of the result at a time, the
         # same bits on every host; the XLA loop elsewhere
-        acc = lax.platform_dependent(*operands, cpu=functools.partial(
-            _native_passes, host=host, size=instr.pass_size, rhs_k_major=rhs_k_major),
-            default=looped)
+        acc = _native_passes(*operands, host=host, size=instr.pass_size,
+                             rhs_k_major=rhs_k_major)
     else:
-        acc = looped(*operands)
+        acc = _looped_passes(*operands, host=host, size=instr.pass_size, k_axes=k_axes)
     return numerics.round_to(acc, out_dtype, ctx.rounding)
 
 

@@ -75,7 +75,7 @@ def pass_matmul(lhs: jax.Array, rhs: jax.Array, pass_size: int, lhs_at: Sequence
                 out_shape: Sequence[int], portable: bool = False) -> jax.Array:
     """The FP32 array of `out_shape` whose element (b, m, n) is the sum over k of
     lhs(b, m, k) rhs(b, k, n), K cut into passes of `pass_size`, each summed in FP32, added
-    in order (traceable, CPU only: under lax.platform_dependent). Operands of one host type,
+    in order (traceable, for CPU executor devices only). Operands of one host type,
     BF16 or FP32, in any layout the offset tables (`offsets`) describe:
     lhs(b, m, k) is lhs's element lhs_at[0][b] + lhs_at[1][m] + k (its contraction
     contiguous), rhs(b, k, n) is rhs_at[0][b] + rhs_at[1][k] + rhs_at[2][n], and the
