@@ -7,17 +7,19 @@ and plain `jax.jit` over a mesh of `jax.devices("trn2")`, the PJRT plugin ("plug
     python benchmarks/run.py --quick       # fewer timed calls, no memory children
 
 Steady-state time is the median of several calls after warm-up, every side in this one
-process. First call is trace + lower + compile + one run in a fresh child process, after a
-tiny program has gone through that side once (so it does not carry the process's start-up),
-with jax's persistent compilation cache on in a new directory: "cold" is the first such
-process (empty cache), "warm" a second one after it (the cache filled by the first, as a
-notebook restart finds it); each starts its first call from a full garbage collection. Peak
-memory is the peak resident set of a fresh child process that runs one side of one workload.
+process, the sides taking turns call by call. First call is trace + lower + compile + one
+run in a fresh child process, after a tiny program has gone through that side once (so it
+does not carry the process's start-up), with jax's persistent compilation cache on in a new
+directory: "cold" is the first such process (empty cache), "warm" the median of three more
+after it (the cache filled by the first, as a notebook restart finds it); each starts its
+first call from a full garbage collection. Peak memory is the peak resident set of a fresh
+child process that runs one side of one workload.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -86,25 +88,38 @@ def warm_up(sides=SIDES) -> None:
         _block(fn(*inputs))
 
 
-def steady_seconds(workload: Workload, side: str, calls: int) -> float:
-    """The median of `calls` calls, after a first call and one more."""
-    fn, inputs = prepare(workload, side)
-    for _ in range(2):
-        _block(fn(*inputs))
-    times = []
+def steady_seconds(workload: Workload, calls: int, sides=SIDES) -> dict[str, float]:
+    """Each side's median of `calls` calls, after a first call and one more. The sides take
+    turns call by call, so that a change in the machine's load (these machines are shared)
+    falls on all of them alike rather than on whichever side was running then."""
+    prepared = {side: prepare(workload, side) for side in sides}
+    for fn, inputs in prepared.values():
+        for _ in range(2):
+            _block(fn(*inputs))
+    times = {side: [] for side in sides}
     for _ in range(calls):
-        start = time.perf_counter()
-        _block(fn(*inputs))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for side, (fn, inputs) in prepared.items():
+            start = time.perf_counter()
+            _block(fn(*inputs))
+            times[side].append(time.perf_counter() - start)
+    return {side: statistics.median(t) for side, t in times.items()}
 
 
-def first_calls(workload: str, side: str) -> tuple[float, float]:
-    """Seconds of one side's first call, cold and warm: in a fresh child process with jax's
-    persistent compilation cache in a new directory, then in another one after it."""
-    with tempfile.TemporaryDirectory(prefix="jax_trn2_bench_cache_") as cache:
-        return tuple(_child(["--first", workload, side, cache])["first_seconds"]
-                     for _ in ("cold", "warm"))
+def first_calls(workload: str, warm_runs: int, sides=SIDES) -> dict[str, tuple[float, float]]:
+    """Each side's first call, cold and warm, in seconds: in a fresh child process with jax's
+    persistent compilation cache in a new directory (cold), then the median of `warm_runs`
+    more children after it (warm: the cache filled by the first). A child's first call is
+    one sample of a noisy machine; the sides take turns child by child, as in
+    steady_seconds."""
+    with contextlib.ExitStack() as stack:
+        caches = {side: stack.enter_context(tempfile.TemporaryDirectory(
+            prefix="jax_trn2_bench_cache_")) for side in sides}
+        runs = {side: [] for side in sides}
+        for _ in range(1 + warm_runs):
+            for side in sides:
+                runs[side].append(
+                    _child(["--first", workload, side, caches[side]])["first_seconds"])
+        return {side: (t[0], statistics.median(t[1:])) for side, t in runs.items()}
 
 
 def first_call_child(workload_name: str, side: str, cache_dir: str) -> None:
@@ -254,7 +269,7 @@ def main(argv=None) -> None:
         return memory_child(*args.child)
     if args.first:
         return first_call_child(*args.first)
-    calls = 3 if args.quick else args.calls
+    calls = 5 if args.quick else args.calls
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"python {platform.python_version()}, jax {jax.__version__}"
@@ -273,11 +288,11 @@ def main(argv=None) -> None:
     for workload in WORKLOADS + (TRANSFORMER_STACK,):
         if args.only and workload.name not in args.only:
             continue
-        sim = steady_seconds(workload, "sim", calls)
-        ref = steady_seconds(workload, "jax", calls)
-        plugin = steady_seconds(workload, "plugin", calls)
+        steady = steady_seconds(workload, calls)
+        sim, ref, plugin = (steady[side] for side in SIDES)
+        first = first_calls(workload.name, warm_runs=3)
         (sim_cold, sim_warm), (jax_cold, jax_warm), (_, plugin_warm) = (
-            first_calls(workload.name, side) for side in SIDES)
+            first[side] for side in SIDES)
         stats = program_stats(workload, rates)
         mem = ("-", "-", "-")
         if not args.quick:

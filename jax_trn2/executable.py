@@ -222,7 +222,7 @@ class LoadedExecutable:
         device; mesh.executor.workspace_values)."""
         if self.executor_devices is not None and len(self.executor_devices) > 1:
             return ()
-        return workspace_values(self.program, runs_on_cpu(self._devices))
+        return workspace_values(self.program, runs_on_cpu(self._devices), self.rounding)
 
     def _workspace_types(self, workspace: Sequence[int]) -> list[jax.ShapeDtypeStruct]:
         values = self.program.values

@@ -30,7 +30,7 @@ from jaxlib.mlir import ir, passmanager
 from jaxlib.mlir.dialects import func, sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 
-from lowering import hlo_sharding, mlir, protobuf, replica_groups, xla_log
+from lowering import hlo_sharding, mlir, partition_cache, protobuf, replica_groups, xla_log
 from lowering.errors import LoweringError
 from lowering.host import host_client
 from mesh import isa
@@ -106,7 +106,30 @@ def partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exception
     chips (device i = partition i), as a StableHLO module; and the error XLA:CPU raised
     after partitioning, if it did before the stop (_STOP_TARGET) (it lacks some ops that
     the simulator has; if lowering the partitioned program fails too, XLA's reason belongs
-    in that error)."""
+    in that error). Kept beside jax's persistent compilation cache when that is on
+    (lowering.partition_cache), and read from there."""
+    entry = partition_cache.key(jax_mlir.module_to_bytecode(module), num_devices)
+    kept = partition_cache.read(entry)
+    if kept is not None:
+        fields = list(protobuf.fields(kept))
+        xla_log.report([line.decode() for number, line in fields if number == 2])
+        (bytecode,) = (value for number, value in fields if number == 1)
+        return ir.Module.parse(bytecode, jax_mlir.make_ir_context()), None
+    log: list[str] = []
+    try:
+        with xla_log.captured_stderr() as log:  # XLA's C++ log, re-reported below
+            partitioned, failure = _partition(module, num_devices)
+    finally:
+        xla_log.report(log)  # (and kept, for each time the program is partitioned again)
+    if failure is None:
+        partition_cache.write(entry, protobuf.field_bytes(
+            1, jax_mlir.module_to_bytecode(partitioned)) + b"".join(
+            protobuf.field_bytes(2, line.encode()) for line in log))
+    return partitioned, failure
+
+
+def _partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exception | None]:
+    """`partition`, by XLA (its log going to stderr)."""
     client = host_client(num_devices)
     options = xla_client.CompileOptions()
     build = options.executable_build_options
@@ -125,16 +148,13 @@ def partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exception
             ("xla_backend_optimization_level", 0),
         ]
         failure = None
-        with xla_log.captured_stderr() as log:  # XLA's C++ log, re-reported below
-            try:
-                client.compile_and_load(_for_xla(module),
-                                        xla_client.DeviceList(tuple(client.devices())),
-                                        options)
-            except Exception as e:  # jaxlib raises its own XlaRuntimeError
-                # after partitioning, XLA:CPU stops at the stop op, or fails on an op of
-                # its own before it
-                failure = None if _STOP_TARGET in str(e) else e
-        xla_log.report(log)
+        try:
+            client.compile_and_load(_for_xla(module),
+                                    xla_client.DeviceList(tuple(client.devices())), options)
+        except Exception as e:  # jaxlib raises its own XlaRuntimeError
+            # after partitioning, XLA:CPU stops at the stop op, or fails on an op of its
+            # own before it
+            failure = None if _STOP_TARGET in str(e) else e
         dumps = sorted(glob.glob(os.path.join(dump, f"*after_{_DUMP_PASS}*.hlo.pb")))
         if not dumps:
             raise LoweringError(

@@ -8,6 +8,7 @@ the distinct work costs.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Callable, Sequence
 
@@ -20,6 +21,7 @@ from mesh import dtypes, isa, numerics
 from mesh.isa.kernels import kernel_for
 from mesh.isa.kernels.context import KernelContext
 from mesh.isa.kernels.matmul import result_is_gemm_output
+from mesh.isa.kernels.movement import unshard_places_matmul
 from mesh.isa.kernels.participation import SplitGroupCheck, meeting_groups
 
 
@@ -41,14 +43,15 @@ def run_program(program: isa.Program, args: Sequence[jnp.ndarray],
     env: dict[int, jnp.ndarray] = dict(zip(program.inputs, args))
     ctx = KernelContext(program, run=lambda p, a, reached=active: run_program(
         p, a, rounding, reached, split_check, executor, on_cpu), rounding=rounding,
-        active=active, executor=executor, on_cpu=on_cpu)
+        active=active, executor=executor, on_cpu=on_cpu, uses=value_uses(program))
     for instr in program.instructions:
         groups = meeting_groups(instr) \
             if active is not None and split_check is not None else None
         if groups is not None:
             split_check.check(instr, groups, active, program.mesh)
+        args = [env[i] for i in instr.ins]
         try:
-            results = kernel_for(instr)(instr, [env[i] for i in instr.ins], ctx)
+            results = kernel_for(instr)(instr, args, ctx)
         except Exception as e:  # wrap once, at the innermost level, with the instruction
             if isinstance(e, ExecutionError):
                 raise
@@ -56,6 +59,7 @@ def run_program(program: isa.Program, args: Sequence[jnp.ndarray],
                                  f"failed: {type(e).__name__}: {e}") from e
         for value, result in zip(instr.outs, results):
             env[value] = _to_layout(result, program, value, instr)
+            ctx.made_by[value] = (instr, args)
     return [env[v] for v in program.outputs]
 
 
@@ -95,7 +99,15 @@ def runs_on_cpu(devices: Sequence[jax.Device] | None) -> bool:
         else jax.default_backend() == "cpu"
 
 
-def workspace_values(program: isa.Program, on_cpu: bool = True) -> tuple[int, ...]:
+def value_uses(program: isa.Program) -> collections.Counter:
+    """How many times the program uses each value: as an argument of an instruction (a
+    sub-program's captured values are its instruction's arguments) or as an output."""
+    return collections.Counter([v for instr in program.instructions for v in instr.ins]
+                               + list(program.outputs))
+
+
+def workspace_values(program: isa.Program, on_cpu: bool = True,
+                     rounding: numerics.Rounding = numerics.NEAREST) -> tuple[int, ...]:
     """The values whose arrays an executable keeps from one call to the next and gives
     back to XLA for the next call to write into (compile_program's `workspace`).
 
@@ -104,10 +116,13 @@ def workspace_values(program: isa.Program, on_cpu: bool = True) -> tuple[int, ..
     largest (a data-parallel step's weight gradients before their reduce-scatter).
     Otherwise XLA:CPU places them in each call's block of temporaries, which glibc maps
     fresh from the kernel every call, paying a page fault per 4 KiB. An FSDP step with
-    256 MiB of gradients runs about twice as fast with them kept."""
+    256 MiB of gradients runs about twice as fast with them kept. A matmul whose Unshard
+    it writes into (unshard_places_matmul, with round-to-nearest-even `rounding`) has no
+    array of its own to keep."""
     chosen, total = [], 0
+    placed = _placed_by_unshard(program) if rounding.mode == "nearest" else set()
     for instr in program.instructions:
-        if not isinstance(instr, isa.Matmul) or \
+        if not isinstance(instr, isa.Matmul) or instr.outs[0] in placed or \
                 not result_is_gemm_output(instr, program, on_cpu):
             continue
         value = instr.outs[0]
@@ -117,6 +132,18 @@ def workspace_values(program: isa.Program, on_cpu: bool = True) -> tuple[int, ..
             chosen.append(value)
             total += size
     return tuple(chosen)
+
+
+def _placed_by_unshard(program: isa.Program) -> set[int]:
+    """The values the instructions that make them write into their Unshards' results."""
+    uses, made_by = value_uses(program), {}
+    placed = set()
+    for instr in program.instructions:
+        made_by.update((v, instr) for v in instr.outs)
+        if isinstance(instr, isa.Unshard) and instr.ins[0] in made_by and \
+                unshard_places_matmul(instr, made_by[instr.ins[0]], program, uses):
+            placed.add(instr.ins[0])
+    return placed
 
 
 def compile_program(program: isa.Program,

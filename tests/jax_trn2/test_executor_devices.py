@@ -104,10 +104,10 @@ def dot(x, w):
 def batched(x, w):
     return jnp.einsum("bmk,bkn->bmn", x, w, preferred_element_type=jnp.float32)
 
-def native_result_x(jitted, x, w):  # the x (first mesh) dim of the native loop's result
+def native_result(jitted, x, w):  # the shape of the native loop's result on a device
     text = jitted.lower(x, w).compile().executable._run_global.as_text()
-    (shape,) = set(re.findall(r"= f32\\[(\\d+),[^]]*\\][^\\n]*jax_trn2_pass_matmul", text))
-    return int(shape)
+    (shape,) = set(re.findall(r"= f32\\[([\\d,]+)\\][^\\n]*jax_trn2_pass_matmul", text))
+    return tuple(map(int, shape.split(",")))
 
 # operands split along x: the left one only, both (a batch), the left along x and the
 # right along y; K of several passes
@@ -122,8 +122,11 @@ for dtype in (jnp.bfloat16, jnp.float32):
         one, split = jax_trn2.jit(f), jax_trn2.jit(f, executor_devices=jax.devices())
         assert np.array_equal(np.asarray(one(x, w)).view(np.uint8),
                               np.asarray(split(x, w)).view(np.uint8))
-        # each device computes a quarter of the mesh's x axis, not all of it
-        assert native_result_x(one, x, w) == 4 and native_result_x(split, x, w) == 1
+        # each device computes a quarter of the mesh's x axis (of the executor layout's
+        # first dim), not all of it; one device computes it all (written in that layout,
+        # or straight into the unsharded result: as many elements)
+        whole, quarter = native_result(one, x, w), native_result(split, x, w)
+        assert quarter[0] == 1 and np.prod(whole) == 4 * np.prod(quarter)
 print("native matmuls split")
 """
 

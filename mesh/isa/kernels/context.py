@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import jax.numpy as jnp
@@ -30,6 +30,12 @@ class KernelContext:
     # Whether the executor runs on CPU devices, where matmuls of several BF16 or FP32
     # passes run in the native loop (mesh.isa.kernels.native); else as host GEMMs.
     on_cpu: bool = True
+    # Of the program's values made so far: value -> (the instruction that made it, its
+    # arguments), so that a kernel may compute its result from what made its operand
+    made_by: dict = field(default_factory=dict, compare=False)
+    # value -> how many times the program uses it (as an instruction's argument or an
+    # output of the program)
+    uses: dict = field(default_factory=dict, compare=False)
 
     def run_on(self, program: isa.Program, args, reached: jnp.ndarray):
         """Run a sub-program that only the chips where `reached` holds get to."""

@@ -92,9 +92,27 @@ def _native_matmul(lhs, rhs, instr: isa.Matmul, ctx: KernelContext):
     return numerics.round_to(acc, instr.out_dtype, ctx.rounding).reshape(ctx.out_shape(instr))
 
 
-def _native_product(lhs, rhs, instr: isa.Matmul, nm: int, mesh_dims):
+def native_matmul_placed(instr: isa.Matmul, args, ctx: KernelContext,
+                         placement: "native.Placement") -> jax.Array | None:
+    """The matmul's result, rounded, written straight into the array a data movement of it
+    makes (`placement`: where each element of its executor layout goes there), on one CPU
+    executor device with round-to-nearest-even; None where it cannot be (it does not run in
+    the native loop here, or its product's layout is not the one placed)."""
+    lhs, rhs = args
+    if not runs_natively(instr, ctx.program, ctx.on_cpu) or ctx.executor is not None \
+            or ctx.rounding is not None:  # (stochastic rounding numbers its sites in order)
+        return None
+    acc = _native_product(lhs, rhs, instr, ctx.nm, _mesh_dims(lhs.shape, rhs.shape, ctx.nm),
+                          placement)
+    return None if acc is None else numerics.round_to(acc, instr.out_dtype)
+
+
+def _native_product(lhs, rhs, instr: isa.Matmul, nm: int, mesh_dims,
+                    placement: "native.Placement | None" = None):
     """_native_matmul's FP32 sums (before rounding), of operands split along mesh axes or
-    not: `mesh_dims` (_mesh_dims) of the whole operands."""
+    not: `mesh_dims` (_mesh_dims) of the whole operands; in the product's own layout, or
+    where `placement` puts each of its elements (None if the product's layout is not the
+    one `placement` is for)."""
     both, lhs_only, rhs_only = mesh_dims
     host = _host_dtype(lhs.dtype, rhs.dtype)
     lhs_free = [nm + d for d in _free_dims(lhs.ndim - nm, instr.lhs_batch, instr.lhs_contract)]
@@ -108,6 +126,10 @@ def _native_product(lhs, rhs, instr: isa.Matmul, nm: int, mesh_dims):
     order = [d for d in range(lhs.ndim) if d not in lhs_k] + lhs_k
     lhs = lax.transpose(lhs.astype(host), order)
     at = [order.index(d) for d in range(lhs.ndim)]  # where each dim of lhs went
+    if placement is None:
+        placement = native.Placement(out, native.row_major(out), out)
+    elif placement.layout != out:
+        return None
     local = iter(range(nm, len(out)))
     out_batch, out_rows, out_cols = ([next(local) for _ in dims]
                                      for dims in (lhs_batch, lhs_free, rhs_free))
@@ -117,8 +139,9 @@ def _native_product(lhs, rhs, instr: isa.Matmul, nm: int, mesh_dims):
          for dims in (both + lhs_batch, lhs_only + lhs_free)],
         [native.offsets(rhs.shape, dims) for dims in (both + rhs_batch, rhs_k,
                                                        rhs_only + rhs_free)],
-        [native.offsets(out, dims) for dims in (both + out_batch, lhs_only + out_rows,
-                                                rhs_only + out_cols)], out)
+        [native.offsets(out, dims, placement.strides)
+         for dims in (both + out_batch, lhs_only + out_rows, rhs_only + out_cols)],
+        placement.shape)
 
 
 def _gemm_matmul(lhs, rhs, instr: isa.Matmul, ctx: KernelContext):

@@ -6,8 +6,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from mesh import isa
-from mesh.isa.kernels import kernel
+from mesh.isa.kernels import kernel, native
 from mesh.isa.kernels.context import KernelContext
+from mesh.isa.kernels.matmul import native_matmul_placed
 from mesh.isa.kernels.devices import broadcast_mesh, map_devices
 from mesh.sharding import split_order
 
@@ -124,6 +125,9 @@ def unshard(instr: isa.Unshard, args, ctx: KernelContext):
     """Per-chip pieces -> global value (inverse of `shard`); along mesh axes no dim is split
     over, the piece of the chip at coordinate 0 is taken."""
     (x,) = args
+    placed = _placed_matmul(instr, x.shape, ctx)
+    if placed is not None:
+        return [placed]
     nm, sizes = ctx.nm, ctx.mesh.axis_sizes
     manual = _manual_axes(instr, nm)
     local = x.shape[nm:]
@@ -138,3 +142,49 @@ def unshard(instr: isa.Unshard, args, ctx: KernelContext):
     y = lax.transpose(x, tuple(unused + order))
     return [y.reshape(ctx.out_shape(instr))]
 
+
+
+def _placed_matmul(instr: isa.Unshard, shape: tuple[int, ...], ctx: KernelContext):
+    """The Unshard of a matmul's result, as the matmul writing each element where the
+    Unshard puts it (matmul.native_matmul_placed), where unshard_places_matmul says so;
+    else None."""
+    value = instr.ins[0]
+    made = ctx.made_by.get(value)
+    if made is None or not unshard_places_matmul(instr, made[0], ctx.program, ctx.uses):
+        return None
+    placement = native.Placement(shape, unshard_strides(instr, shape, ctx.mesh),
+                                 ctx.out_shape(instr))
+    return native_matmul_placed(made[0], made[1], ctx, placement)
+
+
+def unshard_places_matmul(instr: isa.Unshard, made_by: isa.Instruction,
+                          program: isa.Program, uses: dict[int, int]) -> bool:
+    """Whether `instr`, the Unshard of a value `made_by` made, has that instruction write
+    the value straight into the Unshard's result (on one CPU executor device, with
+    round-to-nearest-even: matmul.native_matmul_placed): where it is a matmul whose result
+    nothing else uses (`uses`: of each value in `program`) and the Unshard only moves each
+    element (unshard_strides). Unsharding an output of tens of MiB is a strided copy that
+    took a fifth of the time of the benchmark's matmul that made it; the matmul's own
+    result is then unused, and XLA drops it."""
+    value = instr.ins[0]
+    return isinstance(made_by, isa.Matmul) and uses.get(value) == 1 and unshard_strides(
+        instr, program.array_shape(value), program.mesh) is not None
+
+
+def unshard_strides(instr: isa.Unshard, shape: tuple[int, ...],
+                    mesh: isa.MeshSpec) -> tuple[int, ...] | None:
+    """Where `unshard` puts each element of its operand (of executor layout `shape`): the
+    stride of each of its dims in the result, in elements; None where `unshard` does more
+    than move each element once (it takes one chip's piece along a manual axis no dim is
+    split over, or copies a piece along an axis the operand does not vary on)."""
+    nm, sizes = mesh.rank, mesh.axis_sizes
+    manual = _manual_axes(instr, nm)
+    split_shape, order = split_order(instr.dim_axes, sizes, shape[nm:])
+    used = set(order) - set(range(nm, len(shape)))
+    unused = [a for a in range(nm) if a not in used]
+    if any(shape[a] != sizes[a] for a in used) or any(a in manual and shape[a] > 1
+                                                      for a in unused):
+        return None
+    dims = unused + order  # the result's dims (unshard's transpose), row-major
+    strides = native.row_major([shape[a] for a in unused] + list(split_shape))
+    return tuple(strides[dims.index(d)] for d in range(len(shape)))

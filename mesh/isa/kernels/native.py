@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 import importlib.machinery
 import os
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -59,11 +59,27 @@ def avx512(host_dtype) -> bool:
     return bool(_LIBRARY.Avx512(int(jnp.dtype(host_dtype) == jnp.bfloat16)))
 
 
-def offsets(shape: Sequence[int], dims: Sequence[int]) -> np.ndarray:
-    """Where the elements along `dims` of a row-major array of `shape` are, in elements from
-    its first: one offset per index of those dims, enumerated row-major in the order given
-    (a dim not given is at index 0)."""
-    strides = np.cumprod((tuple(shape[1:]) + (1,))[::-1], dtype=np.int64)[::-1]
+class Placement(NamedTuple):
+    """Where a result of executor layout `layout` goes: its element at index i at element
+    sum(i[d] * strides[d]) of an array of `shape`, every element of which it writes."""
+
+    layout: tuple[int, ...]
+    strides: tuple[int, ...]
+    shape: tuple[int, ...]
+
+
+def row_major(shape: Sequence[int]) -> tuple[int, ...]:
+    """The strides, in elements, of a row-major array of `shape`."""
+    return tuple(int(s) for s in
+                 np.cumprod((tuple(shape[1:]) + (1,))[::-1], dtype=np.int64)[::-1])
+
+
+def offsets(shape: Sequence[int], dims: Sequence[int],
+            strides: Sequence[int] | None = None) -> np.ndarray:
+    """Where the elements along `dims` of an array of `shape` are, in elements from its
+    first, dim d stepping `strides[d]` elements (default: row-major): one offset per index
+    of those dims, enumerated row-major in the order given (a dim not given is at index 0)."""
+    strides = row_major(shape) if strides is None else strides
     at = np.zeros(1, np.int64)
     for d in dims:
         at = (at[:, None] + np.arange(shape[d], dtype=np.int64) * strides[d]).reshape(-1)

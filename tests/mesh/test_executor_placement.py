@@ -1,0 +1,100 @@
+"""A matmul whose only use is an Unshard writes its result straight into the Unshard's
+global array (mesh.isa.kernels.movement.unshard_places_matmul): the same bits as the
+matmul's own result unsharded, without that result or the copy."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import jax_trn2
+from mesh import executor, isa
+from mesh.isa.kernels import movement
+
+K = 384  # three passes of 128: the native loop's
+
+
+def custom_calls(compiled) -> list[str]:
+    """The executor's custom calls (the native loop's), as lines of its optimized HLO."""
+    text = compiled.executable._run_global.as_text()
+    return [line for line in text.splitlines() if "custom-call(" in line]
+
+
+def unplaced(monkeypatch):
+    """Every Unshard a copy of its operand, as before placement."""
+    monkeypatch.setattr(movement, "_placed_matmul", lambda *args: None)
+
+
+# (mesh shape, names, in_specs, out_specs, x and w shapes): products unsharded over every
+# mesh axis, over some (the others not varying), with the columns split over two axes
+PROGRAMS = [
+    ((4, 4, 4), ("x", "y", "z"), (P("x", "y"), P("y", "z")), P("x", ("y", "z")),
+     (64, 4 * K), (4 * K, 32)),
+    ((2, 4), ("a", "b"), (P("a"), P(None, "b")), P("a", "b"), (16, K), (K, 64)),
+    ((2, 4), ("a", "b"), (P(None, None), P(None, "b")), P(None, "b"), (8, K), (K, 64)),
+    ((8,), ("i",), (P("i"), P()), P("i"), (64, K), (K, 24)),
+]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("shape,names,in_specs,out_specs,x_shape,w_shape", PROGRAMS)
+def test_a_placed_matmul_gives_the_bits_of_its_result_unsharded(
+        rng, monkeypatch, dtype, shape, names, in_specs, out_specs, x_shape, w_shape):
+    mesh = jax_trn2.make_mesh(shape, names)
+    body = lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32)  # noqa: E731
+    fn = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+    x = rng.standard_normal(x_shape).astype(dtype)
+    w = rng.standard_normal(w_shape).astype(dtype)
+    placed = jax_trn2.jit(fn).lower(x, w).compile()
+    # one product, of the global shape: the matmul's own result was dropped
+    (call,) = custom_calls(placed)
+    rows, cols = jax.eval_shape(fn, x, w).shape
+    assert f"f32[{','.join(['1'] * len(shape))},{rows},{cols}]" in call
+    got = np.asarray(placed(x, w))
+    unplaced(monkeypatch)
+    want = np.asarray(jax_trn2.jit(fn)(x, w))
+    np.testing.assert_array_equal(got, want)
+    # and the sums are a matmul's (FP32 sums of exact products: 1e-5 of their magnitude)
+    np.testing.assert_allclose(got, np.asarray(fn(x, w)), rtol=1e-4, atol=1e-4)
+
+
+def test_a_result_used_again_or_rounded_stochastically_is_not_placed(rng):
+    mesh = jax_trn2.make_mesh((2, 4), ("a", "b"))
+    x = rng.standard_normal((16, K)).astype(np.float32)
+    w = rng.standard_normal((K, 64)).astype(np.float32)
+
+    def twice(x, w):
+        y = x @ w
+        return y, y * 2
+
+    both = jax.shard_map(twice, mesh=mesh, in_specs=(P("a"), P(None, "b")),
+                         out_specs=(P("a", "b"), P("a", "b")))
+    compiled = jax_trn2.jit(both).lower(x, w).compile()
+    (call,) = custom_calls(compiled)
+    assert "f32[2,4,8,16]" in call  # the product in its executor layout, unshard copies it
+    y, y2 = compiled(x, w)
+    np.testing.assert_array_equal(np.asarray(y2), 2 * np.asarray(y))
+
+    once = jax.shard_map(lambda x, w: x @ w, mesh=mesh, in_specs=(P("a"), P(None, "b")),
+                         out_specs=P("a", "b"))
+    stochastic = jax_trn2.jit(once, rounding="stochastic").lower(x, w).compile()
+    (call,) = custom_calls(stochastic)
+    assert "f32[2,4,8,16]" in call
+
+
+def test_a_placed_product_is_no_workspace(rng, monkeypatch):
+    monkeypatch.setattr(executor, "WORKSPACE_MIN_BYTES", 1024)
+    mesh = jax_trn2.make_mesh((2, 4), ("a", "b"))
+    fn = jax.shard_map(lambda x, w: x @ w, mesh=mesh, in_specs=(P("a"), P(None, "b")),
+                       out_specs=P("a", "b"))
+    x = rng.standard_normal((64, K)).astype(np.float32)
+    w = rng.standard_normal((K, 256)).astype(np.float32)
+    program = jax_trn2.jit(fn).lower(x, w).compile().executable.program
+    matmuls = [i for i in program.instructions if isinstance(i, isa.Matmul)]
+    assert matmuls and executor.workspace_values(program) == ()
+    # stochastic rounding places nothing: the product is kept as a workspace
+    stochastic = jax_trn2.jit(fn, rounding="stochastic").lower(x, w).compile()
+    assert stochastic.executable._workspace_values == (matmuls[0].outs[0],)
