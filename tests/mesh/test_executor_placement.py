@@ -1,6 +1,8 @@
-"""A matmul whose only use is an Unshard writes its result straight into the Unshard's
-global array (mesh.isa.kernels.movement.unshard_places_matmul): the same bits as the
-matmul's own result unsharded, without that result or the copy."""
+"""The native matmul reads and writes where data movements would put the elements: an
+operand a Shard made is read where the Shard's input holds it (mesh.isa.kernels.matmul
+_operands), and a result whose only use is an Unshard is written straight into the
+Unshard's global array (mesh.isa.kernels.movement.unshard_places_matmul): the same bits as
+through the movements' copies, without them."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_trn2
 from mesh import executor, isa
-from mesh.isa.kernels import movement
+from mesh.isa.kernels import matmul, movement, native
 
 K = 384  # three passes of 128: the native loop's
 
@@ -23,9 +25,17 @@ def custom_calls(compiled) -> list[str]:
     return [line for line in text.splitlines() if "custom-call(" in line]
 
 
-def unplaced(monkeypatch):
-    """Every Unshard a copy of its operand, as before placement."""
+def copied(monkeypatch):
+    """Every Shard and Unshard a copy, the matmul reading and writing those."""
     monkeypatch.setattr(movement, "_placed_matmul", lambda *args: None)
+    monkeypatch.setattr(matmul, "_operands", lambda instr, lhs, rhs, ctx: (
+        native.Strided.of(lhs), native.Strided.of(rhs)))
+
+
+def moves(compiled) -> list[str]:
+    """The executor's transposes and copies, as lines of its optimized HLO."""
+    text = compiled.executable._run_global.as_text()
+    return [line for line in text.splitlines() if "transpose(" in line or "copy(" in line]
 
 
 # (mesh shape, names, in_specs, out_specs, x and w shapes): products unsharded over every
@@ -41,7 +51,7 @@ PROGRAMS = [
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("shape,names,in_specs,out_specs,x_shape,w_shape", PROGRAMS)
-def test_a_placed_matmul_gives_the_bits_of_its_result_unsharded(
+def test_a_matmul_in_place_gives_the_bits_of_one_through_copies(
         rng, monkeypatch, dtype, shape, names, in_specs, out_specs, x_shape, w_shape):
     mesh = jax_trn2.make_mesh(shape, names)
     body = lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32)  # noqa: E731
@@ -49,12 +59,13 @@ def test_a_placed_matmul_gives_the_bits_of_its_result_unsharded(
     x = rng.standard_normal(x_shape).astype(dtype)
     w = rng.standard_normal(w_shape).astype(dtype)
     placed = jax_trn2.jit(fn).lower(x, w).compile()
-    # one product, of the global shape: the matmul's own result was dropped
+    # one product, of the global shape: the matmul's own result was dropped; no copies
     (call,) = custom_calls(placed)
     rows, cols = jax.eval_shape(fn, x, w).shape
     assert f"f32[{','.join(['1'] * len(shape))},{rows},{cols}]" in call
+    assert moves(placed) == []
     got = np.asarray(placed(x, w))
-    unplaced(monkeypatch)
+    copied(monkeypatch)
     want = np.asarray(jax_trn2.jit(fn)(x, w))
     np.testing.assert_array_equal(got, want)
     # and the sums are a matmul's (FP32 sums of exact products: 1e-5 of their magnitude)
@@ -98,3 +109,16 @@ def test_a_placed_product_is_no_workspace(rng, monkeypatch):
     # stochastic rounding places nothing: the product is kept as a workspace
     stochastic = jax_trn2.jit(fn, rounding="stochastic").lower(x, w).compile()
     assert stochastic.executable._workspace_values == (matmuls[0].outs[0],)
+
+
+def test_a_left_operand_whose_contraction_is_not_contiguous_is_copied(rng, monkeypatch):
+    mesh = jax_trn2.make_mesh((2, 4), ("a", "b"))
+    fn = jax.shard_map(lambda x, w: x.T @ w, mesh=mesh, in_specs=(P(None, "a"), P(None, "b")),
+                       out_specs=P("a", "b"))
+    x = rng.standard_normal((K, 16)).astype(np.float32)
+    w = rng.standard_normal((K, 64)).astype(np.float32)
+    compiled = jax_trn2.jit(fn).lower(x, w).compile()
+    assert any("transpose(" in line for line in moves(compiled))  # x^T, contraction last
+    got = np.asarray(compiled(x, w))
+    copied(monkeypatch)
+    np.testing.assert_array_equal(got, np.asarray(jax_trn2.jit(fn)(x, w)))

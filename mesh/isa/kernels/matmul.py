@@ -33,7 +33,7 @@ from jax import lax
 from jax.sharding import PartitionSpec
 
 from mesh import dtypes, isa, numerics
-from mesh.isa.kernels import kernel, native
+from mesh.isa.kernels import kernel, native, views
 from mesh.isa.kernels.context import KernelContext
 
 
@@ -68,10 +68,9 @@ def runs_natively(instr: isa.Matmul, program: isa.Program, on_cpu: bool) -> bool
 
 
 def _native_matmul(lhs, rhs, instr: isa.Matmul, ctx: KernelContext):
-    """The matmul in the native loop, reading each operand where it is (a left operand
-    whose contraction is not its last dims, in order, is copied so that it is) and writing
-    the result in its layout. Over several executor devices each computes its slice of the
-    result along the first mesh axis the result varies along that they divide
+    """The matmul in the native loop, reading each operand where it is (_operands) and
+    writing the result in its layout. Over several executor devices each computes its slice
+    of the result along the first mesh axis the result varies along that they divide
     (jax.shard_map): XLA's partitioner cannot split the custom call, and would gather the
     operands to every device for all of the matmul."""
     mesh_dims = _mesh_dims(lhs.shape, rhs.shape, ctx.nm)
@@ -79,17 +78,43 @@ def _native_matmul(lhs, rhs, instr: isa.Matmul, ctx: KernelContext):
     devices = 1 if ctx.executor is None else ctx.executor.size
     axis = next((a for a in sorted(sum(mesh_dims, [])) if devices > 1
                  and max(lhs.shape[a], rhs.shape[a]) % devices == 0), None)
-    if axis is not None:
+    if axis is None:
+        acc = product(*_operands(instr, lhs, rhs, ctx))
+    else:
         def split(ndim, along):  # the spec of an array split along mesh axis `axis` or not
             return PartitionSpec(*("executor" if along and d == axis else None
                                    for d in range(ndim)))
 
-        product = jax.shard_map(product, mesh=ctx.executor,
-                                in_specs=(split(lhs.ndim, lhs.shape[axis] > 1),
-                                          split(rhs.ndim, rhs.shape[axis] > 1)),
-                                out_specs=split(ctx.nm, True))
-    acc = product(lhs, rhs)
+        acc = jax.shard_map(lambda lhs, rhs: product(native.Strided.of(lhs),
+                                                     native.Strided.of(rhs)),
+                            mesh=ctx.executor,
+                            in_specs=(split(lhs.ndim, lhs.shape[axis] > 1),
+                                      split(rhs.ndim, rhs.shape[axis] > 1)),
+                            out_specs=split(ctx.nm, True))(lhs, rhs)
     return numerics.round_to(acc, instr.out_dtype, ctx.rounding).reshape(ctx.out_shape(instr))
+
+
+def _operands(instr: isa.Matmul, lhs, rhs,
+              ctx: KernelContext) -> tuple[native.Strided, native.Strided]:
+    """The operands as the native loop reads them on one executor device: an operand a
+    Shard made is read where the Shard's input holds its elements (views.shard_strides; for
+    the left one, where its contraction is one contiguous run there), not from the Shard's
+    copy, which XLA then drops (tens of MiB a call for the benchmark's small matmuls); any
+    other operand as it is."""
+    k_dims = [ctx.nm + d for d in instr.lhs_contract]
+    return _in_place(instr.ins[0], lhs, ctx, k_dims), _in_place(instr.ins[1], rhs, ctx, [])
+
+
+def _in_place(value: int, x, ctx: KernelContext, run: list[int]) -> native.Strided:
+    """Operand `value` (array x) read from the input of the Shard that made it, where the
+    dims `run` are one contiguous run there; else x."""
+    made = ctx.made_by.get(value)
+    if made is None or not isinstance(made[0], isa.Shard):
+        return native.Strided.of(x)
+    source = made[1][0]
+    view = native.Strided(source, tuple(x.shape),
+                          views.shard_strides(made[0], source.shape, ctx))
+    return view if view.is_run(run) else native.Strided.of(x)
 
 
 def native_matmul_placed(instr: isa.Matmul, args, ctx: KernelContext,
@@ -102,30 +127,30 @@ def native_matmul_placed(instr: isa.Matmul, args, ctx: KernelContext,
     if not runs_natively(instr, ctx.program, ctx.on_cpu) or ctx.executor is not None \
             or ctx.rounding is not None:  # (stochastic rounding numbers its sites in order)
         return None
-    acc = _native_product(lhs, rhs, instr, ctx.nm, _mesh_dims(lhs.shape, rhs.shape, ctx.nm),
-                          placement)
+    acc = _native_product(*_operands(instr, lhs, rhs, ctx), instr, ctx.nm,
+                          _mesh_dims(lhs.shape, rhs.shape, ctx.nm), placement)
     return None if acc is None else numerics.round_to(acc, instr.out_dtype)
 
 
-def _native_product(lhs, rhs, instr: isa.Matmul, nm: int, mesh_dims,
-                    placement: "native.Placement | None" = None):
+def _native_product(lhs: native.Strided, rhs: native.Strided, instr: isa.Matmul, nm: int,
+                    mesh_dims, placement: native.Placement | None = None):
     """_native_matmul's FP32 sums (before rounding), of operands split along mesh axes or
     not: `mesh_dims` (_mesh_dims) of the whole operands; in the product's own layout, or
     where `placement` puts each of its elements (None if the product's layout is not the
     one `placement` is for)."""
     both, lhs_only, rhs_only = mesh_dims
-    host = _host_dtype(lhs.dtype, rhs.dtype)
-    lhs_free = [nm + d for d in _free_dims(lhs.ndim - nm, instr.lhs_batch, instr.lhs_contract)]
-    rhs_free = [nm + d for d in _free_dims(rhs.ndim - nm, instr.rhs_batch, instr.rhs_contract)]
+    host = _host_dtype(lhs.array.dtype, rhs.array.dtype)
+    lhs_free = [nm + d for d in _free_dims(len(lhs.shape) - nm, instr.lhs_batch,
+                                           instr.lhs_contract)]
+    rhs_free = [nm + d for d in _free_dims(len(rhs.shape) - nm, instr.rhs_batch,
+                                           instr.rhs_contract)]
     lhs_batch, rhs_batch = ([nm + d for d in b] for b in (instr.lhs_batch, instr.rhs_batch))
     lhs_k, rhs_k = ([nm + d for d in c] for c in (instr.lhs_contract, instr.rhs_contract))
     out = (tuple(lhs.shape[a] if a in both + lhs_only else rhs.shape[a] if a in rhs_only
                  else 1 for a in range(nm))
            + tuple(lhs.shape[d] for d in lhs_batch + lhs_free)
            + tuple(rhs.shape[d] for d in rhs_free))
-    order = [d for d in range(lhs.ndim) if d not in lhs_k] + lhs_k
-    lhs = lax.transpose(lhs.astype(host), order)
-    at = [order.index(d) for d in range(lhs.ndim)]  # where each dim of lhs went
+    lhs = _contraction_contiguous(lhs, lhs_k)
     if placement is None:
         placement = native.Placement(out, native.row_major(out), out)
     elif placement.layout != out:
@@ -134,14 +159,26 @@ def _native_product(lhs, rhs, instr: isa.Matmul, nm: int, mesh_dims,
     out_batch, out_rows, out_cols = ([next(local) for _ in dims]
                                      for dims in (lhs_batch, lhs_free, rhs_free))
     return native.pass_matmul(
-        lhs, rhs.astype(host), instr.pass_size,
-        [native.offsets(lhs.shape, [at[d] for d in dims])
+        lhs.array.astype(host), rhs.array.astype(host), instr.pass_size,
+        [native.offsets(lhs.shape, dims, lhs.strides)
          for dims in (both + lhs_batch, lhs_only + lhs_free)],
-        [native.offsets(rhs.shape, dims) for dims in (both + rhs_batch, rhs_k,
-                                                       rhs_only + rhs_free)],
+        [native.offsets(rhs.shape, dims, rhs.strides)
+         for dims in (both + rhs_batch, rhs_k, rhs_only + rhs_free)],
         [native.offsets(out, dims, placement.strides)
          for dims in (both + out_batch, lhs_only + out_rows, rhs_only + out_cols)],
         placement.shape)
+
+
+def _contraction_contiguous(x: native.Strided, k_dims: list[int]) -> native.Strided:
+    """x, whose contraction dims `k_dims` the native loop reads as one contiguous run: as
+    it is where they are one (an operand in place, _operands), else a copy with them last,
+    in order."""
+    if x.is_run(k_dims):
+        return x
+    order = [d for d in range(len(x.shape)) if d not in k_dims] + k_dims
+    moved = native.row_major([x.shape[d] for d in order])
+    return native.Strided(lax.transpose(x.array, order), x.shape,
+                          tuple(moved[order.index(d)] for d in range(len(x.shape))))
 
 
 def _gemm_matmul(lhs, rhs, instr: isa.Matmul, ctx: KernelContext):

@@ -8,8 +8,9 @@ from jax import lax
 from mesh import isa
 from mesh.isa.kernels import kernel, native
 from mesh.isa.kernels.context import KernelContext
-from mesh.isa.kernels.matmul import native_matmul_placed
 from mesh.isa.kernels.devices import broadcast_mesh, map_devices
+from mesh.isa.kernels.matmul import native_matmul_placed
+from mesh.isa.kernels.views import manual_axes, unshard_strides
 from mesh.sharding import split_order
 
 
@@ -98,17 +99,13 @@ def _with_mesh_starts(starts, nm: int) -> tuple:
     return (jnp.zeros((), dtype),) * nm + tuple(s.reshape(()) for s in starts)
 
 
-def _manual_axes(instr, nm: int) -> tuple[int, ...]:
-    return tuple(range(nm)) if instr.manual_axes is None else instr.manual_axes
-
-
 @kernel(isa.Shard)
 def shard(instr: isa.Shard, args, ctx: KernelContext):
     """Global value -> per-chip pieces: dim d is cut into blocks over its mesh axes (major
     first) and block i of axis a goes to the chips at coordinate i along a."""
     (x,) = args
     nm, sizes = ctx.nm, ctx.mesh.axis_sizes
-    manual = _manual_axes(instr, nm)
+    manual = manual_axes(instr, nm)
     x = x[tuple(slice(0, 1) if a in manual else slice(None) for a in range(nm))]
     local = ctx.out_info(instr).type.shape
     global_ = x.shape[nm:]
@@ -129,7 +126,7 @@ def unshard(instr: isa.Unshard, args, ctx: KernelContext):
     if placed is not None:
         return [placed]
     nm, sizes = ctx.nm, ctx.mesh.axis_sizes
-    manual = _manual_axes(instr, nm)
+    manual = manual_axes(instr, nm)
     local = x.shape[nm:]
     split_shape, order = split_order(instr.dim_axes, sizes, local)
     used = set(order) - set(range(nm, nm + len(local)))
@@ -169,22 +166,3 @@ def unshard_places_matmul(instr: isa.Unshard, made_by: isa.Instruction,
     value = instr.ins[0]
     return isinstance(made_by, isa.Matmul) and uses.get(value) == 1 and unshard_strides(
         instr, program.array_shape(value), program.mesh) is not None
-
-
-def unshard_strides(instr: isa.Unshard, shape: tuple[int, ...],
-                    mesh: isa.MeshSpec) -> tuple[int, ...] | None:
-    """Where `unshard` puts each element of its operand (of executor layout `shape`): the
-    stride of each of its dims in the result, in elements; None where `unshard` does more
-    than move each element once (it takes one chip's piece along a manual axis no dim is
-    split over, or copies a piece along an axis the operand does not vary on)."""
-    nm, sizes = mesh.rank, mesh.axis_sizes
-    manual = _manual_axes(instr, nm)
-    split_shape, order = split_order(instr.dim_axes, sizes, shape[nm:])
-    used = set(order) - set(range(nm, len(shape)))
-    unused = [a for a in range(nm) if a not in used]
-    if any(shape[a] != sizes[a] for a in used) or any(a in manual and shape[a] > 1
-                                                      for a in unused):
-        return None
-    dims = unused + order  # the result's dims (unshard's transpose), row-major
-    strides = native.row_major([shape[a] for a in unused] + list(split_shape))
-    return tuple(strides[dims.index(d)] for d in range(len(shape)))

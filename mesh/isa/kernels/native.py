@@ -59,6 +59,28 @@ def avx512(host_dtype) -> bool:
     return bool(_LIBRARY.Avx512(int(jnp.dtype(host_dtype) == jnp.bfloat16)))
 
 
+class Strided(NamedTuple):
+    """An operand read as an array of `shape` whose dim d steps `strides[d]` elements
+    through `array` (row-major, of any shape): a view, where a data movement made the
+    operand from `array` by only rearranging its elements."""
+
+    array: jax.Array
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+    @classmethod
+    def of(cls, x: jax.Array) -> "Strided":
+        """x as it is."""
+        return cls(x, tuple(x.shape), row_major(x.shape))
+
+    def is_run(self, dims: Sequence[int]) -> bool:
+        """Whether the elements along `dims` are one contiguous run, row-major in their
+        order (dims of size 1 aside: they add nothing to an offset)."""
+        long = [d for d in dims if self.shape[d] > 1]
+        return all(self.strides[d] == s
+                   for d, s in zip(long, row_major([self.shape[d] for d in long])))
+
+
 class Placement(NamedTuple):
     """Where a result of executor layout `layout` goes: its element at index i at element
     sum(i[d] * strides[d]) of an array of `shape`, every element of which it writes."""
