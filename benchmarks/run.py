@@ -64,12 +64,16 @@ def _block(tree):
 
 
 def prepare(workload: Workload, side: str):
-    """(function, inputs) of one side, inputs placed as that side wants them: host arrays for
-    jax_trn2.jit, arrays already sharded over the mesh's devices for jax.jit (the 64 CPU
-    devices, or the 64 simulated chips of the trn2 plugin)."""
+    """(function, inputs) of one side, inputs already where that side takes them, as a
+    step's results are when the next step takes them: jax arrays on jax's default CPU
+    device for jax_trn2.jit (where its results are; it reads them where they are, where it
+    copies a NumPy array in on every call, as jax.jit does), arrays sharded over the mesh's
+    devices for jax.jit (the 64 CPU devices, or the 64 simulated chips of the trn2
+    plugin)."""
     inputs = workload.inputs(np.random.default_rng(0))
     if side == "sim":
-        return jax_trn2.jit(workload.build(jax_trn2.make_mesh())), inputs
+        return (jax_trn2.jit(workload.build(jax_trn2.make_mesh())),
+                tuple(jnp.asarray(x) for x in inputs))
     mesh = trn2_mesh() if side == "plugin" else cpu_mesh()
     inputs = tuple(jax.device_put(x, NamedSharding(mesh, spec))
                    for x, spec in zip(inputs, workload.in_specs))
