@@ -168,7 +168,7 @@ class LoadedExecutable:
 
     def _compile(self, global_io: bool):
         values = self.program.values
-        inputs = [jax.ShapeDtypeStruct(shape, input_dtype(values[v].type.dtype))
+        inputs = [jax.ShapeDtypeStruct(shape, input_dtype(values[v].type.dtype, self._on_cpu))
                   for shape, v in zip(input_shapes(self.program, global_io),
                                       self.program.inputs)]
         workspace = self._workspace_values if global_io else ()
@@ -217,12 +217,17 @@ class LoadedExecutable:
         return placed
 
     @cached_property
+    def _on_cpu(self) -> bool:
+        """Whether the simulation runs on CPU devices (mesh.executor.runs_on_cpu)."""
+        return runs_on_cpu(self._devices)
+
+    @cached_property
     def _workspace_values(self) -> tuple[int, ...]:
         """The values `execute` keeps buffers for from call to call (on one executor
         device; mesh.executor.workspace_values)."""
         if self.executor_devices is not None and len(self.executor_devices) > 1:
             return ()
-        return workspace_values(self.program, runs_on_cpu(self._devices), self.rounding)
+        return workspace_values(self.program, self._on_cpu, self.rounding)
 
     def _workspace_types(self, workspace: Sequence[int]) -> list[jax.ShapeDtypeStruct]:
         values = self.program.values
@@ -452,7 +457,7 @@ class LoadedExecutable:
             arrays = [self._check_arg(f"{self.arg_names[i]} of device {d}", p, expected)
                       for d, p in enumerate(pieces)]
             return as_input(jnp.stack([host_to_storage(a) for a in arrays]).reshape(
-                self.program.array_shape(value)), expected.dtype)
+                self.program.array_shape(value)), expected.dtype, on_cpu=self._on_cpu)
         dim_axes = self._sharding(self.program.input_shardings, i, expected.rank)
         piece_type = isa.TensorType(sharding.local_shape(expected.shape, dim_axes,
                                                          self.program.mesh.axis_sizes),
@@ -469,7 +474,7 @@ class LoadedExecutable:
         global_ = self._assemble(i, pieces)
         array = self._check_arg(self.arg_names[i], global_, expected)
         return as_input(host_to_storage(array).reshape(self.program.array_shape(value)),
-                        expected.dtype)
+                        expected.dtype, on_cpu=self._on_cpu)
 
     def _device_results(self, i: int, result: jnp.ndarray) -> list[np.ndarray]:
         """Each device's piece of output i: split by its sharding, else the device's own."""
@@ -499,7 +504,8 @@ class LoadedExecutable:
     def _as_inputs(self, arrays: Sequence[Any]) -> list[Any]:
         """Checked arguments as the compiled program takes them (mesh.executor.as_input)."""
         device = self._devices[0] if self._devices and len(self._devices) == 1 else None
-        return [as_input(host_to_storage(a), self.program.values[v].type.dtype, device)
+        return [as_input(host_to_storage(a), self.program.values[v].type.dtype, device,
+                         self._on_cpu)
                 for a, v in zip(arrays, self.program.inputs)]
 
     def _check_args(self, args: Sequence[Any]) -> list[jnp.ndarray]:

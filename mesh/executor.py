@@ -224,14 +224,17 @@ def compile_program(program: isa.Program,
                                       for shape in input_shapes(program, global_io)))
 
 
-def input_dtype(name: str) -> np.dtype:
+def input_dtype(name: str, on_cpu: bool = True) -> np.dtype:
     """The dtype an input of element type `name` goes into compile_program's function in
-    (as_input): a float narrower than FP32 as its bits (an unsigned integer of its width),
-    any other type in its storage dtype. The matmul kernel cuts a narrow-float operand into
-    passes as bits (mesh.isa.kernels.matmul); an input that arrives as bits needs no copy
-    into them, and on the host the bits of an array are a view of it."""
+    (as_input): its storage dtype; but where the executor's devices are not CPUs (`on_cpu`
+    false), a float narrower than FP32 as its bits (an unsigned integer of its width).
+    There the matmul kernel's XLA loop cuts a narrow-float operand into passes as bits
+    (mesh.isa.kernels.matmul), and an input that arrives as bits needs no copy into them;
+    on a CPU the native loop reads a BF16 operand as it is, and bits would be bitcast
+    into a copy for it (XLA:CPU materializes a bitcast that a custom call reads). On the
+    host either is a view of the caller's array."""
     width = dtypes.bit_width(dtypes.storage_name(name))
-    if name in dtypes.LOW_PRECISION_FLOATS and width in (8, 16):
+    if not on_cpu and name in dtypes.LOW_PRECISION_FLOATS and width in (8, 16):
         return np.dtype(f"uint{width}")
     return dtypes.storage_dtype(name)
 
@@ -242,15 +245,16 @@ def input_dtype(name: str) -> np.dtype:
 ZERO_COPY_MIN_BYTES = 1 << 20
 
 
-def as_input(array, name: str, device: jax.Device | None = None):
+def as_input(array, name: str, device: jax.Device | None = None, on_cpu: bool = True):
     """`array` (of type `name`, in its storage dtype) as compile_program's function on
-    `device` (None: jax's default device) takes it: in input_dtype(name), by a view of its
-    bits where it is a narrow float. An array in host memory (NumPy, or a jax.Array on a CPU
+    `device` (None: jax's default device; `on_cpu`: whether the executor's devices are
+    CPUs) takes it: in input_dtype(name, on_cpu), by a view of its bits where that is a
+    narrow float's bits. An array in host memory (NumPy, or a jax.Array on a CPU
     device of any client) of ZERO_COPY_MIN_BYTES or more is put on `device` as that same
     memory when it is 64-byte aligned (as XLA's buffers are; NumPy's often are not, and are
     copied); smaller ones the function copies in. An array on an accelerator goes in as it
     is (bitcast there to its bits)."""
-    want = input_dtype(name)
+    want = input_dtype(name, on_cpu)
     if isinstance(array, jax.Array):
         if any(d.platform != "cpu" for d in array.sharding.device_set):
             return array if array.dtype == want else jax.lax.bitcast_convert_type(array, want)

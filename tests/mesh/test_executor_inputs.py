@@ -1,5 +1,6 @@
-"""The executor's inputs: floats narrower than FP32 go in as their bits, which on the host are a
-view of the caller's array (no copy), and give the same results as the floats themselves."""
+"""The executor's inputs: on executor devices that are not CPUs, floats narrower than FP32
+go in as their bits, on CPUs as themselves (the native matmul loop reads BF16 as it is);
+either is a view of the caller's host array (no copy), with the same results."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jax_trn2
-from mesh import executor
+from mesh import dtypes, executor
 
 RNG = np.random.default_rng(0)
 
@@ -22,18 +23,21 @@ RNG = np.random.default_rng(0)
     ("float32", "float32"), ("int8", "int8"), ("bool", "bool"),
     ("float4_e2m1fn", "float4_e2m1fn"),  # 4 bits in a byte: held as it is
 ])
-def test_narrow_floats_are_taken_as_bits(name, bits):
-    assert executor.input_dtype(name) == np.dtype(bits)
+def test_narrow_floats_are_taken_as_bits_off_cpus(name, bits):
+    assert executor.input_dtype(name, on_cpu=False) == np.dtype(bits)
+    assert executor.input_dtype(name, on_cpu=True) == dtypes.storage_dtype(name)
 
 
-def test_host_arrays_go_in_as_a_view_of_their_bits():
+def test_host_arrays_go_in_as_a_view():
     values = RNG.standard_normal((64, 32)).astype(ml_dtypes.bfloat16)
-    as_bits = executor.as_input(values, "bfloat16")
+    as_bits = executor.as_input(values, "bfloat16", on_cpu=False)
     assert as_bits.dtype == np.uint16 and np.shares_memory(as_bits, values)
     on_cpu = jnp.asarray(values)
-    as_bits = executor.as_input(on_cpu, "bfloat16")
+    as_bits = executor.as_input(on_cpu, "bfloat16", on_cpu=False)
     assert np.shares_memory(as_bits, np.asarray(on_cpu))
     np.testing.assert_array_equal(as_bits, values.view(np.uint16))
+    as_floats = executor.as_input(values, "bfloat16", on_cpu=True)
+    assert as_floats.dtype == ml_dtypes.bfloat16 and np.shares_memory(as_floats, values)
     wide = np.ones(3, np.float32)
     assert executor.as_input(wide, "float32") is wide
 
@@ -43,7 +47,7 @@ def test_large_arrays_go_to_the_executors_device_as_the_same_memory():
     device = host_devices(1)[0]
     rows = executor.ZERO_COPY_MIN_BYTES // (2 * 256)
     values = jnp.asarray(RNG.standard_normal((rows, 256)), jnp.bfloat16)  # an XLA buffer
-    moved = executor.as_input(values, "bfloat16", device)
+    moved = executor.as_input(values, "bfloat16", device, on_cpu=False)
     assert moved.devices() == {device} and moved.dtype == np.uint16
     assert moved.unsafe_buffer_pointer() == np.asarray(values).ctypes.data
     small = np.ones(4, np.float32)
@@ -76,7 +80,7 @@ def test_bits_and_floats_give_the_same_results():
     program = executable.program
     compiled = executor.compile_program(program, global_io=True)
     from_floats = compiled(x, w, s)
-    from_bits = compiled(*(executor.as_input(a, program.values[v].type.dtype)
+    from_bits = compiled(*(executor.as_input(a, program.values[v].type.dtype, on_cpu=False)
                            for a, v in zip((x, w, s), program.inputs)))
     np.testing.assert_array_equal(np.asarray(from_bits[0]), np.asarray(from_floats[0]))
     expected = (x.astype(np.float32) @ w.astype(np.float32)).astype(ml_dtypes.bfloat16)
