@@ -120,7 +120,7 @@ def workspace_values(program: isa.Program, on_cpu: bool = True,
     it writes into (unshard_places_matmul, with round-to-nearest-even `rounding`) has no
     array of its own to keep."""
     chosen, total = [], 0
-    placed = _placed_by_unshard(program) if rounding.mode == "nearest" else set()
+    placed = _placed_by_unshard(program, on_cpu, rounding.mode == "nearest")
     for instr in program.instructions:
         if not isinstance(instr, isa.Matmul) or instr.outs[0] in placed or \
                 not result_is_gemm_output(instr, program, on_cpu):
@@ -134,14 +134,16 @@ def workspace_values(program: isa.Program, on_cpu: bool = True,
     return tuple(chosen)
 
 
-def _placed_by_unshard(program: isa.Program) -> set[int]:
-    """The values the instructions that make them write into their Unshards' results."""
+def _placed_by_unshard(program: isa.Program, on_cpu: bool, nearest: bool) -> set[int]:
+    """The values the instructions that make them write into their Unshards' results
+    (movement.unshard_places_matmul)."""
     uses, made_by = value_uses(program), {}
     placed = set()
     for instr in program.instructions:
         made_by.update((v, instr) for v in instr.outs)
         if isinstance(instr, isa.Unshard) and instr.ins[0] in made_by and \
-                unshard_places_matmul(instr, made_by[instr.ins[0]], program, uses):
+                unshard_places_matmul(instr, made_by[instr.ins[0]], program, uses, on_cpu,
+                                      nearest):
             placed.add(instr.ins[0])
     return placed
 

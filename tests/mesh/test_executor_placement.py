@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jax_trn2
-from mesh import executor, isa
+from mesh import executor, isa, numerics
 from mesh.isa.kernels import matmul, movement, native
 
 K = 384  # three passes of 128: the native loop's
@@ -122,3 +122,17 @@ def test_a_left_operand_whose_contraction_is_not_contiguous_is_copied(rng, monke
     got = np.asarray(compiled(x, w))
     copied(monkeypatch)
     np.testing.assert_array_equal(got, np.asarray(jax_trn2.jit(fn)(x, w)))
+
+
+def test_a_single_pass_matmul_is_not_placed_and_keeps_its_workspace(rng, monkeypatch):
+    """K = 128 is one pass: host GEMMs, not the native loop, so the Unshard copies."""
+    monkeypatch.setattr(executor, "WORKSPACE_MIN_BYTES", 1024)
+    mesh = jax_trn2.make_mesh((8,), ("i",))
+    fn = jax.shard_map(lambda x, w: x @ w, mesh=mesh, in_specs=(P("i"), P()),
+                       out_specs=P("i"))
+    x = rng.standard_normal((512, 128)).astype(np.float32)
+    w = rng.standard_normal((128, 256)).astype(np.float32)
+    program = jax_trn2.jit(fn).lower(x, w).compile().executable.program
+    kept = executor.workspace_values(program)
+    assert kept and kept == executor.workspace_values(
+        program, rounding=numerics.Rounding("stochastic"))

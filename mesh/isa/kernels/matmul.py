@@ -118,15 +118,12 @@ def _in_place(value: int, x, ctx: KernelContext, run: list[int]) -> native.Strid
 
 
 def native_matmul_placed(instr: isa.Matmul, args, ctx: KernelContext,
-                         placement: "native.Placement") -> jax.Array | None:
-    """The matmul's result, rounded, written straight into the array a data movement of it
-    makes (`placement`: where each element of its executor layout goes there), on one CPU
-    executor device with round-to-nearest-even; None where it cannot be (it does not run in
-    the native loop here, or its product's layout is not the one placed)."""
+                         placement: native.Placement) -> jax.Array | None:
+    """The matmul's result, rounded to nearest even, written by the native loop on one
+    executor device straight into the array a data movement of it makes (`placement`:
+    where each element of its executor layout goes there; movement.unshard_places_matmul
+    says when); None where its product's layout is not the one placed."""
     lhs, rhs = args
-    if not runs_natively(instr, ctx.program, ctx.on_cpu) or ctx.executor is not None \
-            or ctx.rounding is not None:  # (stochastic rounding numbers its sites in order)
-        return None
     acc = _native_product(*_operands(instr, lhs, rhs, ctx), instr, ctx.nm,
                           _mesh_dims(lhs.shape, rhs.shape, ctx.nm), placement)
     return None if acc is None else numerics.round_to(acc, instr.out_dtype)

@@ -9,7 +9,7 @@ from mesh import isa
 from mesh.isa.kernels import kernel, native
 from mesh.isa.kernels.context import KernelContext
 from mesh.isa.kernels.devices import broadcast_mesh, map_devices
-from mesh.isa.kernels.matmul import native_matmul_placed
+from mesh.isa.kernels.matmul import native_matmul_placed, runs_natively
 from mesh.isa.kernels.views import manual_axes, unshard_strides
 from mesh.sharding import split_order
 
@@ -147,7 +147,8 @@ def _placed_matmul(instr: isa.Unshard, shape: tuple[int, ...], ctx: KernelContex
     else None."""
     value = instr.ins[0]
     made = ctx.made_by.get(value)
-    if made is None or not unshard_places_matmul(instr, made[0], ctx.program, ctx.uses):
+    if made is None or ctx.executor is not None or not unshard_places_matmul(
+            instr, made[0], ctx.program, ctx.uses, ctx.on_cpu, ctx.rounding is None):
         return None
     placement = native.Placement(shape, unshard_strides(instr, shape, ctx.mesh),
                                  ctx.out_shape(instr))
@@ -155,14 +156,18 @@ def _placed_matmul(instr: isa.Unshard, shape: tuple[int, ...], ctx: KernelContex
 
 
 def unshard_places_matmul(instr: isa.Unshard, made_by: isa.Instruction,
-                          program: isa.Program, uses: dict[int, int]) -> bool:
+                          program: isa.Program, uses: dict[int, int], on_cpu: bool,
+                          nearest: bool) -> bool:
     """Whether `instr`, the Unshard of a value `made_by` made, has that instruction write
-    the value straight into the Unshard's result (on one CPU executor device, with
-    round-to-nearest-even: matmul.native_matmul_placed): where it is a matmul whose result
-    nothing else uses (`uses`: of each value in `program`) and the Unshard only moves each
-    element (unshard_strides). Unsharding an output of tens of MiB is a strided copy that
-    took a fifth of the time of the benchmark's matmul that made it; the matmul's own
-    result is then unused, and XLA drops it."""
+    the value straight into the Unshard's result (matmul.native_matmul_placed; on one
+    executor device): where it is a matmul in the native loop (`on_cpu`: the executor's
+    devices are CPUs) rounding to nearest even (`nearest`: stochastic rounding numbers its
+    sites in program order), whose result nothing else uses (`uses`: of each value in
+    `program`), and the Unshard only moves each element (unshard_strides). Unsharding an
+    output of tens of MiB is a strided copy that took a fifth of the time of the
+    benchmark's matmul that made it; the matmul's own result is then unused, and XLA drops
+    it."""
     value = instr.ins[0]
-    return isinstance(made_by, isa.Matmul) and uses.get(value) == 1 and unshard_strides(
-        instr, program.array_shape(value), program.mesh) is not None
+    return isinstance(made_by, isa.Matmul) and nearest and \
+        runs_natively(made_by, program, on_cpu) and uses.get(value) == 1 and \
+        unshard_strides(instr, program.array_shape(value), program.mesh) is not None
