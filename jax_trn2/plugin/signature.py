@@ -4,8 +4,10 @@ jax learns the shardings of what a program returns (and takes) from the HloModul
 compiler produced: the entry's parameter and root shardings and its entry layout. The
 simulator compiles no HLO, so the plugin hands jaxlib a module with main's signature alone:
 each parameter and result with its sharding over the devices (how XLA lays them out,
-lowering.partition.layouts), results computed as zeros. It is made from StableHLO by
-jaxlib's own converter.
+lowering.partition.layouts), results computed as zeros. Like the module an SPMD compiler
+leaves (and `compiled.as_text()` shows), it is one device's program: its parameters and
+results have the per-device shapes, and the shardings say how they make the global values.
+It is made from StableHLO by jaxlib's own converter.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from jax._src.lib import _jax, xla_client
 from jaxlib.mlir import ir
 
 from jax_trn2.plugin import proto
+from mesh import sharding
 
 
 def hlo_sharding(dim_axes: tuple | None, axis_sizes: tuple[int, ...]) -> str:
@@ -37,14 +40,16 @@ def hlo_sharding(dim_axes: tuple | None, axis_sizes: tuple[int, ...]) -> str:
 
 def signature_module(executable: Any, module: ir.Module) -> bytes:
     """An HloModuleProtoWithConfig of main's signature in `module` (jax's, with the global
-    types) with the executable's layouts."""
+    types) with the executable's layouts, each type cut to one device's piece."""
     from lowering.partition import main_function
     main = main_function(module)
     block = main.regions[0].blocks[0]
-    arg_types = [_type(a.type) for a in block.arguments]
-    returned_values = list(block.operations[-1].operands)
-    res_types = [_type(v.type) for v in returned_values]
     sizes = executable._mesh_sizes()
+    arg_types = [_type(a.type, _at(executable.in_layouts, i), sizes)
+                 for a, i in zip(block.arguments, executable.arg_slots)]
+    returned_values = list(block.operations[-1].operands)
+    res_types = [_type(v.type, _at(executable.out_layouts, i), sizes)
+                 for v, i in zip(returned_values, executable.result_slots)]
     names = [f"arg{i}" for i in range(len(arg_types))]
     arg_shardings = [hlo_sharding(_at(executable.in_layouts, i), sizes)
                      for i in executable.arg_slots]
@@ -54,7 +59,8 @@ def signature_module(executable: Any, module: ir.Module) -> bytes:
                      for name, t, sharding in zip(names, arg_types, arg_shardings))
     results = ", ".join(f"{t} {{mhlo.sharding = \"{sharding}\"}}"
                         for t, sharding in zip(res_types, res_shardings))
-    body = [f"    %r{i} = {_zero(v.type)}" for i, v in enumerate(returned_values)]
+    body = [f"    %r{i} = {_zero(v.type, t)}"
+            for i, (v, t) in enumerate(zip(returned_values, res_types))]
     returned = ", ".join(f"%r{i}" for i in range(len(res_types)))
     text = "\n".join([
         f"module @{executable.name} attributes {{mhlo.num_partitions = "
@@ -79,18 +85,24 @@ def _at(layouts: tuple, i: int | None) -> tuple | None:
     return layouts[i] if i is not None and i < len(layouts) else None
 
 
-def _type(value_type: ir.Type) -> str:
-    """A parameter's or result's type as the executable takes or gives it: a token (of an
-    ordered effect) as an empty array, as jax passes its runtime tokens."""
-    return _TOKEN_TYPE if str(value_type) == "!stablehlo.token" else str(value_type)
+def _type(value_type: ir.Type, layout: tuple | None, sizes: tuple[int, ...]) -> str:
+    """A parameter's or result's type as one device takes or gives it: its piece under
+    `layout` (None: replicated); a token (of an ordered effect) as an empty array, as jax
+    passes its runtime tokens."""
+    if str(value_type) == "!stablehlo.token":
+        return _TOKEN_TYPE
+    tensor = ir.RankedTensorType(value_type)
+    shape = sharding.local_shape(tensor.shape, layout or ((),) * tensor.rank, sizes)
+    return "tensor<" + "".join(f"{n}x" for n in shape) + f"{tensor.element_type}>"
 
 
 _TOKEN_TYPE = "tensor<0xi1>"
 
 
-def _zero(value_type: ir.Type) -> str:
-    """An op making a value of the type as _type gives it (its result is never read)."""
-    if _type(value_type) == _TOKEN_TYPE:
+def _zero(value_type: ir.Type, type_text: str) -> str:
+    """An op making a value of `type_text`, the type _type gives `value_type` (its result
+    is never read)."""
+    if type_text == _TOKEN_TYPE:
         return f"stablehlo.constant dense<> : {_TOKEN_TYPE}"
     element = str(ir.RankedTensorType(value_type).element_type)
     if element.startswith("complex<"):
@@ -101,4 +113,4 @@ def _zero(value_type: ir.Type) -> str:
         literal = "0"
     else:
         literal = "0.0"
-    return f"stablehlo.constant dense<{literal}> : {value_type}"
+    return f"stablehlo.constant dense<{literal}> : {type_text}"
