@@ -403,7 +403,7 @@ def sdy_dim_axes(sharding: Any, mesh: isa.MeshSpec) -> tuple:
     """dim_axes (mesh axis indices per dim) of a decoded sdy.sharding attribute (None:
     none, ())."""
     return () if sharding is None else \
-        tuple(tuple(mesh.axis_index(a) for a in dim) for dim in sharding.dims)
+        tuple(tuple(mesh.axis_index(a) for a in dim) for dim in sharding.split_dims())
 
 
 def _has_sdy_sharding(module: ir.Module) -> bool:

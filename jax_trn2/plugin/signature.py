@@ -22,20 +22,29 @@ from jax_trn2.plugin import proto
 from mesh import sharding
 
 
-def hlo_sharding(dim_axes: tuple | None, axis_sizes: tuple[int, ...]) -> str:
+def hlo_sharding(dim_axes: tuple | None, axis_sizes: tuple[int, ...],
+                 unreduced: tuple[int, ...] = ()) -> str:
     """The HloSharding text (mhlo.sharding) of a layout: dim d split over the mesh axes
-    dim_axes[d] (major first), the other axes replicated; devices are numbered row-major
-    over the mesh (partition order)."""
-    if not dim_axes or not any(dim_axes):
+    dim_axes[d] (major first), the axes `unreduced` holding partial sums, the other axes
+    replicated; devices are numbered row-major over the mesh (partition order)."""
+    if not unreduced and (not dim_axes or not any(dim_axes)):
         return "{replicated}"
-    used = [a for axes in dim_axes for a in axes]
-    unused = [a for a in range(len(axis_sizes)) if a not in used]
-    tiles = [int(np.prod([axis_sizes[a] for a in axes], dtype=np.int64)) for axes in dim_axes]
-    replicated = int(np.prod([axis_sizes[a] for a in unused], dtype=np.int64))
+    if set(unreduced) == set(range(len(axis_sizes))) and not any(dim_axes or ()):
+        return "{unreduced}"  # (as XLA writes it)
+    used = [a for axes in dim_axes or () for a in axes]
+    unused = [a for a in range(len(axis_sizes)) if a not in used and a not in unreduced]
+    tiles = [_size(axes, axis_sizes) for axes in dim_axes or ()]
+    subgroups = [(xla_client.OpSharding.Type.UNREDUCED, list(unreduced)),
+                 (xla_client.OpSharding.Type.REPLICATED, unused)]
+    subgroups = [(kind, axes) for kind, axes in subgroups if _size(axes, axis_sizes) > 1]
     sharding = xla_client.HloSharding.iota_tile(
-        tiles + ([replicated] if replicated > 1 else []), list(axis_sizes), used + unused,
-        [xla_client.OpSharding.Type.REPLICATED] if replicated > 1 else [])
+        tiles + [_size(axes, axis_sizes) for _, axes in subgroups], list(axis_sizes),
+        used + [a for _, axes in subgroups for a in axes], [kind for kind, _ in subgroups])
     return str(sharding)
+
+
+def _size(axes, axis_sizes: tuple[int, ...]) -> int:
+    return int(np.prod([axis_sizes[a] for a in axes], dtype=np.int64))
 
 
 def signature_module(executable: Any, module: ir.Module) -> bytes:
@@ -45,16 +54,18 @@ def signature_module(executable: Any, module: ir.Module) -> bytes:
     main = main_function(module)
     block = main.regions[0].blocks[0]
     sizes = executable._mesh_sizes()
-    arg_types = [_type(a.type, _at(executable.in_layouts, i), sizes)
-                 for a, i in zip(block.arguments, executable.arg_slots)]
+    arg_layouts = [_split(executable.in_layouts, executable.in_partials, i)
+                   for i in executable.arg_slots]
+    res_layouts = [_split(executable.out_layouts, executable.out_partials, i)
+                   for i in executable.result_slots]
+    arg_types = [_type(a.type, layout, sizes)
+                 for a, (layout, _) in zip(block.arguments, arg_layouts)]
     returned_values = list(block.operations[-1].operands)
-    res_types = [_type(v.type, _at(executable.out_layouts, i), sizes)
-                 for v, i in zip(returned_values, executable.result_slots)]
+    res_types = [_type(v.type, layout, sizes)
+                 for v, (layout, _) in zip(returned_values, res_layouts)]
     names = [f"arg{i}" for i in range(len(arg_types))]
-    arg_shardings = [hlo_sharding(_at(executable.in_layouts, i), sizes)
-                     for i in executable.arg_slots]
-    res_shardings = [hlo_sharding(_at(executable.out_layouts, i), sizes)
-                     for i in executable.result_slots]
+    arg_shardings = [hlo_sharding(layout, sizes, partial) for layout, partial in arg_layouts]
+    res_shardings = [hlo_sharding(layout, sizes, partial) for layout, partial in res_layouts]
     args = ", ".join(f"%{name}: {t} {{mhlo.sharding = \"{sharding}\"}}"
                      for name, t, sharding in zip(names, arg_types, arg_shardings))
     results = ", ".join(f"{t} {{mhlo.sharding = \"{sharding}\"}}"
@@ -81,8 +92,16 @@ def _op_sharding(text: str) -> bytes:
     return xla_client.HloSharding.from_string(text).to_proto().SerializeToString()
 
 
-def _at(layouts: tuple, i: int | None) -> tuple | None:
-    return layouts[i] if i is not None and i < len(layouts) else None
+def _split(layouts: tuple, partials: tuple, i: int | None) -> tuple[tuple | None,
+                                                                    tuple[int, ...]]:
+    """The layout of the executable's input or output i (None: replicated) over jax's
+    value's dims, and the mesh axes it is unreduced along (the program stacks the partial
+    sums along leading dims of their own, each split over one axis: isa.Program)."""
+    layout = layouts[i] if i is not None and i < len(layouts) else None
+    count = partials[i] if i is not None and i < len(partials) else 0
+    if not count:
+        return layout, ()
+    return layout[count:], tuple(axes[0] for axes in layout[:count])
 
 
 def _type(value_type: ir.Type, layout: tuple | None, sizes: tuple[int, ...]) -> str:
