@@ -34,12 +34,16 @@ def hlo_sharding(dim_axes: tuple | None, axis_sizes: tuple[int, ...],
     used = [a for axes in dim_axes or () for a in axes]
     unused = [a for a in range(len(axis_sizes)) if a not in used and a not in unreduced]
     tiles = [_size(axes, axis_sizes) for axes in dim_axes or ()]
-    subgroups = [(xla_client.OpSharding.Type.UNREDUCED, list(unreduced)),
-                 (xla_client.OpSharding.Type.REPLICATED, unused)]
-    subgroups = [(kind, axes) for kind, axes in subgroups if _size(axes, axis_sizes) > 1]
+    # subgroup dims follow the data dims, in the order of their axes in the permutation
+    # (which takes every mesh axis: one of size 1 may stand anywhere); one of a single
+    # device is left out, as XLA leaves it
+    subgroups = [(kind, _size(axes, axis_sizes)) for kind, axes in
+                 [(xla_client.OpSharding.Type.UNREDUCED, unreduced),
+                  (xla_client.OpSharding.Type.REPLICATED, unused)]
+                 if _size(axes, axis_sizes) > 1]
     sharding = xla_client.HloSharding.iota_tile(
-        tiles + [_size(axes, axis_sizes) for _, axes in subgroups], list(axis_sizes),
-        used + [a for _, axes in subgroups for a in axes], [kind for kind, _ in subgroups])
+        tiles + [size for _, size in subgroups], list(axis_sizes),
+        used + list(unreduced) + unused, [kind for kind, _ in subgroups])
     return str(sharding)
 
 

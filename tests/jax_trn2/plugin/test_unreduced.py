@@ -8,7 +8,6 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_trn2
-from jax_trn2.plugin.signature import hlo_sharding
 
 
 def _mesh(devices):
@@ -68,15 +67,6 @@ def test_shard_map_unreduced_in_and_out_specs():
         grad = jax.grad(lambda v: f(v).sum())(reduced)
         assert grad.sharding.spec == P(None, unreduced={"x"})
         np.testing.assert_array_equal(np.asarray(jax.reshard(grad, P())), np.full(8, 2.0))
-
-
-def test_the_sharding_jaxlib_reads_names_the_unreduced_axes():
-    assert hlo_sharding(((1,),), (2, 2), (0,)) == \
-        "{devices=[2,2]<=[2,2]T(1,0) last_tile_dims={unreduced}}"
-    assert hlo_sharding(((),), (2, 2), (0,)) == \
-        "{devices=[1,2,2]<=[4] last_tile_dims={unreduced, replicated}}"
-    assert hlo_sharding(((),), (2,), (0,)) == "{unreduced}"
-    assert hlo_sharding(((0,), ()), (2, 2)) == "{devices=[2,1,2]<=[4] last_tile_dim_replicate}"
 
 
 def test_jax_trn2_jit_refuses_unreduced_values_by_name():
