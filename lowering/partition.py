@@ -20,6 +20,7 @@ import glob
 import os
 import re
 import tempfile
+import threading
 from typing import Any
 
 import numpy as np
@@ -106,7 +107,28 @@ def partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exception
     chips (device i = partition i), as a StableHLO module; and the error XLA:CPU raised
     after partitioning, if it did before the stop (_STOP_TARGET) (it lacks some ops that
     the simulator has; if lowering the partitioned program fails too, XLA's reason belongs
-    in that error)."""
+    in that error). The last few are remembered: the trn2 plugin asks again for the
+    program it lowered (its optimized program, which jax reads at every compile)."""
+    key = (jax_mlir.module_to_bytecode(module), num_devices)
+    with _PARTITIONED_LOCK:
+        if key in _PARTITIONED:
+            _PARTITIONED[key] = _PARTITIONED.pop(key)  # the most recent last
+            return _PARTITIONED[key]
+    result = _partition(module, num_devices)
+    with _PARTITIONED_LOCK:
+        _PARTITIONED[key] = result
+        while len(_PARTITIONED) > _PARTITIONED_KEPT:
+            del _PARTITIONED[next(iter(_PARTITIONED))]
+    return result
+
+
+# partition's memory: (module bytecode, devices) -> its result, least recent first
+_PARTITIONED: dict[tuple[bytes, int], tuple[ir.Module, Exception | None]] = {}
+_PARTITIONED_KEPT = 4
+_PARTITIONED_LOCK = threading.Lock()
+
+
+def _partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exception | None]:
     client = host_client(num_devices)
     options = xla_client.CompileOptions()
     build = options.executable_build_options

@@ -158,11 +158,14 @@ class Executable:
         return out
 
     def optimized_program(self) -> bytes:
-        """An HloModuleProtoWithConfig with main's signature and the layouts of its arguments
-        and results over the devices (jax reads the output shardings from it)."""
+        """An HloModuleProtoWithConfig of one device's program, with the layouts of its
+        arguments and results over the devices (jax reads the output shardings from it):
+        the per-chip module XLA's partitioner made, for a program it partitioned."""
         if self._optimized is None:
             from jax_trn2.plugin.signature import signature_module
-            self._optimized = signature_module(self, self.loaded.module)
+            from lowering import partitioned_module
+            self._optimized = signature_module(self, self.loaded.module,
+                                               partitioned_module(self.loaded.module))
         return self._optimized
 
     def cost_analysis(self) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from jax._src.interpreters import mlir as jax_mlir
 from jax._src.lib import _jax, xla_client
 from jaxlib.mlir import ir
 
@@ -51,9 +52,13 @@ def _size(axes, axis_sizes: tuple[int, ...]) -> int:
     return int(np.prod([axis_sizes[a] for a in axes], dtype=np.int64))
 
 
-def signature_module(executable: Any, module: ir.Module) -> bytes:
+def signature_module(executable: Any, module: ir.Module,
+                     partitioned: ir.Module | None = None) -> bytes:
     """An HloModuleProtoWithConfig of main's signature in `module` (jax's, with the global
-    types) with the executable's layouts, each type cut to one device's piece."""
+    types) with the executable's layouts, each type cut to one device's piece. Its body is
+    `partitioned`'s, when given (the per-chip module XLA's partitioner made of `module`,
+    which the simulator runs: compiled.as_text() then shows the partitioner's collectives),
+    and main has no tokens (that module keeps them as tokens, where jax passes arrays)."""
     from lowering.partition import main_function
     main = main_function(module)
     block = main.regions[0].blocks[0]
@@ -85,7 +90,10 @@ def signature_module(executable: Any, module: ir.Module) -> bytes:
         f"    return {returned} : {', '.join(res_types)}" if res_types else "    return",
         "  }",
         "}"])
-    computation = _jax.mlir.mlir_module_to_xla_computation(text, use_tuple_args=False,
+    has_tokens = _TOKEN_TYPE in arg_types + res_types
+    source = text if partitioned is None or has_tokens else \
+        jax_mlir.module_to_bytecode(partitioned)
+    computation = _jax.mlir.mlir_module_to_xla_computation(source, use_tuple_args=False,
                                                            return_tuple=len(res_types) != 1)
     return proto.hlo_module_with_config(
         computation.as_serialized_hlo_module_proto(), names,

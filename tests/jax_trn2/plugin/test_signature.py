@@ -46,6 +46,16 @@ def test_compiled_text_has_each_devices_shapes(mesh):
     np.testing.assert_array_equal(np.asarray(total), np.asarray(x).sum(0))
 
 
+def test_a_partitioned_programs_text_is_the_partitioners(mesh):
+    """A program XLA's partitioner partitions: its optimized program is the per-chip module
+    the simulator runs, with the collectives the partitioner inserted (as XLA:CPU's)."""
+    x = jax.device_put(np.ones((8, 4), np.float32), NamedSharding(mesh, P("x", "y")))
+    f = jax.jit(lambda a: a.sum(0), out_shardings=NamedSharding(mesh, P()))
+    text = f.lower(x).compile().as_text()
+    assert _entry_layout(text) == "(f32[2,2]{1,0})->f32[4]{0}"
+    assert "all-reduce(" in text and "all-gather(" in text
+
+
 def test_shard_map_programs_give_each_devices_shapes(mesh):
     """A shard_map program (run as it is, not partitioned by XLA): its parameters and
     results are the in_specs' and out_specs' pieces."""

@@ -31,10 +31,11 @@ def test_unreduced_results_hold_each_devices_partial_sum():
     assert [s.data.shape for s in ours.addressable_shards] == [(2,)] * 4
     for got, expected in zip(ours.addressable_shards, want.addressable_shards):
         np.testing.assert_array_equal(np.asarray(got.data), np.asarray(expected.data))
-    # the per-device program: each device's piece, and the result's unreduced sharding
+    # the per-device program: each device's partial sum, no all-reduce
     with jax.set_mesh(trn2):
-        text = f.lower(x).compile().as_text()
-    assert "f32[2]{0}" in text and "last_tile_dims={unreduced}" in text
+        compiled = f.lower(x).compile()
+    assert "->f32[2]{0}" in compiled.as_text() and "all-reduce" not in compiled.as_text()
+    assert compiled.output_shardings.spec == P("y", unreduced={"x"})
 
 
 def test_unreduced_arguments_are_reduced_by_the_program_that_reshards_them():
