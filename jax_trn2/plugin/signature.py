@@ -2,12 +2,14 @@
 
 jax learns the shardings of what a program returns (and takes) from the HloModule its
 compiler produced: the entry's parameter and root shardings and its entry layout. The
-simulator compiles no HLO, so the plugin hands jaxlib a module with main's signature alone:
-each parameter and result with its sharding over the devices (how XLA lays them out,
-lowering.partition.layouts), results computed as zeros. Like the module an SPMD compiler
-leaves (and `compiled.as_text()` shows), it is one device's program: its parameters and
-results have the per-device shapes, and the shardings say how they make the global values.
-It is made from StableHLO by jaxlib's own converter.
+simulator compiles no HLO, so the plugin hands jaxlib a module of main's signature, each
+parameter and result with its sharding over the devices (how XLA lays them out,
+lowering.partition.layouts): of a program XLA's partitioner partitioned, the per-chip
+module the simulator runs; of any other, a module of the signature alone, its results
+computed as zeros. Like the module an SPMD compiler leaves (and `compiled.as_text()`
+shows), it is one device's program: its parameters and results have the per-device shapes,
+and the shardings say how they make the global values. It is made from StableHLO by
+jaxlib's own converter.
 """
 
 from __future__ import annotations
