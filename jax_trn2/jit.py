@@ -251,6 +251,17 @@ def _committed_sharding(leaf: Any) -> Any:
     return leaf.sharding if isinstance(leaf, jax.Array) and leaf.committed else None
 
 
+def _refuse_unreduced(program: isa.Program) -> None:
+    """jax_trn2.jit gives and takes global arrays: a value unreduced along some mesh axes
+    (each chip a partial sum, jax's P(unreduced=...)) has no global array of its own. jax's
+    arrays on the trn2 devices hold it, a buffer per device."""
+    if any(program.input_partials) or any(program.output_partials):
+        raise NotImplementedError(
+            "jax_trn2.jit does not take or give unreduced values (P(unreduced=...): a "
+            "partial sum on each device): run the function with jax.jit on "
+            "jax.devices('trn2'), or reduce the value inside it")
+
+
 def _host_callbacks(jax_lowered) -> list:
     """The Python functions of the lowered module's host callbacks (jax.debug.print,
     pure_callback, ...), by the index their custom calls carry. jax keeps them in its
@@ -551,6 +562,7 @@ class Lowered(_StageInfo):
                              "rounding (trn2_topology, trn2_rounding, trn2_seed): give them to "
                              "jax_trn2.jit instead")
         executable.load(options.check_memory if check_memory is None else check_memory)
+        _refuse_unreduced(executable.program)
         out_info = tree_util.tree_leaves(self._jax_stage.out_info)
         in_avals = tree_util.tree_leaves(self.in_avals)
         compile_args = _compile_args(self._jax_stage)

@@ -32,9 +32,7 @@ def lower(program: Any, mesh: isa.MeshSpec | None = None,
     pure_callback, ...), as jax's lowering keeps them, by index. `module_name`: the file
     the module text came from, naming the source position of an op without a debug
     location (its line of the module text, `prog.mlir:5:12`; default '<module>')."""
-    module = parse_module(program)
-    if dynamic_shapes.needs_refinement(module):
-        module = dynamic_shapes.refine(module)
+    module = _refined(parse_module(program))
     xla_error = None
     if partition.needs_partitioning(module):
         mesh = partition.global_mesh(module)
@@ -50,6 +48,20 @@ def lower(program: Any, mesh: isa.MeshSpec | None = None,
         message = str(e) if xla_error is None else \
             f"{e}\n(XLA:CPU could not compile the partitioned program either: {xla_error})"
         raise error_class(message) from e
+
+
+def partitioned_module(program: Any) -> Any:
+    """The per-chip module XLA's SPMD partitioner made of a global program, which `lower`
+    lowered (partition.partition remembers it); None for a program lowered as it is."""
+    module = _refined(parse_module(program))
+    if not partition.needs_partitioning(module):
+        return None
+    return partition.partition(module, partition.global_mesh(module).num_devices)[0]
+
+
+def _refined(module: Any) -> Any:
+    return dynamic_shapes.refine(module) if dynamic_shapes.needs_refinement(module) \
+        else module
 
 
 def supported_ops() -> list[str]:

@@ -18,11 +18,13 @@ import numpy as np
 from jaxlib import xla_client
 
 from lowering import mlir
+from lowering.errors import unreduced_values
 from mesh import isa
 
 # Kinds of the trailing subgroup dims of a tiling (`last_tile_dims={manual, replicated}`).
 REPLICATED = "REPLICATED"
 MANUAL = "MANUAL"
+UNREDUCED = "UNREDUCED"
 
 SHARDING_ATTR = "mhlo.sharding"
 
@@ -67,13 +69,16 @@ def elements(text: str, count: int) -> list[str]:
     return parts
 
 
-def parse(text: str) -> Tiling | None:
+def parse(text: str, unreduced: bool = False) -> Tiling | None:
     """The tiling of an HloSharding, None when it is replicated, manual or maximal (one
-    device holds the whole value, the others a copy: replicated in the simulator)."""
+    device holds the whole value, the others a copy: replicated in the simulator).
+    `unreduced`: whether the caller takes unreduced axes (unreduced_axes), as a partitioned
+    program's parameters and results have them; elsewhere they are refused."""
     sharding = _from_string(text)
     if sharding.is_unreduced():  # (no tile assignment: it would read as no devices)
-        raise NotImplementedError(f"sharding {text}: unreduced values are not supported "
-                                  "by jax-trn2")
+        if unreduced:
+            return None
+        raise unreduced_values(text)
     if sharding.is_manual() or sharding.is_replicated() or sharding.is_maximal():
         return None
     dims = tuple(sharding.tile_assignment_dimensions())
@@ -81,7 +86,9 @@ def parse(text: str) -> Tiling | None:
     subgroups = tuple(t.name for t in sharding.subgroup_types())
     if sharding.replicate_on_last_tile_dim():
         subgroups = (REPLICATED,)
-    unknown = set(subgroups) - {REPLICATED, MANUAL}
+    if UNREDUCED in subgroups and not unreduced:
+        raise unreduced_values(text)
+    unknown = set(subgroups) - {REPLICATED, MANUAL, UNREDUCED}
     if unknown:
         raise NotImplementedError(f"sharding {text}: subgroups {sorted(unknown)} are not "
                                   "supported by jax-trn2")
@@ -178,19 +185,35 @@ def manual_axes(text: str, mesh: isa.MeshSpec) -> tuple[int, ...]:
     return dim_axes(everything, mesh)[tiling.data_rank + tiling.subgroups.index(MANUAL)]
 
 
+def unreduced_axes(text: str, mesh: isa.MeshSpec) -> tuple[int, ...]:
+    """The mesh axes along which a value of this sharding is unreduced (each device holds
+    a partial sum of it along them): every axis for `{unreduced}`, those of the UNREDUCED
+    subgroup of a tiling, none otherwise."""
+    if _from_string(text).is_unreduced():
+        return tuple(range(mesh.rank))
+    tiling = parse(text, unreduced=True)
+    if tiling is None or UNREDUCED not in tiling.subgroups:
+        return ()
+    everything = Tiling(tiling.devices, ())
+    return dim_axes(everything, mesh)[tiling.data_rank + tiling.subgroups.index(UNREDUCED)]
+
+
 def module_tilings(module) -> list[Tiling]:
     """Every tiled `mhlo.sharding` of a module: on its functions' arguments and results and
-    on its ops (custom calls), at any depth."""
+    on its ops (custom calls), at any depth (unreduced ones too: their devices tile the
+    mesh as any others do)."""
     found: list[Tiling] = []
 
     def visit(operation) -> None:
         attrs = mlir.Attributes(operation)
         if SHARDING_ATTR in attrs:
-            found.extend(t for t in [parse(attrs[SHARDING_ATTR])] if t is not None)
+            found.extend(t for t in [parse(attrs[SHARDING_ATTR], unreduced=True)]
+                         if t is not None)
         for key in ("arg_attrs", "res_attrs"):
             for entry in attrs.get(key, ()):
                 if isinstance(entry, dict) and SHARDING_ATTR in entry:
-                    found.extend(t for t in [parse(entry[SHARDING_ATTR])] if t is not None)
+                    found.extend(t for t in [parse(entry[SHARDING_ATTR], unreduced=True)]
+                                  if t is not None)
         for region in operation.regions:
             for block in region.blocks:
                 for op in block.operations:

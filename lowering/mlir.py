@@ -21,6 +21,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import chlo, sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 
+from lowering.errors import unreduced_values
 from mesh import dtypes
 from mesh.isa import MeshSpec, TensorType
 
@@ -176,10 +177,21 @@ class ConvDims:
 
 @dataclass(frozen=True)
 class DimSharding:
-    """One sdy tensor sharding: the mesh axis names each dim is split over (major first)."""
+    """One sdy tensor sharding: the mesh axis names each dim is split over (major first),
+    and those the value is unreduced along (each device a partial sum of it)."""
 
     dims: tuple[tuple[str, ...], ...]
     mesh: str
+    unreduced: tuple[str, ...] = ()
+    text: str = ""
+
+    def split_dims(self) -> tuple[tuple[str, ...], ...]:
+        """`dims`, for a caller that has no place for partial sums: an unreduced sharding
+        is refused (XLA's partitioner makes the program of any that has one, whose
+        parameters and results then carry them: lowering.walker)."""
+        if self.unreduced:
+            raise unreduced_values(self.text)
+        return self.dims
 
 
 @dataclass(frozen=True)
@@ -293,9 +305,8 @@ def _conv_dims(attr) -> ConvDims:
 def _tensor_sharding(attr) -> DimSharding:
     dims = tuple(tuple(_axis_ref(sdy.AxisRefAttr(a)) for a in sdy.DimensionShardingAttr(d).axes)
                  for d in attr.dimension_shardings)
-    if list(attr.unreduced_axes):
-        raise NotImplementedError(f"unreduced axes in sharding {attr} are not supported")
-    return DimSharding(dims, str(attr.mesh_or_ref))
+    unreduced = tuple(_axis_ref(sdy.AxisRefAttr(a)) for a in attr.unreduced_axes)
+    return DimSharding(dims, str(attr.mesh_or_ref), unreduced, str(attr))
 
 
 def _axis_ref(ref) -> str:

@@ -20,6 +20,7 @@ import glob
 import os
 import re
 import tempfile
+import threading
 from typing import Any
 
 import numpy as np
@@ -106,21 +107,47 @@ def partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exception
     chips (device i = partition i), as a StableHLO module; and the error XLA:CPU raised
     after partitioning, if it did before the stop (_STOP_TARGET) (it lacks some ops that
     the simulator has; if lowering the partitioned program fails too, XLA's reason belongs
-    in that error). Kept beside jax's persistent compilation cache when that is on
-    (lowering.partition_cache), and read from there."""
-    entry = partition_cache.key(jax_mlir.module_to_bytecode(module), num_devices)
+    in that error). The last few are remembered (the trn2 plugin asks again for the
+    program it lowered: its optimized program, which jax reads at every compile), and kept
+    beside jax's persistent compilation cache when that is on (lowering.partition_cache),
+    for another process to read."""
+    bytecode = jax_mlir.module_to_bytecode(module)
+    key = (bytecode, num_devices)
+    with _PARTITIONED_LOCK:
+        if key in _PARTITIONED:
+            _PARTITIONED[key] = _PARTITIONED.pop(key)  # the most recent last
+            return _PARTITIONED[key]
+    result = _kept_or_partitioned(module, bytecode, num_devices)
+    with _PARTITIONED_LOCK:
+        _PARTITIONED[key] = result
+        while len(_PARTITIONED) > _PARTITIONED_KEPT:
+            del _PARTITIONED[next(iter(_PARTITIONED))]
+    return result
+
+
+# partition's memory: (module bytecode, devices) -> its result, least recent first
+_PARTITIONED: dict[tuple[bytes, int], tuple[ir.Module, Exception | None]] = {}
+_PARTITIONED_KEPT = 4
+_PARTITIONED_LOCK = threading.Lock()
+
+
+def _kept_or_partitioned(module: ir.Module, bytecode: bytes,
+                         num_devices: int) -> tuple[ir.Module, Exception | None]:
+    """`partition`'s result as lowering.partition_cache keeps it (with XLA's log, reported
+    again), else XLA's (then kept there)."""
+    entry = partition_cache.key(bytecode, num_devices)
     kept = partition_cache.read(entry)
     if kept is not None:
         fields = list(protobuf.fields(kept))
         xla_log.report([line.decode() for number, line in fields if number == 2])
-        (bytecode,) = (value for number, value in fields if number == 1)
-        return ir.Module.parse(bytecode, jax_mlir.make_ir_context()), None
+        (partitioned,) = (value for number, value in fields if number == 1)
+        return ir.Module.parse(partitioned, jax_mlir.make_ir_context()), None
     log: list[str] = []
     try:
         with xla_log.captured_stderr() as log:  # XLA's C++ log, re-reported below
             partitioned, failure = _partition(module, num_devices)
     finally:
-        xla_log.report(log)  # (and kept, for each time the program is partitioned again)
+        xla_log.report(log)
     if failure is None:
         partition_cache.write(entry, protobuf.field_bytes(
             1, jax_mlir.module_to_bytecode(partitioned)) + b"".join(
@@ -423,7 +450,7 @@ def sdy_dim_axes(sharding: Any, mesh: isa.MeshSpec) -> tuple:
     """dim_axes (mesh axis indices per dim) of a decoded sdy.sharding attribute (None:
     none, ())."""
     return () if sharding is None else \
-        tuple(tuple(mesh.axis_index(a) for a in dim) for dim in sharding.dims)
+        tuple(tuple(mesh.axis_index(a) for a in dim) for dim in sharding.split_dims())
 
 
 def _has_sdy_sharding(module: ir.Module) -> bool:

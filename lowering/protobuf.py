@@ -37,8 +37,21 @@ def read_varint(data: bytes, pos: int) -> tuple[int, int]:
 def fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
     """(field number, value) of each field of a message: an int for varints and fixed-width
     fields, the bytes of a length-delimited one."""
+    for number, value, _, _ in _spans(data):
+        yield number, value
+
+
+def without(data: bytes, numbers: set[int]) -> bytes:
+    """A message with its fields of these numbers left out (the others as they were)."""
+    return b"".join(data[start:end] for number, _, start, end in _spans(data)
+                    if number not in numbers)
+
+
+def _spans(data: bytes) -> Iterator[tuple[int, int | bytes, int, int]]:
+    """(field number, value, start, end) of each field: its bytes are data[start:end]."""
     pos = 0
     while pos < len(data):
+        start = pos
         key, pos = read_varint(data, pos)
         number, wire_type = key >> 3, key & 7
         if wire_type == _VARINT:
@@ -51,7 +64,7 @@ def fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
             value, pos = int.from_bytes(data[pos:pos + width], "little"), pos + width
         else:
             raise ValueError(f"protobuf wire type {wire_type} (groups) in field {number}")
-        yield number, value
+        yield number, value, start, pos
 
 
 def field_bytes(number: int, payload: bytes) -> bytes:

@@ -324,12 +324,14 @@ class Walker:
     def _lower_partitioned(self) -> isa.Program:
         """A per-chip program as a program on global values: each argument is split into
         the chip's piece by its parameter sharding, each result assembled by the output
-        sharding, so callers pass and get global arrays as for any jax program."""
+        sharding, so callers pass and get global arrays as for any jax program. A value
+        unreduced along some mesh axes (each chip holds a partial sum of it) is passed as
+        its partial sums stacked (_main_layout)."""
         builder = ProgramBuilder(self.mesh)
         block = self.function_block("main")
         attrs = mlir.Attributes(self.module.operation)
         in_shardings = attrs.get(partition.PARAMETER_SHARDINGS_ATTR, ())
-        inputs, pieces, input_shardings = [], [], []
+        inputs, pieces, input_shardings, input_partials = [], [], [], []
         for i, argument in enumerate(block.arguments):
             if mlir.is_token(argument.type):  # made on the chip, not passed (as in `lower`)
                 pieces.append(_token(builder))
@@ -338,21 +340,26 @@ class Walker:
             if isinstance(local, mlir.TupleType):
                 raise UnsupportedOpError(f"argument {i} of @main has tuple type {local}: "
                                          "jax-trn2 partitions tensor arguments only")
-            dim_axes = self._tiled_axes(in_shardings[i], local.rank)
-            global_ = isa.TensorType(tuple(n * self._tiles(axes) for n, axes in
-                                           zip(local.shape, dim_axes)), local.dtype)
+            dim_axes, partial = self._main_layout(in_shardings[i], local.rank)
+            stacked = isa.TensorType((1,) * len(partial) + local.shape, local.dtype)
+            global_ = self._global_type(stacked, dim_axes)
             inputs.append(builder.new_value(global_, frozenset()))
             self.argument_names[inputs[-1]] = mlir.argument_name(argument) or f"argument {i}"
             input_shardings.append(dim_axes if any(dim_axes) else None)
+            input_partials.append(len(partial))
             if not any(dim_axes):
                 pieces.append(inputs[-1])
                 continue
             split = frozenset(a for axes in dim_axes for a in axes)
-            pieces.append(builder.new_value(local, split))
-            builder.instructions.append(isa.Shard((pieces[-1],), (inputs[-1],),
-                                                  dim_axes=dim_axes))
+            piece = builder.new_value(stacked, split)
+            builder.instructions.append(isa.Shard((piece,), (inputs[-1],), dim_axes=dim_axes))
+            if partial:  # the chip's own partial sum, without the leading 1s
+                stacked_piece, piece = piece, builder.new_value(local, split)
+                builder.instructions.append(isa.Reshape((piece,), (stacked_piece,),
+                                                        shape=local.shape))
+            pieces.append(piece)
         results = self.lower_block(block, pieces, builder)
-        outputs, output_shardings = [], []
+        outputs, output_shardings, output_partials = [], [], []
         # (XLA leaves no output sharding on a program without results)
         out_texts = hlo_sharding.elements(attrs[partition.OUTPUT_SHARDING_ATTR], len(results)) \
             if results else []
@@ -360,15 +367,23 @@ class Walker:
             if mlir.is_token(returned.type):  # jax's callers never see tokens
                 continue
             local = builder.values[value].type
-            dim_axes = self._tiled_axes(text, local.rank)
+            dim_axes, partial = self._main_layout(text, local.rank)
             output_shardings.append(dim_axes if any(dim_axes) else None)
-            global_ = isa.TensorType(tuple(n * self._tiles(axes) for n, axes in
-                                           zip(local.shape, dim_axes)), local.dtype)
+            output_partials.append(len(partial))
+            if partial:  # each chip's partial sum, stacked along leading dims of its own
+                stacked = isa.TensorType((1,) * len(partial) + local.shape, local.dtype)
+                chips_value, value = value, builder.new_value(stacked,
+                                                              builder.values[value].varying)
+                builder.instructions.append(isa.Reshape((value,), (chips_value,),
+                                                        shape=stacked.shape))
+            global_ = self._global_type(builder.values[value].type, dim_axes)
             outputs.append(builder.new_value(global_, frozenset()))
             builder.instructions.append(isa.Unshard((outputs[-1],), (value,),
                                                     dim_axes=dim_axes))
         return builder.program(inputs, outputs, "main", input_shardings=tuple(input_shardings),
                                output_shardings=tuple(output_shardings),
+                               input_partials=tuple(input_partials),
+                               output_partials=tuple(output_partials),
                                donated_inputs=self._donations(
                                    self._device_bytes(builder, inputs, input_shardings),
                                    self._device_bytes(builder, outputs, output_shardings)))
@@ -420,10 +435,21 @@ class Walker:
             sizes.append(isa.TensorType(shape, type_.dtype).nbytes)
         return sizes
 
-    def _tiled_axes(self, text: str, rank: int) -> tuple[tuple[int, ...], ...]:
-        """The mesh axes each dim of a value with HloSharding `text` is split over."""
-        tiling = hlo_sharding.parse(text)
-        return ((),) * rank if tiling is None else hlo_sharding.dim_axes(tiling, self.mesh)
+    def _main_layout(self, text: str, rank: int) -> tuple[tuple[tuple[int, ...], ...],
+                                                          tuple[int, ...]]:
+        """How a partitioned main's parameter or result of HloSharding `text` and `rank`
+        dims lies over the mesh, as the program takes or gives it: the mesh axes each dim is
+        split over; and the axes it is unreduced along (each chip a partial sum of the
+        value), which lead the dims as dims of their own, one per axis, split over it: the
+        program's value stacks the partial sums."""
+        tiling = hlo_sharding.parse(text, unreduced=True)
+        split = ((),) * rank if tiling is None else hlo_sharding.dim_axes(tiling, self.mesh)
+        partial = hlo_sharding.unreduced_axes(text, self.mesh)
+        return tuple((a,) for a in partial) + split, partial
+
+    def _global_type(self, local: isa.TensorType, dim_axes) -> isa.TensorType:
+        return isa.TensorType(tuple(n * self._tiles(axes) for n, axes in
+                                    zip(local.shape, dim_axes)), local.dtype)
 
     def _tiles(self, axes: tuple[int, ...]) -> int:
         return int(np.prod([self.mesh.axis_sizes[a] for a in axes], dtype=np.int64))

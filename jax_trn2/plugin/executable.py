@@ -54,6 +54,8 @@ class Executable:
             device_assignment=[d.id for d in self.devices],
             host_callbacks=lowerings.CALLBACKS).load(self.options.check_memory)
         self.in_layouts, self.out_layouts = self.loaded.layouts
+        program = self.loaded.program
+        self.in_partials, self.out_partials = program.input_partials, program.output_partials
         module = self.loaded.module
         main = partition.main_function(module).regions[0].blocks[0]
         self.arg_slots = _slots(main.arguments)
@@ -93,9 +95,11 @@ class Executable:
                 continue
             host = np.asarray(results[i])  # a view of the simulator's result
             whole = Whole(results[i], self._layout(self.out_layouts, i, host.ndim), sizes)
+            partials = _at(self.out_partials, i)
             for d, piece in enumerate(sharding.pieces(host, whole.layout, sizes)):
                 device = self.devices[d]
-                per_device[d].append(Buffer(piece, device, _memory(device), whole, d))
+                per_device[d].append(Buffer(piece.reshape(piece.shape[partials:]), device,
+                                            _memory(device), whole, d))
         for i in self.donated:
             if i not in non_donatable:
                 for row in arguments:
@@ -112,18 +116,21 @@ class Executable:
         array laid out as the program takes it are that array; others are assembled (and
         their replicas compared) once: the buffers then share the assembled array."""
         sizes = self._mesh_sizes()
-        layout = self._layout(self.in_layouts, i, pieces[0].data().ndim)
+        partials = _at(self.in_partials, i)
+        layout = self._layout(self.in_layouts, i, partials + pieces[0].data().ndim)
         whole = pieces[0].whole
         if whole is not None and (whole.layout, whole.sizes) == (layout, sizes) and all(
                 p.whole is whole and p.index == d for d, p in enumerate(pieces)):
             return whole.value
+        # a value unreduced along some axes: each piece one partial sum, stacked
+        stacked = [p.data().reshape((1,) * partials + p.data().shape) for p in pieces]
         try:
-            value = sharding.assemble([p.data() for p in pieces], layout, sizes)
+            value = sharding.assemble(stacked, layout, sizes)
         except ValueError as e:
             raise ValueError(f"{self.loaded.arg_names[i]}: {e}") from None
         whole = Whole(value, layout, sizes)
         for d, (piece, view) in enumerate(zip(pieces, sharding.pieces(value, layout, sizes))):
-            piece.share(view, whole, d)
+            piece.share(view.reshape(view.shape[partials:]), whole, d)
         return value
 
     def _mesh_sizes(self) -> tuple[int, ...]:
@@ -146,16 +153,19 @@ class Executable:
                 continue
             t = program.values[program.outputs[i]].type
             layout = self._layout(self.out_layouts, i, len(t.shape))
-            out.append((dtypes.numpy_dtype(t.dtype),
-                        sharding.local_shape(t.shape, layout, self._mesh_sizes())))
+            local = sharding.local_shape(t.shape, layout, self._mesh_sizes())
+            out.append((dtypes.numpy_dtype(t.dtype), local[_at(self.out_partials, i):]))
         return out
 
     def optimized_program(self) -> bytes:
-        """An HloModuleProtoWithConfig with main's signature and the layouts of its arguments
-        and results over the devices (jax reads the output shardings from it)."""
+        """An HloModuleProtoWithConfig of one device's program, with the layouts of its
+        arguments and results over the devices (jax reads the output shardings from it):
+        the per-chip module XLA's partitioner made, for a program it partitioned."""
         if self._optimized is None:
             from jax_trn2.plugin.signature import signature_module
-            self._optimized = signature_module(self, self.loaded.module)
+            from lowering import partitioned_module
+            self._optimized = signature_module(self, self.loaded.module,
+                                               partitioned_module(self.loaded.module))
         return self._optimized
 
     def cost_analysis(self) -> dict[str, Any]:
@@ -223,6 +233,12 @@ def _slots(values: Sequence[Any]) -> list[int | None]:
         slots.append(None if mlir.is_token(value.type) else position)
         position += not mlir.is_token(value.type)
     return slots
+
+
+def _at(partials: tuple, i: int) -> int:
+    """How many leading dims of program input or output i stack partial sums
+    (isa.Program.input_partials: none for a program that has none)."""
+    return partials[i] if i < len(partials) else 0
 
 
 def _memory(device: Device) -> Memory:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from lowering.protobuf import field_bytes, field_varint, fields, read_varint
+from lowering.protobuf import field_bytes, field_varint, fields, read_varint, without
 
 # DeviceAssignmentProto
 _REPLICA_COUNT, _COMPUTATION_COUNT, _COMPUTATION_DEVICES = 1, 2, 3
@@ -88,6 +88,8 @@ def hlo_module_with_config(hlo_module: bytes, parameter_names: Sequence[str],
     tuple_sharding = field_varint(_SHARDING_TYPE, _TUPLE) + b"".join(
         field_bytes(_TUPLE_SHARDINGS, s) for s in output_shardings) if output_shardings \
         else b""
-    module = hlo_module + field_bytes(_SPMD_OUTPUT_SHARDING, tuple_sharding) + b"".join(
-        field_bytes(_SPMD_PARAMETERS_SHARDINGS, s) for s in parameter_shardings)
+    # (those the module has, as XLA's partitioner leaves them, are replaced)
+    module = without(hlo_module, {_SPMD_OUTPUT_SHARDING, _SPMD_PARAMETERS_SHARDINGS}) + \
+        field_bytes(_SPMD_OUTPUT_SHARDING, tuple_sharding) + b"".join(
+            field_bytes(_SPMD_PARAMETERS_SHARDINGS, s) for s in parameter_shardings)
     return field_bytes(_HLO_MODULE, module) + field_bytes(_CONFIG, config)

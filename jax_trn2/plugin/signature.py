@@ -2,9 +2,13 @@
 
 jax learns the shardings of what a program returns (and takes) from the HloModule its
 compiler produced: the entry's parameter and root shardings and its entry layout. The
-simulator compiles no HLO, so the plugin hands jaxlib a module with main's signature alone:
-each parameter and result with its sharding over the devices (how XLA lays them out,
-lowering.partition.layouts), results computed as zeros. It is made from StableHLO by
+simulator compiles no HLO, so the plugin hands jaxlib a module of main's signature, each
+parameter and result with its sharding over the devices (how XLA lays them out,
+lowering.partition.layouts): of a program XLA's partitioner partitioned, the per-chip
+module the simulator runs; of any other, a module of the signature alone, its results
+computed as zeros. Like the module an SPMD compiler leaves (and `compiled.as_text()`
+shows), it is one device's program: its parameters and results have the per-device shapes,
+and the shardings say how they make the global values. It is made from StableHLO by
 jaxlib's own converter.
 """
 
@@ -13,48 +17,72 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from jax._src.interpreters import mlir as jax_mlir
 from jax._src.lib import _jax, xla_client
 from jaxlib.mlir import ir
 
 from jax_trn2.plugin import proto
+from mesh import sharding
 
 
-def hlo_sharding(dim_axes: tuple | None, axis_sizes: tuple[int, ...]) -> str:
+def hlo_sharding(dim_axes: tuple | None, axis_sizes: tuple[int, ...],
+                 unreduced: tuple[int, ...] = ()) -> str:
     """The HloSharding text (mhlo.sharding) of a layout: dim d split over the mesh axes
-    dim_axes[d] (major first), the other axes replicated; devices are numbered row-major
-    over the mesh (partition order)."""
-    if not dim_axes or not any(dim_axes):
+    dim_axes[d] (major first), the axes `unreduced` holding partial sums, the other axes
+    replicated; devices are numbered row-major over the mesh (partition order)."""
+    if not unreduced and (not dim_axes or not any(dim_axes)):
         return "{replicated}"
-    used = [a for axes in dim_axes for a in axes]
-    unused = [a for a in range(len(axis_sizes)) if a not in used]
-    tiles = [int(np.prod([axis_sizes[a] for a in axes], dtype=np.int64)) for axes in dim_axes]
-    replicated = int(np.prod([axis_sizes[a] for a in unused], dtype=np.int64))
+    if set(unreduced) == set(range(len(axis_sizes))) and not any(dim_axes or ()):
+        return "{unreduced}"  # (as XLA writes it)
+    used = [a for axes in dim_axes or () for a in axes]
+    unused = [a for a in range(len(axis_sizes)) if a not in used and a not in unreduced]
+    tiles = [_size(axes, axis_sizes) for axes in dim_axes or ()]
+    # subgroup dims follow the data dims, in the order of their axes in the permutation
+    # (which takes every mesh axis: one of size 1 may stand anywhere); one of a single
+    # device is left out, as XLA leaves it
+    subgroups = [(kind, _size(axes, axis_sizes)) for kind, axes in
+                 [(xla_client.OpSharding.Type.UNREDUCED, unreduced),
+                  (xla_client.OpSharding.Type.REPLICATED, unused)]
+                 if _size(axes, axis_sizes) > 1]
     sharding = xla_client.HloSharding.iota_tile(
-        tiles + ([replicated] if replicated > 1 else []), list(axis_sizes), used + unused,
-        [xla_client.OpSharding.Type.REPLICATED] if replicated > 1 else [])
+        tiles + [size for _, size in subgroups], list(axis_sizes),
+        used + list(unreduced) + unused, [kind for kind, _ in subgroups])
     return str(sharding)
 
 
-def signature_module(executable: Any, module: ir.Module) -> bytes:
+def _size(axes, axis_sizes: tuple[int, ...]) -> int:
+    return int(np.prod([axis_sizes[a] for a in axes], dtype=np.int64))
+
+
+def signature_module(executable: Any, module: ir.Module,
+                     partitioned: ir.Module | None = None) -> bytes:
     """An HloModuleProtoWithConfig of main's signature in `module` (jax's, with the global
-    types) with the executable's layouts."""
+    types) with the executable's layouts, each type cut to one device's piece. Its body is
+    `partitioned`'s, when given (the per-chip module XLA's partitioner made of `module`,
+    which the simulator runs: compiled.as_text() then shows the partitioner's collectives),
+    and main has no tokens (that module keeps them as tokens, where jax passes arrays)."""
     from lowering.partition import main_function
     main = main_function(module)
     block = main.regions[0].blocks[0]
-    arg_types = [_type(a.type) for a in block.arguments]
-    returned_values = list(block.operations[-1].operands)
-    res_types = [_type(v.type) for v in returned_values]
     sizes = executable._mesh_sizes()
+    arg_layouts = [_split(executable.in_layouts, executable.in_partials, i)
+                   for i in executable.arg_slots]
+    res_layouts = [_split(executable.out_layouts, executable.out_partials, i)
+                   for i in executable.result_slots]
+    arg_types = [_type(a.type, layout, sizes)
+                 for a, (layout, _) in zip(block.arguments, arg_layouts)]
+    returned_values = list(block.operations[-1].operands)
+    res_types = [_type(v.type, layout, sizes)
+                 for v, (layout, _) in zip(returned_values, res_layouts)]
     names = [f"arg{i}" for i in range(len(arg_types))]
-    arg_shardings = [hlo_sharding(_at(executable.in_layouts, i), sizes)
-                     for i in executable.arg_slots]
-    res_shardings = [hlo_sharding(_at(executable.out_layouts, i), sizes)
-                     for i in executable.result_slots]
+    arg_shardings = [hlo_sharding(layout, sizes, partial) for layout, partial in arg_layouts]
+    res_shardings = [hlo_sharding(layout, sizes, partial) for layout, partial in res_layouts]
     args = ", ".join(f"%{name}: {t} {{mhlo.sharding = \"{sharding}\"}}"
                      for name, t, sharding in zip(names, arg_types, arg_shardings))
     results = ", ".join(f"{t} {{mhlo.sharding = \"{sharding}\"}}"
                         for t, sharding in zip(res_types, res_shardings))
-    body = [f"    %r{i} = {_zero(v.type)}" for i, v in enumerate(returned_values)]
+    body = [f"    %r{i} = {_zero(v.type, t)}"
+            for i, (v, t) in enumerate(zip(returned_values, res_types))]
     returned = ", ".join(f"%r{i}" for i in range(len(res_types)))
     text = "\n".join([
         f"module @{executable.name} attributes {{mhlo.num_partitions = "
@@ -64,7 +92,10 @@ def signature_module(executable: Any, module: ir.Module) -> bytes:
         f"    return {returned} : {', '.join(res_types)}" if res_types else "    return",
         "  }",
         "}"])
-    computation = _jax.mlir.mlir_module_to_xla_computation(text, use_tuple_args=False,
+    has_tokens = _TOKEN_TYPE in arg_types + res_types
+    source = text if partitioned is None or has_tokens else \
+        jax_mlir.module_to_bytecode(partitioned)
+    computation = _jax.mlir.mlir_module_to_xla_computation(source, use_tuple_args=False,
                                                            return_tuple=len(res_types) != 1)
     return proto.hlo_module_with_config(
         computation.as_serialized_hlo_module_proto(), names,
@@ -75,22 +106,36 @@ def _op_sharding(text: str) -> bytes:
     return xla_client.HloSharding.from_string(text).to_proto().SerializeToString()
 
 
-def _at(layouts: tuple, i: int | None) -> tuple | None:
-    return layouts[i] if i is not None and i < len(layouts) else None
+def _split(layouts: tuple, partials: tuple, i: int | None) -> tuple[tuple | None,
+                                                                    tuple[int, ...]]:
+    """The layout of the executable's input or output i (None: replicated) over jax's
+    value's dims, and the mesh axes it is unreduced along (the program stacks the partial
+    sums along leading dims of their own, each split over one axis: isa.Program)."""
+    layout = layouts[i] if i is not None and i < len(layouts) else None
+    count = partials[i] if i is not None and i < len(partials) else 0
+    if not count:
+        return layout, ()
+    return layout[count:], tuple(axes[0] for axes in layout[:count])
 
 
-def _type(value_type: ir.Type) -> str:
-    """A parameter's or result's type as the executable takes or gives it: a token (of an
-    ordered effect) as an empty array, as jax passes its runtime tokens."""
-    return _TOKEN_TYPE if str(value_type) == "!stablehlo.token" else str(value_type)
+def _type(value_type: ir.Type, layout: tuple | None, sizes: tuple[int, ...]) -> str:
+    """A parameter's or result's type as one device takes or gives it: its piece under
+    `layout` (None: replicated); a token (of an ordered effect) as an empty array, as jax
+    passes its runtime tokens."""
+    if str(value_type) == "!stablehlo.token":
+        return _TOKEN_TYPE
+    tensor = ir.RankedTensorType(value_type)
+    shape = sharding.local_shape(tensor.shape, layout or ((),) * tensor.rank, sizes)
+    return "tensor<" + "".join(f"{n}x" for n in shape) + f"{tensor.element_type}>"
 
 
 _TOKEN_TYPE = "tensor<0xi1>"
 
 
-def _zero(value_type: ir.Type) -> str:
-    """An op making a value of the type as _type gives it (its result is never read)."""
-    if _type(value_type) == _TOKEN_TYPE:
+def _zero(value_type: ir.Type, type_text: str) -> str:
+    """An op making a value of `type_text`, the type _type gives `value_type` (its result
+    is never read)."""
+    if type_text == _TOKEN_TYPE:
         return f"stablehlo.constant dense<> : {_TOKEN_TYPE}"
     element = str(ir.RankedTensorType(value_type).element_type)
     if element.startswith("complex<"):
@@ -101,4 +146,4 @@ def _zero(value_type: ir.Type) -> str:
         literal = "0"
     else:
         literal = "0.0"
-    return f"stablehlo.constant dense<{literal}> : {value_type}"
+    return f"stablehlo.constant dense<{literal}> : {type_text}"

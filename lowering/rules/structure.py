@@ -16,7 +16,7 @@ def _dim_axes(ctx: LoweringContext, sharding,
     """The manual mesh axes each dim is split over (other axes in a sharding are
     automatic: the body sees the dim whole along them)."""
     return tuple(tuple(ctx.mesh.axis_index(a) for a in dim if ctx.mesh.axis_index(a) in manual)
-                 for dim in sharding.dims)
+                 for dim in sharding.split_dims())
 
 
 @rule("sdy.manual_computation")

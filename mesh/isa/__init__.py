@@ -694,6 +694,11 @@ class Program:
     # chips (mesh.sharding dim_axes), None where it is replicated.
     input_shardings: tuple = ()
     output_shardings: tuple = ()
+    # How many leading dims of each input/output (none where empty) stack the partial sums
+    # of a value unreduced along as many mesh axes (jax's P(unreduced=...)), each split over
+    # its axis: the chips hold different parts of the value's sum, not pieces of it.
+    input_partials: tuple = ()
+    output_partials: tuple = ()
     # Inputs of main whose buffers the caller donates (jit's donate_argnums) and a result
     # is written into: (position in `inputs`, position in `outputs`), as jax aliased them
     # (tf.aliasing_output) or XLA pairs a buffer donor (jax.buffer_donor) with a result.

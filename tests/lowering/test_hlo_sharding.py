@@ -66,9 +66,27 @@ def test_tuple_sharding_is_unsupported():
 
 
 @pytest.mark.parametrize("text", ["{unreduced}", "{devices=[2,1,2]<=[4] last_tile_dims={unreduced}}"])
-def test_unreduced_shardings_are_unsupported(text):
-    with pytest.raises(NotImplementedError, match="unreduced|UNREDUCED"):
+def test_unreduced_shardings_are_refused_where_not_taken(text):
+    """Both forms (all axes unreduced, or some in a subgroup) get the one error, which says
+    what an unreduced value is and where jax-trn2 takes one."""
+    with pytest.raises(NotImplementedError, match=r"takes unreduced values \(a different "
+                       r"partial sum on each device.*only as the arguments and results"):
         hlo_sharding.parse(text)
+
+
+@pytest.mark.parametrize("text, split, unreduced", [
+    ("{unreduced}", None, (0, 1)),
+    ("{devices=[2,2]<=[2,2]T(1,0) last_tile_dims={unreduced}}", ((1,),), (0,)),
+    ("{devices=[1,2,2]<=[4] last_tile_dims={unreduced, replicated}}", ((),), (0,)),
+    ("{devices=[2,2]<=[4]}", ((0,), (1,)), ()),
+])
+def test_unreduced_axes_of_a_partitioned_programs_parameters(text, split, unreduced):
+    """A partitioned program's parameters and results: the dims' axes and the axes each
+    device holds a partial sum along (jax's P('y', unreduced={'x'}) is the second)."""
+    mesh = isa.MeshSpec(("x", "y"), (2, 2))
+    tiling = hlo_sharding.parse(text, unreduced=True)
+    assert (None if tiling is None else hlo_sharding.dim_axes(tiling, mesh)) == split
+    assert hlo_sharding.unreduced_axes(text, mesh) == unreduced
 
 
 @pytest.mark.parametrize("text, count, elements", [

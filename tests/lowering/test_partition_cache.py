@@ -19,9 +19,16 @@ from mesh.isa.printer import program_text
 
 @pytest.fixture
 def kept_in(tmp_path, monkeypatch):
-    """Entries kept in tmp_path (jax's own cache is left as it is)."""
+    """Entries kept in tmp_path (jax's own cache is left as it is), and nothing in
+    partition's memory of this process."""
     monkeypatch.setattr(partition_cache, "directory", lambda: str(tmp_path))
+    monkeypatch.setattr(partition, "_PARTITIONED", {})
     return tmp_path
+
+
+def in_another_process():
+    """Forget what this process partitioned, as a new process starts."""
+    partition._PARTITIONED.clear()
 
 
 def sharded_program(rows: int = 16) -> str:
@@ -39,6 +46,7 @@ def test_a_kept_partitioning_is_read_instead_of_running_xla(kept_in, monkeypatch
     reported = []
     monkeypatch.setattr(partition, "_partition", lambda *a: pytest.fail("XLA ran again"))
     monkeypatch.setattr(xla_log, "report", reported.append)
+    in_another_process()
     again = lowering.lower(text)
     assert program_text(again) == program_text(first)
     assert reported == [[]]  # XLA's log, replayed (this program's is empty)
@@ -57,6 +65,7 @@ def test_the_log_is_kept_with_the_module(kept_in, monkeypatch):
     monkeypatch.setattr(xla_log, "report", reported.append)
     lowering.lower(text)
     monkeypatch.setattr(partition, "_partition", lambda *a: pytest.fail("XLA ran again"))
+    in_another_process()
     lowering.lower(text)
     assert reported == [["W0000 a line of XLA's log"]] * 2
 

@@ -1,0 +1,92 @@
+"""The optimized program the plugin hands jaxlib (jax_trn2.plugin.signature): one device's
+signature, from which jax reads the output shardings and layouts."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+from jax_trn2.plugin.signature import hlo_sharding
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return jax.make_mesh((4, 2), ("x", "y"), devices=jax.devices("trn2")[:8],
+                         axis_types=(AxisType.Auto,) * 2)
+
+
+def _entry_layout(text: str) -> str:
+    return re.search(r"entry_computation_layout=\{(.*?)\}, allow_spmd", text).group(1)
+
+
+def test_compiled_text_has_each_devices_shapes(mesh):
+    """As an SPMD compiler's module (and `compiled.as_text()` of XLA's): a parameter split
+    4 x 2 ways is one device's 4 x 3 piece, a result replicated keeps its shape, one split
+    over "y" only is halved; the shardings say how the pieces make the global values."""
+    x = jax.device_put(np.arange(16 * 6, dtype=np.float32).reshape(16, 6),
+                       NamedSharding(mesh, P("x", "y")))
+    t = jnp.zeros((4,), jnp.int32, device=NamedSharding(mesh, P()))
+    shardings = (NamedSharding(mesh, P("x", "y")), NamedSharding(mesh, P()),
+                 NamedSharding(mesh, P("y")))
+    f = jax.jit(lambda a, t: (a * 2, a.sum(0), t + 1), out_shardings=shardings)
+    compiled = f.lower(x, t).compile()
+    text = compiled.as_text()
+    assert _entry_layout(text) == \
+        "(f32[4,3]{1,0}, s32[4]{0})->(f32[4,3]{1,0}, f32[6]{0}, s32[2]{0})"
+    assert "f32[16,6]" not in text
+    assert "sharding={devices=[4,2]<=[8]}" in text
+    assert [s.spec for s in compiled.output_shardings] == [P("x", "y"), P(), P("y")]
+    assert [f.sharding.spec for f in compiled.input_formats[0]] == [P("x", "y"), P()]
+    assert [f.layout.major_to_minor for f in compiled.output_formats] == [(0, 1), (0,), (0,)]
+    a, total, u = f(x, t)
+    assert a.addressable_shards[0].data.shape == (4, 3) and u.sharding.spec == P("y")
+    np.testing.assert_array_equal(np.asarray(total), np.asarray(x).sum(0))
+
+
+def test_a_partitioned_programs_text_is_the_partitioners(mesh):
+    """A program XLA's partitioner partitions: its optimized program is the per-chip module
+    the simulator runs, with the collectives the partitioner inserted (as XLA:CPU's)."""
+    x = jax.device_put(np.ones((8, 4), np.float32), NamedSharding(mesh, P("x", "y")))
+    f = jax.jit(lambda a: a.sum(0), out_shardings=NamedSharding(mesh, P()))
+    text = f.lower(x).compile().as_text()
+    assert _entry_layout(text) == "(f32[2,2]{1,0})->f32[4]{0}"
+    assert "all-reduce(" in text and "all-gather(" in text
+
+
+def test_shard_map_programs_give_each_devices_shapes(mesh):
+    """A shard_map program (run as it is, not partitioned by XLA): its parameters and
+    results are the in_specs' and out_specs' pieces."""
+    f = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "y"), mesh=mesh,
+                              in_specs=P("x", "y"), out_specs=P("x")))
+    x = jax.device_put(np.ones((8, 4), np.float32), NamedSharding(mesh, P("x", "y")))
+    compiled = f.lower(x).compile()
+    assert _entry_layout(compiled.as_text()) == "(f32[2,2]{1,0})->f32[2,2]{1,0}"
+    assert compiled.output_shardings.spec == P("x")
+    np.testing.assert_array_equal(np.asarray(f(x)), np.full((8, 2), 2.0, np.float32))
+
+
+@pytest.mark.parametrize("dim_axes, sizes, unreduced, text", [
+    (((0,), ()), (2, 2), (), "{devices=[2,1,2]<=[4] last_tile_dim_replicate}"),
+    # axes of size 1 tile nothing, but the device permutation takes every axis
+    (((), (1,), ()), (1, 8, 1), (), "{devices=[1,8,1]<=[8]}"),
+    (((1,),), (2, 2), (0,), "{devices=[2,2]<=[2,2]T(1,0) last_tile_dims={unreduced}}"),
+    (((),), (2, 2), (0,), "{devices=[1,2,2]<=[4] last_tile_dims={unreduced, replicated}}"),
+    ((), (2, 2, 2), (1,),
+     "{devices=[2,4]<=[2,2,2]T(1,0,2) last_tile_dims={unreduced, replicated}}"),
+    (((),), (2,), (0,), "{unreduced}"),
+])
+def test_the_shardings_jaxlib_reads_are_xlas(dim_axes, sizes, unreduced, text):
+    """As XLA writes them (its partitioner's own, for P('y', unreduced={'x'}) the third)."""
+    assert hlo_sharding(dim_axes, sizes, unreduced) == text
+
+
+def test_eager_ops_keep_a_sharding_over_a_mesh_with_axes_of_size_1():
+    """jax reads an eager op's result sharding from the optimized program: over a mesh
+    (1, 8, 1) it is the argument's."""
+    mesh = jax.make_mesh((1, 8, 1), ("x", "y", "z"), devices=jax.devices("trn2")[:8],
+                         axis_types=(AxisType.Auto,) * 3)
+    x = jax.device_put(jnp.arange(32).reshape(1, -1, 1), NamedSharding(mesh, P("x", "y", "z")))
+    assert (x + 1).sharding == x.sharding

@@ -1,0 +1,40 @@
+"""lowering.partition: XLA's per-chip module of a global program, remembered for the
+asker after the lowering (the trn2 plugin's optimized program)."""
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import lowering
+from lowering import partition, protobuf
+
+
+def _global_program() -> str:
+    mesh = jax.make_mesh((2, 2), ("x", "y"), devices=jax.devices("cpu")[:4])
+    x = jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=NamedSharding(mesh, P("x", "y")))
+    return jax.jit(lambda a: a.sum(0)).lower(x).as_text()
+
+
+def test_a_programs_partitioned_module_is_made_once():
+    text = _global_program()
+    lowering.lower(text)
+    again = lowering.partitioned_module(text)
+    assert again is lowering.partitioned_module(text)  # remembered, not partitioned again
+    assert "stablehlo.all_reduce" in str(again)
+    assert lowering.partitioned_module(jax.jit(lambda a: a + 1).lower(1.0).as_text()) is None
+
+
+def test_the_memory_keeps_the_last_few():
+    texts = [jax.jit(lambda a, k=k: a.sum(0) * k, out_shardings=None).lower(
+        jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=NamedSharding(
+            jax.make_mesh((2, 2), ("x", "y"), devices=jax.devices("cpu")[:4]), P("x", "y"))))
+        .as_text() for k in range(partition._PARTITIONED_KEPT + 2)]
+    for text in texts:
+        lowering.partitioned_module(text)
+    assert len(partition._PARTITIONED) == partition._PARTITIONED_KEPT
+
+
+def test_fields_left_out_of_a_message():
+    message = protobuf.field_varint(1, 7) + protobuf.field_bytes(12, b"ab") + \
+        protobuf.field_bytes(14, b"c") + protobuf.field_bytes(2, b"kept")
+    assert list(protobuf.fields(protobuf.without(message, {12, 14}))) == [(1, 7), (2, b"kept")]
