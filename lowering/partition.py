@@ -136,15 +136,14 @@ def _kept_or_partitioned(module: ir.Module, bytecode: bytes,
     """`partition`'s result as lowering.partition_cache keeps it (with XLA's log, reported
     again), else XLA's (then kept there)."""
     entry = partition_cache.key(bytecode, num_devices)
-    kept = partition_cache.read(entry)
+    kept = _read_kept(entry)
     if kept is not None:
-        fields = list(protobuf.fields(kept))
-        xla_log.report([line.decode() for number, line in fields if number == 2])
-        (partitioned,) = (value for number, value in fields if number == 1)
-        return ir.Module.parse(partitioned, jax_mlir.make_ir_context()), None
+        xla_log.report(kept[1])
+        return kept[0], None
     log: list[str] = []
     try:
-        with xla_log.captured_stderr() as log:  # XLA's C++ log, re-reported below
+        # one partitioning at a time: the capture redirects the process's stderr
+        with _XLA_LOCK, xla_log.captured_stderr() as log:  # XLA's log, re-reported below
             partitioned, failure = _partition(module, num_devices)
     finally:
         xla_log.report(log)
@@ -153,6 +152,25 @@ def _kept_or_partitioned(module: ir.Module, bytecode: bytes,
             1, jax_mlir.module_to_bytecode(partitioned)) + b"".join(
             protobuf.field_bytes(2, line.encode()) for line in log))
     return partitioned, failure
+
+
+def _read_kept(entry: str) -> tuple[ir.Module, list[str]] | None:
+    """The module and XLA's log that lowering.partition_cache keeps as `entry`; None if it
+    keeps none, or an entry it cannot read (cut short by a crash, say: XLA partitions the
+    program again, and the entry is written anew)."""
+    kept = partition_cache.read(entry)
+    if kept is None:
+        return None
+    try:
+        fields = list(protobuf.fields(kept))
+        (partitioned,) = (value for number, value in fields if number == 1)
+        log = [line.decode() for number, line in fields if number == 2]
+        return ir.Module.parse(partitioned, jax_mlir.make_ir_context()), log
+    except Exception:  # (a damaged entry fails in the wire format, the unpacking or MLIR)
+        return None
+
+
+_XLA_LOCK = threading.Lock()
 
 
 def _partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exception | None]:

@@ -7,7 +7,7 @@ notebook restart); where a user has turned it on (`jax_compilation_cache_dir`, a
 directory), the per-chip module XLA made of a program is kept in its subdirectory
 `jax_trn2_partitioned`, so that the next process lowers the program without partitioning it
 again. Entries are named by a hash of what determines them: the module's bytecode, the chip
-count and jaxlib's version.
+count, jaxlib's version and XLA_FLAGS.
 """
 
 from __future__ import annotations
@@ -21,13 +21,17 @@ import jax
 import jaxlib
 
 SUBDIRECTORY = "jax_trn2_partitioned"
-_FORMAT = b"jax-trn2 partitioned module 1"  # changes when what an entry holds changes
+# Changes when what an entry holds changes: its fields, or what lowering.partition does to
+# XLA's module before keeping it
+_FORMAT = b"jax-trn2 partitioned module 1"
 
 
 def key(module_bytecode: bytes, num_devices: int) -> str:
-    """The entry name of a module's partitioning for `num_devices` chips."""
+    """The entry name of a module's partitioning for `num_devices` chips (by jaxlib's
+    version and the XLA_FLAGS XLA reads, as they may change what it makes)."""
     digest = hashlib.sha256(_FORMAT)
-    for part in (jaxlib.__version__.encode(), str(num_devices).encode(), module_bytecode):
+    for part in (jaxlib.__version__.encode(), os.environ.get("XLA_FLAGS", "").encode(),
+                 str(num_devices).encode(), module_bytecode):
         digest.update(len(part).to_bytes(8, "little") + part)
     return digest.hexdigest()
 

@@ -49,9 +49,9 @@ def run_program(program: isa.Program, args: Sequence[jnp.ndarray],
             if active is not None and split_check is not None else None
         if groups is not None:
             split_check.check(instr, groups, active, program.mesh)
-        args = [env[i] for i in instr.ins]
+        operands = [env[i] for i in instr.ins]
         try:
-            results = kernel_for(instr)(instr, args, ctx)
+            results = kernel_for(instr)(instr, operands, ctx)
         except Exception as e:  # wrap once, at the innermost level, with the instruction
             if isinstance(e, ExecutionError):
                 raise
@@ -59,7 +59,7 @@ def run_program(program: isa.Program, args: Sequence[jnp.ndarray],
                                  f"failed: {type(e).__name__}: {e}") from e
         for value, result in zip(instr.outs, results):
             env[value] = _to_layout(result, program, value, instr)
-            ctx.made_by[value] = (instr, args)
+            ctx.made_by[value] = (instr, operands)
     return [env[v] for v in program.outputs]
 
 

@@ -108,3 +108,14 @@ def test_a_directory_that_cannot_be_written_is_a_warning(tmp_path, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert partition_cache.read("name") is None
+
+
+@pytest.mark.parametrize("damage", [b"", b"\x0a\xff\xff\xff", b"\x0a\x03abc"])
+def test_a_damaged_entry_is_partitioned_again_and_rewritten(kept_in, damage):
+    text = sharded_program()
+    first = program_text(lowering.lower(text))
+    (name,) = os.listdir(kept_in)
+    (kept_in / name).write_bytes(damage)
+    in_another_process()
+    assert program_text(lowering.lower(text)) == first
+    assert (kept_in / name).read_bytes() != damage  # written anew

@@ -172,6 +172,7 @@ def _contraction_contiguous(x: native.Strided, k_dims: list[int]) -> native.Stri
     in order."""
     if x.is_run(k_dims):
         return x
+    assert x.array.shape == x.shape, "a view is taken only where its contraction is a run"
     order = [d for d in range(len(x.shape)) if d not in k_dims] + k_dims
     moved = native.row_major([x.shape[d] for d in order])
     return native.Strided(lax.transpose(x.array, order), x.shape,

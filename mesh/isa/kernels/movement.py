@@ -140,7 +140,6 @@ def unshard(instr: isa.Unshard, args, ctx: KernelContext):
     return [y.reshape(ctx.out_shape(instr))]
 
 
-
 def _placed_matmul(instr: isa.Unshard, shape: tuple[int, ...], ctx: KernelContext):
     """The Unshard of a matmul's result, as the matmul writing each element where the
     Unshard puts it (matmul.native_matmul_placed), where unshard_places_matmul says so;
