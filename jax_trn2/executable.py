@@ -28,7 +28,7 @@ from mesh.perf import trace
 from mesh.perf.estimate import ProgramEstimate, target_text
 from mesh.emulated_floats import host_to_storage, storage_to_host
 from mesh.executor import as_input, compile_program, input_dtype, input_shapes, \
-    runs_on_cpu, workspace_values
+    runs_on_cpu, with_chip_outputs, workspace_values
 from mesh.isa.kernels.participation import SplitGroupCheck
 from mesh.machine import Placement, Topology, place_on
 from mesh.memory import MemoryStats
@@ -154,6 +154,7 @@ class LoadedExecutable:
         self.program = plan_program(program, topology, self.placement)
         self.arg_names = tuple(arg_names) if arg_names is not None else \
             tuple(f"argument {i}" for i in range(len(program.inputs)))
+        self._chip_outputs: tuple[int, ...] = ()  # see return_chip_pieces
 
     @cached_property
     def _run(self):
@@ -166,11 +167,17 @@ class LoadedExecutable:
         """The program as one XLA computation of global arrays (for `execute`)."""
         return self._compile(global_io=True)
 
+    @cached_property
+    def _global_program(self) -> isa.Program:
+        """The program `execute` runs: the planned one, giving the outputs
+        return_chip_pieces names as their chips' pieces."""
+        return with_chip_outputs(self.program, self._chip_outputs)
+
     def _compile(self, global_io: bool):
-        values = self.program.values
+        program = self._global_program if global_io else self.program
+        values = program.values
         inputs = [jax.ShapeDtypeStruct(shape, input_dtype(values[v].type.dtype, self._on_cpu))
-                  for shape, v in zip(input_shapes(self.program, global_io),
-                                      self.program.inputs)]
+                  for shape, v in zip(input_shapes(program, global_io), program.inputs)]
         workspace = self._workspace_values if global_io else ()
         devices = self._devices
         # A program without inputs or outputs has no sharding to place its computation
@@ -179,8 +186,9 @@ class LoadedExecutable:
         on_device = jax.default_device(devices[0]) if devices is not None and \
             len(devices) == 1 else contextlib.nullcontext()
         with _executor_context(), on_device:
-            return compile_program(self.program, self.rounding, devices, global_io,
-                                   self._split_check, workspace).lower(
+            return compile_program(program, self.rounding, devices, global_io,
+                                   self._split_check, workspace,
+                                   self._chip_outputs if global_io else ()).lower(
                 *inputs, *self._workspace_types(workspace)).compile()
 
     @cached_property
@@ -227,7 +235,7 @@ class LoadedExecutable:
         device; mesh.executor.workspace_values)."""
         if self.executor_devices is not None and len(self.executor_devices) > 1:
             return ()
-        return workspace_values(self.program, self._on_cpu, self.rounding)
+        return workspace_values(self._global_program, self._on_cpu, self.rounding)
 
     def _workspace_types(self, workspace: Sequence[int]) -> list[jax.ShapeDtypeStruct]:
         values = self.program.values
@@ -291,6 +299,18 @@ class LoadedExecutable:
             yield
             jax.effects_barrier()  # the checks' host callbacks have all run
             self._split_check.raise_if_split()
+
+    def return_chip_pieces(self, positions: Sequence[int]) -> None:
+        """Have `execute` return the outputs at `positions`, each assembled by an Unshard
+        (mesh.executor.output_unshard), as their chips' pieces in the executor layout
+        (mesh.executor.with_chip_outputs): for a caller that hands each device its piece.
+        Before the executable is compiled for `execute` (load, or a first execute)."""
+        positions = tuple(sorted(set(positions)))
+        if positions != self._chip_outputs:
+            if "_global_program" in self.__dict__:
+                raise ValueError("return_chip_pieces: the outputs returned as chip pieces "
+                                 f"were fixed at {self._chip_outputs} when it compiled")
+            self._chip_outputs = positions
 
     def load(self, check_memory: bool = True) -> "LoadedExecutable":
         """Compile the program for the host now (otherwise the first execute does): for
@@ -384,7 +404,8 @@ class LoadedExecutable:
 
     def execute(self, args: Sequence[Any]) -> list[jax.Array]:
         """Run on global arrays; returns the global results (of an SPMD module: every
-        device gets `args`, and the results are device 0's)."""
+        device gets `args`, and the results are device 0's), but the chips' pieces of those
+        return_chip_pieces names."""
         return self._to_callers_device(self.run(args))
 
     def run(self, args: Sequence[Any]) -> list[Any]:

@@ -21,6 +21,7 @@ from jax._src.sharding_impls import parse_flatten_op_sharding
 from jax.experimental.layout import Format, Layout
 
 from jax_trn2 import compose
+from jax_trn2.chip_pieces import ChipPieces, chip_pieces
 from jax_trn2.executable import LoadedExecutable
 from jax_trn2.plugin.options import PREFIX, ProgramOptions, program_options
 from jax_trn2.plot import save_plot
@@ -246,6 +247,15 @@ def _placed(result: Any, sharding: Sharding | None) -> Any:
     return jax.device_put(result, sharding)
 
 
+def _chip_pieces(program: isa.Program, avals: Sequence[Any],
+                 shardings: Sequence[Sharding | None]) -> list[ChipPieces | None]:
+    """Per result leaf, how its devices' buffers are made of its chips' pieces
+    (jax_trn2.chip_pieces), where they can be: not for a PRNG key or a zero tangent."""
+    return [None if _is_key(aval.dtype) or aval.dtype == jax.dtypes.float0 else
+            chip_pieces(program, i, sharding)
+            for i, (aval, sharding) in enumerate(zip(avals, shardings, strict=True))]
+
+
 def _committed_sharding(leaf: Any) -> Any:
     """The sharding a jax Array brings to jax.jit (it steers partitioning), else None."""
     return leaf.sharding if isinstance(leaf, jax.Array) and leaf.committed else None
@@ -347,11 +357,14 @@ class Compiled(_StageInfo):
 
     def __init__(self, executable: LoadedExecutable, in_tree, out_tree,
                  out_avals: Sequence[Any], out_shardings: Sequence[Any] | None = None,
+                 out_pieces: Sequence[ChipPieces | None] | None = None,
                  jax_lowered: Any = None, in_shardings: Sequence[Any] | None = None,
                  kept: Sequence[int] | None = None):
         """`out_shardings`: per result leaf, the NamedSharding jax.jit gives it (its type's
         on an explicit mesh, the out_shardings asked for, or the one XLA's partitioner
-        chose), else None (on one device). `kept`: the argument leaves the program takes
+        chose), else None (on one device). `out_pieces`: per result leaf, how its devices'
+        buffers are made of the chips' pieces the executable returns for it (loaded with
+        those chip_outputs), else None. `kept`: the argument leaves the program takes
         (jax.jit drops those the function does not use, unless keep_unused)."""
         self.executable = executable
         self._jax_stage = jax_lowered
@@ -359,6 +372,7 @@ class Compiled(_StageInfo):
         self.out_tree = out_tree
         self.out_avals = tuple(out_avals)  # each result leaf's dtype and weak type
         self.out_shardings = tuple(out_shardings or (None,) * len(self.out_avals))
+        self._out_pieces = tuple(out_pieces or (None,) * len(self.out_avals))
         self._in_shardings = tuple(in_shardings or ())
         program = executable.program
         self._kept = tuple(range(len(program.inputs)) if kept is None else kept)
@@ -410,8 +424,9 @@ class Compiled(_StageInfo):
         _delete_donated([leaves[i] for i in self._donated],
                         [self._in_shardings[self._kept[i]] for i in self._donated])
         return tree_util.tree_unflatten(self.out_tree, [
-            _result(r, aval, sharding) for r, aval, sharding in
-            zip(results, self.out_avals, self.out_shardings, strict=True)])
+            _as_traced(pieces.array(r), aval) if pieces is not None else
+            _result(r, aval, sharding) for r, aval, sharding, pieces in
+            zip(results, self.out_avals, self.out_shardings, self._out_pieces, strict=True)])
 
     def _check_donations(self, leaves: Sequence[Any]) -> None:
         """jax.jit's error for an array donated and also passed again in the same call (its
@@ -561,28 +576,42 @@ class Lowered(_StageInfo):
             raise ValueError("Lowered.compile: the program was lowered for its machine and "
                              "rounding (trn2_topology, trn2_rounding, trn2_seed): give them to "
                              "jax_trn2.jit instead")
+        out_shardings, out_pieces = self._results
         executable.load(options.check_memory if check_memory is None else check_memory)
-        _refuse_unreduced(executable.program)
-        out_info = tree_util.tree_leaves(self._jax_stage.out_info)
         in_avals = tree_util.tree_leaves(self.in_avals)
         compile_args = _compile_args(self._jax_stage)
-        in_layouts, out_layouts = executable.layouts
-        # XLA replicates a result with no elements, whatever its layout said
-        out_layouts = [None if 0 in i.shape else layout for i, layout in
-                       zip(out_info, out_layouts or (None,) * len(out_info), strict=True)]
-        out_shardings = self._shardings(compile_args, [len(i.shape) for i in out_info],
-                                        out_layouts,
-                                        [getattr(i, "sharding", None) for i in out_info])
+        in_layouts, _ = executable.layouts
         return Compiled(executable, self.in_tree, self.out_tree, self._out_avals,
-                        [_in_memory(sharding, kind) for sharding, kind in zip(
-                            out_shardings, partition.result_memory_kinds(executable.module),
-                            strict=True)],
-                        self._jax_stage,
+                        out_shardings, out_pieces, self._jax_stage,
                         self._shardings(compile_args, [a.ndim for a in in_avals],
                                         self._of_all_leaves(in_layouts, len(in_avals)),
                                         self._of_all_leaves(compile_args.get("in_shardings"),
                                                             len(in_avals))),
                         self._kept)
+
+    @functools.cached_property
+    def _results(self) -> tuple[list[Sharding | None], list[ChipPieces | None]]:
+        """Per result leaf, the sharding jax.jit gives it and how its devices' buffers are
+        made of its chips' pieces (else None), those the executable then returns."""
+        executable = self._executable
+        _refuse_unreduced(executable.program)
+        out_info = tree_util.tree_leaves(self._jax_stage.out_info)
+        _, out_layouts = executable.layouts
+        # XLA replicates a result with no elements, whatever its layout said
+        out_layouts = [None if 0 in i.shape else layout for i, layout in
+                       zip(out_info, out_layouts or (None,) * len(out_info), strict=True)]
+        shardings = [_in_memory(sharding, kind) for sharding, kind in zip(
+            self._shardings(_compile_args(self._jax_stage), [len(i.shape) for i in out_info],
+                            out_layouts, [getattr(i, "sharding", None) for i in out_info]),
+            partition.result_memory_kinds(executable.module), strict=True)]
+        pieces = _chip_pieces(executable.program, self._out_avals, shardings)
+        executable.return_chip_pieces([i for i, p in enumerate(pieces) if p is not None])
+        return shardings, pieces
+
+    def prefetch_workspace(self) -> None:
+        """Start making the workspace of a call about to run (LoadedExecutable's)."""
+        _ = self._results  # which results come as chip pieces: that changes the workspace
+        self._executable.prefetch_workspace()
 
     def _of_all_leaves(self, per_kept: Sequence[Any] | None, count: int) -> list[Any]:
         """Per argument leaf, the entry of the kept leaf, None for a dropped one."""
@@ -763,7 +792,7 @@ class Jitted:
         compiled = self._cache.get(key)
         if compiled is None:
             lowered = self.lower(*args, **kwargs)
-            lowered._executable.prefetch_workspace()  # a call runs next: made meanwhile
+            lowered.prefetch_workspace()  # a call runs next: made meanwhile
             compiled = lowered.compile()
             self._cache[key] = compiled
         return compiled.call_flat(leaves)

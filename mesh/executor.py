@@ -118,11 +118,13 @@ def workspace_values(program: isa.Program, on_cpu: bool = True,
     fresh from the kernel every call, paying a page fault per 4 KiB. An FSDP step with
     256 MiB of gradients runs about twice as fast with them kept. A matmul whose Unshard
     it writes into (unshard_places_matmul, with round-to-nearest-even `rounding`) has no
-    array of its own to keep."""
+    array of its own to keep, and one the program returns (with_chip_outputs) is the
+    caller's."""
     chosen, total = [], 0
     placed = _placed_by_unshard(program, on_cpu, rounding.mode == "nearest")
     for instr in program.instructions:
         if not isinstance(instr, isa.Matmul) or instr.outs[0] in placed or \
+                instr.outs[0] in program.outputs or \
                 not result_is_gemm_output(instr, program, on_cpu):
             continue
         value = instr.outs[0]
@@ -148,12 +150,41 @@ def _placed_by_unshard(program: isa.Program, on_cpu: bool, nearest: bool) -> set
     return placed
 
 
+def output_unshard(program: isa.Program, position: int) -> isa.Unshard | None:
+    """The Unshard that assembles output `position` of `program` from its chips' pieces,
+    if a top-level one makes it (a sharded result of a shard_map or partitioned module)."""
+    value = program.outputs[position]
+    return next((instr for instr in program.instructions
+                 if isinstance(instr, isa.Unshard) and instr.outs[0] == value), None)
+
+
+def with_chip_outputs(program: isa.Program, positions: Sequence[int]) -> isa.Program:
+    """`program` returning, at output `positions` (each made by output_unshard), the chips'
+    pieces its Unshard would assemble, in the executor layout: a caller that hands each
+    device its piece has no global array made only to be cut up again. Unshards whose
+    results nothing else uses are dropped."""
+    if not positions:
+        return program
+    outputs = list(program.outputs)
+    for position in positions:
+        unshard = output_unshard(program, position)
+        if unshard is None:
+            raise ValueError(f"output {position} is not assembled by an Unshard")
+        outputs[position] = unshard.ins[0]
+    kept = dataclasses.replace(program, outputs=tuple(outputs))
+    uses = value_uses(kept)
+    instructions = tuple(instr for instr in program.instructions
+                         if not isinstance(instr, isa.Unshard) or uses[instr.outs[0]])
+    return dataclasses.replace(kept, instructions=instructions)
+
+
 def compile_program(program: isa.Program,
                     rounding: numerics.Rounding = numerics.NEAREST,
                     devices: Sequence[jax.Device] | None = None,
                     global_io: bool = False,
                     split_check: SplitGroupCheck | None = None,
-                    workspace: Sequence[int] = ()) -> Callable:
+                    workspace: Sequence[int] = (),
+                    chip_outputs: Sequence[int] = ()) -> Callable:
     """One jax.jit-compiled function of the program's input arrays (executor layout).
 
     With `global_io`, it takes each input as one array of the value's own shape, the same
@@ -180,6 +211,9 @@ def compile_program(program: isa.Program,
     `workspace` (with `global_io`, one device; workspace_values): values whose arrays the
     function also takes, after the inputs, as donated buffers for XLA to write them into
     (their contents are not read), and returns after the outputs, for the next call.
+
+    `chip_outputs` (with `global_io`): the outputs it returns whole, in the executor
+    layout, rather than as chip 0 holds them (a program of with_chip_outputs).
     """
     n_outputs = len(program.outputs)
     executor = None if devices is None or len(devices) == 1 else \
@@ -204,7 +238,8 @@ def compile_program(program: isa.Program,
                                        program.array_shape(v))
                       for a, v in zip(inputs, program.inputs, strict=True)]
             results = run(*layout)
-            return [out[origin] for out in results[:n_outputs]] + results[n_outputs:]
+            return [out if i in chip_outputs else out[origin]
+                    for i, out in enumerate(results[:n_outputs])] + results[n_outputs:]
 
     fun = run_global if global_io else run
     # on one named device: every argument put there, every result left there

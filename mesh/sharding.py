@@ -30,6 +30,14 @@ def split_order(dim_axes: DimAxes, axis_sizes: Sequence[int], local: Sequence[in
     return tuple(split_shape), order
 
 
+def equivalent(a: DimAxes, b: DimAxes, axis_sizes: Sequence[int]) -> bool:
+    """Whether two dim_axes lay a global array out over the mesh alike (axes of size 1
+    split nothing)."""
+    def split(dim_axes):
+        return tuple(tuple(x for x in axes if axis_sizes[x] > 1) for axes in dim_axes)
+    return len(a) == len(b) and split(a) == split(b)
+
+
 def local_shape(global_shape: Sequence[int], dim_axes: DimAxes,
                 axis_sizes: Sequence[int]) -> tuple[int, ...]:
     """Per-chip shape of a global shape under a sharding; ValueError if a dim does not divide."""
@@ -62,11 +70,53 @@ def assemble(pieces: Sequence[np.ndarray], dim_axes: DimAxes,
             raise ValueError("per-device buffers differ along mesh axes the array is "
                              f"replicated over ({unused}); the program expects equal copies")
     local = np.shape(first.flat[0])
-    stacked = np.stack([np.asarray(p) for p in first.flat]).reshape(first.shape + local)
+    return unshard(np.stack([np.asarray(p) for p in first.flat]).reshape(first.shape + local),
+                   dim_axes, axis_sizes)
+
+
+def unshard(chips: np.ndarray, dim_axes: DimAxes, axis_sizes: Sequence[int]) -> np.ndarray:
+    """The global array of the chips' pieces `chips` (the executor's layout: mesh dims, of
+    size 1 along axes the pieces do not vary, then a piece's dims), as the executor's
+    Unshard assembles it: along mesh axes no dim is split over, the piece of the chip at
+    coordinate 0."""
+    nm = len(axis_sizes)
+    local = chips.shape[nm:]
+    used = {a for axes in dim_axes for a in axes}
+    unused = [a for a in range(nm) if a not in used]
+    x = chips[tuple(slice(None) if a in used else slice(0, 1) for a in range(nm))]
+    x = np.broadcast_to(x, tuple(axis_sizes[a] if a in used else 1 for a in range(nm)) + local)
     _, order = split_order(dim_axes, axis_sizes, local)
     global_shape = tuple(l * int(np.prod([axis_sizes[a] for a in axes], dtype=np.int64))
                          for l, axes in zip(local, dim_axes))
-    return np.transpose(stacked, unused + order).reshape(global_shape)
+    return np.transpose(x, unused + order).reshape(global_shape)
+
+
+def chip_index(block: Sequence[int], dim_axes: DimAxes, axis_sizes: Sequence[int],
+               layout_shape: Sequence[int]) -> tuple[int, ...]:
+    """Where, in an array of the chips' pieces of `layout_shape` (as `unshard` takes), the
+    piece is that `unshard` puts at `block` (per dim, the index of the block among the
+    dim's blocks) of the global array."""
+    coords = [0] * len(axis_sizes)  # along axes no dim is split over: chip 0's
+    for b, axes in zip(block, dim_axes):
+        for a in reversed(axes):  # the block's coordinates, the last axis minor
+            b, coords[a] = divmod(b, axis_sizes[a])
+    return tuple(min(c, layout_shape[a] - 1) for a, c in enumerate(coords))
+
+
+def chip_pieces(chips: np.ndarray, dim_axes: DimAxes,
+                axis_sizes: Sequence[int]) -> list[np.ndarray]:
+    """Per-device pieces (logical device order) of the global array unshard(chips, ...):
+    views of `chips`, without assembling it."""
+    views = []
+    for coords in np.ndindex(*axis_sizes):
+        block = []
+        for axes in dim_axes:
+            b = 0
+            for a in axes:
+                b = b * axis_sizes[a] + coords[a]
+            block.append(b)
+        views.append(chips[chip_index(block, dim_axes, axis_sizes, chips.shape) + (...,)])
+    return views
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:

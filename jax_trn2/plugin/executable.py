@@ -4,8 +4,10 @@ PJRT hands a program per-device buffers (one list per device of the device assig
 its order: partition-major, as jax's meshes list their devices) and takes per-device
 results. The simulator runs on global arrays; each argument is assembled from its pieces
 by how XLA lays it out over the mesh (lowering.partition.layouts), and each result is cut
-into views, one per device. The pieces share the global array (handles.Whole): the next
-program that takes all of them takes it as it is, without copying or comparing; an
+into views, one per device: of its chips' pieces where the program's Unshard would
+assemble it (mesh.executor.with_chip_outputs), else of the global array. The pieces share
+one storage (handles.Whole): the next program that takes all of them takes its global
+array as it is (assembled from the chips' pieces then, once), without comparing; an
 argument assembled from pieces put on the devices separately is assembled once.
 """
 
@@ -34,6 +36,7 @@ class Executable:
     def __init__(self, client: Any, code: bytes, compile_options: bytes):
         from jax_trn2.executable import LoadedExecutable  # the simulator: loaded when used
         from lowering import partition
+        from mesh.executor import output_unshard
 
         self.client = client
         self.code, self.compile_options = bytes(code), bytes(compile_options)
@@ -48,13 +51,22 @@ class Executable:
             list(parsed.env_option_overrides),
             options.ProgramOptions(client.options.rounding, topology=client.options.topology))
         self.devices: list[Device] = [client.device(d) for row in self.assignment for d in row]
-        # the executor compiles here, on jaxlib's compile thread
         self.loaded = LoadedExecutable.from_stablehlo(
             self.options.topology, self.code, rounding=self.options.rounding,
             device_assignment=[d.id for d in self.devices],
-            host_callbacks=lowerings.CALLBACKS).load(self.options.check_memory)
+            host_callbacks=lowerings.CALLBACKS)
         self.in_layouts, self.out_layouts = self.loaded.layouts
         program = self.loaded.program
+        # results an Unshard assembles as XLA lays them out come as their chips' pieces:
+        # the devices' buffers are views of those, as jax_trn2.jit's results are
+        self.chip_outputs = {
+            i for i in range(len(program.outputs))
+            if (unshard := output_unshard(program, i)) is not None and sharding.equivalent(
+                unshard.dim_axes, self._layout(self.out_layouts, i, len(unshard.dim_axes)),
+                self._mesh_sizes())}
+        self.loaded.return_chip_pieces(sorted(self.chip_outputs))
+        self.loaded.load(self.options.check_memory)  # the executor compiles here, on
+        # jaxlib's compile thread
         self.in_partials, self.out_partials = program.input_partials, program.output_partials
         module = self.loaded.module
         main = partition.main_function(module).regions[0].blocks[0]
@@ -94,9 +106,15 @@ class Executable:
                     per_device[d].append(Buffer(_TOKEN, device, _memory(device)))
                 continue
             host = np.asarray(results[i])  # a view of the simulator's result
-            whole = Whole(results[i], self._layout(self.out_layouts, i, host.ndim), sizes)
             partials = _at(self.out_partials, i)
-            for d, piece in enumerate(sharding.pieces(host, whole.layout, sizes)):
+            if i in self.chip_outputs:
+                layout = self._layout(self.out_layouts, i, host.ndim - len(sizes))
+                whole = Whole(layout, sizes, chips=host)
+                pieces = sharding.chip_pieces(host, layout, sizes)
+            else:
+                whole = Whole(self._layout(self.out_layouts, i, host.ndim), sizes, results[i])
+                pieces = sharding.pieces(host, whole.layout, sizes)
+            for d, piece in enumerate(pieces):
                 device = self.devices[d]
                 per_device[d].append(Buffer(piece.reshape(piece.shape[partials:]), device,
                                             _memory(device), whole, d))
@@ -128,7 +146,7 @@ class Executable:
             value = sharding.assemble(stacked, layout, sizes)
         except ValueError as e:
             raise ValueError(f"{self.loaded.arg_names[i]}: {e}") from None
-        whole = Whole(value, layout, sizes)
+        whole = Whole(layout, sizes, value)
         for d, (piece, view) in enumerate(zip(pieces, sharding.pieces(value, layout, sizes))):
             piece.share(view.reshape(view.shape[partials:]), whole, d)
         return value

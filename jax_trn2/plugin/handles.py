@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from jax_trn2.plugin import abi
+from mesh import sharding
 
 T = TypeVar("T")
 
@@ -146,14 +147,25 @@ class Device:
             self.bytes_in_use -= nbytes
 
 
-@dataclass(eq=False)
 class Whole:
     """A global array and how it lies over a mesh's devices: the one storage that the
-    buffers of its pieces share (a replicated value is stored once for all its devices)."""
+    buffers of its pieces share (a replicated value is stored once for all its devices).
 
-    value: Any  # what the simulator takes and gave: a numpy array or a jax.Array
-    layout: tuple  # mesh axes of each dim (mesh.sharding)
-    sizes: tuple[int, ...]  # the mesh's axis sizes
+    `value` is what the simulator takes and gave (a numpy array or a jax.Array); or, for a
+    result it gave as its chips' pieces (`chips`: the executor's array of them,
+    mesh.sharding.unshard), the global array assembled from them when first taken."""
+
+    def __init__(self, layout: tuple, sizes: tuple[int, ...], value: Any = None,
+                 chips: np.ndarray | None = None):
+        self.layout = layout  # mesh axes of each dim (mesh.sharding)
+        self.sizes = sizes  # the mesh's axis sizes
+        self._value, self._chips = value, chips
+
+    @property
+    def value(self) -> Any:
+        if self._value is None:
+            self._value, self._chips = sharding.unshard(self._chips, self.layout, self.sizes), None
+        return self._value
 
 
 class Buffer:

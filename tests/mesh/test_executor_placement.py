@@ -19,9 +19,20 @@ from mesh.isa.kernels import matmul, movement, native
 K = 384  # three passes of 128: the native loop's
 
 
-def custom_calls(compiled) -> list[str]:
+def global_executable(fn, *args, rounding: str = "nearest"):
+    """fn's program as an executable that returns global results (the client's, as the
+    plugin runs it; jax_trn2.jit gives a sharded result its chips' pieces instead)."""
+    return jax_trn2.client().compile(jax.jit(fn).lower(*args).as_text(), rounding=rounding)
+
+
+def run(executable, *args) -> np.ndarray:
+    (result,) = executable.execute(list(args))
+    return np.asarray(result)
+
+
+def custom_calls(executable) -> list[str]:
     """The executor's custom calls (the native loop's), as lines of its optimized HLO."""
-    text = compiled.executable._run_global.as_text()
+    text = executable._run_global.as_text()
     return [line for line in text.splitlines() if "custom-call(" in line]
 
 
@@ -32,9 +43,9 @@ def copied(monkeypatch):
         native.Strided.of(lhs), native.Strided.of(rhs)))
 
 
-def moves(compiled) -> list[str]:
+def moves(executable) -> list[str]:
     """The executor's transposes and copies, as lines of its optimized HLO."""
-    text = compiled.executable._run_global.as_text()
+    text = executable._run_global.as_text()
     return [line for line in text.splitlines() if "transpose(" in line or "copy(" in line]
 
 
@@ -58,15 +69,19 @@ def test_a_matmul_in_place_gives_the_bits_of_one_through_copies(
     fn = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
     x = rng.standard_normal(x_shape).astype(dtype)
     w = rng.standard_normal(w_shape).astype(dtype)
-    placed = jax_trn2.jit(fn).lower(x, w).compile()
+    placed = global_executable(fn, x, w)
     # one product, of the global shape: the matmul's own result was dropped; no copies
     (call,) = custom_calls(placed)
     rows, cols = jax.eval_shape(fn, x, w).shape
     assert f"f32[{','.join(['1'] * len(shape))},{rows},{cols}]" in call
     assert moves(placed) == []
-    got = np.asarray(placed(x, w))
+    got = run(placed, x, w)
+    # jax_trn2.jit's result, from the chips' pieces (the product in its executor layout)
+    pieces = jax_trn2.jit(fn).lower(x, w).compile()
+    assert moves(pieces.executable) == []
+    np.testing.assert_array_equal(np.asarray(pieces(x, w)), got)
     copied(monkeypatch)
-    want = np.asarray(jax_trn2.jit(fn)(x, w))
+    want = run(global_executable(fn, x, w), x, w)
     np.testing.assert_array_equal(got, want)
     # and the sums are a matmul's (FP32 sums of exact products: 1e-5 of their magnitude)
     np.testing.assert_allclose(got, np.asarray(fn(x, w)), rtol=1e-4, atol=1e-4)
@@ -83,15 +98,15 @@ def test_a_result_used_again_or_rounded_stochastically_is_not_placed(rng):
 
     both = jax.shard_map(twice, mesh=mesh, in_specs=(P("a"), P(None, "b")),
                          out_specs=(P("a", "b"), P("a", "b")))
-    compiled = jax_trn2.jit(both).lower(x, w).compile()
+    compiled = global_executable(both, x, w)
     (call,) = custom_calls(compiled)
     assert "f32[2,4,8,16]" in call  # the product in its executor layout, unshard copies it
-    y, y2 = compiled(x, w)
+    y, y2 = compiled.execute([x, w])
     np.testing.assert_array_equal(np.asarray(y2), 2 * np.asarray(y))
 
     once = jax.shard_map(lambda x, w: x @ w, mesh=mesh, in_specs=(P("a"), P(None, "b")),
                          out_specs=P("a", "b"))
-    stochastic = jax_trn2.jit(once, rounding="stochastic").lower(x, w).compile()
+    stochastic = global_executable(once, x, w, rounding="stochastic")
     (call,) = custom_calls(stochastic)
     assert "f32[2,4,8,16]" in call
 
@@ -103,12 +118,15 @@ def test_a_placed_product_is_no_workspace(rng, monkeypatch):
                        out_specs=P("a", "b"))
     x = rng.standard_normal((64, K)).astype(np.float32)
     w = rng.standard_normal((K, 256)).astype(np.float32)
-    program = jax_trn2.jit(fn).lower(x, w).compile().executable.program
+    program = global_executable(fn, x, w).program
     matmuls = [i for i in program.instructions if isinstance(i, isa.Matmul)]
     assert matmuls and executor.workspace_values(program) == ()
     # stochastic rounding places nothing: the product is kept as a workspace
-    stochastic = jax_trn2.jit(fn, rounding="stochastic").lower(x, w).compile()
-    assert stochastic.executable._workspace_values == (matmuls[0].outs[0],)
+    stochastic = global_executable(fn, x, w, rounding="stochastic")
+    assert stochastic._workspace_values == (matmuls[0].outs[0],)
+    # but not where the program returns it, as its chips' pieces (the caller's to keep)
+    pieces = jax_trn2.jit(fn, rounding="stochastic").lower(x, w).compile().executable
+    assert pieces._chip_outputs == (0,) and pieces._workspace_values == ()
 
 
 def test_a_left_operand_whose_contraction_is_not_contiguous_is_copied(rng, monkeypatch):
@@ -117,11 +135,11 @@ def test_a_left_operand_whose_contraction_is_not_contiguous_is_copied(rng, monke
                        out_specs=P("a", "b"))
     x = rng.standard_normal((K, 16)).astype(np.float32)
     w = rng.standard_normal((K, 64)).astype(np.float32)
-    compiled = jax_trn2.jit(fn).lower(x, w).compile()
+    compiled = global_executable(fn, x, w)
     assert any("transpose(" in line for line in moves(compiled))  # x^T, contraction last
-    got = np.asarray(compiled(x, w))
+    got = run(compiled, x, w)
     copied(monkeypatch)
-    np.testing.assert_array_equal(got, np.asarray(jax_trn2.jit(fn)(x, w)))
+    np.testing.assert_array_equal(got, run(global_executable(fn, x, w), x, w))
 
 
 def test_a_single_pass_matmul_is_not_placed_and_keeps_its_workspace(rng, monkeypatch):

@@ -124,7 +124,7 @@ def test_the_first_workspace_is_made_while_the_executor_compiles(small_workspace
     assert inspected._workspace_made is None and inspected._workspace is None
     lowered = weight_gradient_step().lower(x, g)
     executable = lowered._executable
-    executable.prefetch_workspace()
+    lowered.prefetch_workspace()  # as jax_trn2.jit's first call does
     made = executable._workspace_made
     assert made is not None
     lowered.compile()

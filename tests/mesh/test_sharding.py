@@ -48,3 +48,38 @@ def test_same_bits_compares_words_of_any_size():
     assert not sharding.same_bits(a, b)
     assert not sharding.same_bits(a, a.astype(np.float32))
     assert sharding.same_bits(np.float32(1.5).reshape(()), np.array(1.5, np.float32))
+
+
+@pytest.mark.parametrize("layout", [((0,), (1,)), ((1,), (0,)), ((0, 1), ()), ((1, 0), ()),
+                                    ((), (1,)), ((), ())])
+def test_chip_pieces_are_the_pieces_of_the_array_unshard_assembles(layout):
+    """The executor's array of the chips' pieces (mesh dims, 1 along axes the pieces do not
+    vary), with a chip-dependent piece on every chip: unshard puts the piece of the chip at
+    coordinate 0 along axes no dim is split over, and chip_pieces gives each device the
+    same piece, as a view, without assembling."""
+    used = {a for axes in layout for a in axes}
+    mesh_dims = tuple(s if a in used else 1 for a, s in enumerate(SIZES))
+    local = (2, 3)
+    chips = np.arange(np.prod(mesh_dims + local), dtype=np.float32).reshape(mesh_dims + local)
+    whole = sharding.unshard(chips, layout, SIZES)
+    # assemble, from the devices' pieces of it, makes the same global array
+    pieces = sharding.chip_pieces(chips, layout, SIZES)
+    assert all(np.shares_memory(p, chips) for p in pieces)
+    np.testing.assert_array_equal(sharding.assemble(pieces, layout, SIZES), whole)
+    for piece, want in zip(pieces, sharding.pieces(whole, layout, SIZES)):
+        np.testing.assert_array_equal(piece, want)
+
+
+def test_unshard_takes_chip_zeros_piece_along_an_axis_no_dim_is_split_over():
+    chips = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)  # varies on both axes
+    whole = sharding.unshard(chips, ((0,),), SIZES)  # split over axis 0 only
+    np.testing.assert_array_equal(whole, np.concatenate([chips[0, 0], chips[1, 0]]))
+    assert [p.tolist() for p in sharding.chip_pieces(chips, ((0,),), SIZES)] == \
+        [chips[0, 0].tolist()] * 3 + [chips[1, 0].tolist()] * 3
+
+
+def test_layouts_that_differ_by_axes_of_size_one_are_equivalent():
+    sizes = (1, 4, 2)
+    assert sharding.equivalent(((0, 1), (2,)), ((1,), (2,)), sizes)
+    assert not sharding.equivalent(((1, 2), ()), ((2, 1), ()), sizes)
+    assert not sharding.equivalent(((1,),), ((1,), ()), sizes)

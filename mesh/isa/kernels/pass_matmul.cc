@@ -25,6 +25,9 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -333,6 +336,25 @@ TARGET_F32 void TileF32(const float* const* a, const float* panel, int64_t k, in
 }
 #endif  // defined(__x86_64__)
 
+// Asks the kernel to back the result's memory with 2 MiB pages, as NumPy does for its arrays
+// of 4 MiB and more, before the first write faults it in: a fresh result of 48 MiB (XLA:CPU
+// allocates every result anew, and one this large is a fresh mapping each call) took 26-29
+// ms more to write in 4 KiB pages than once faulted in, and 5-12 ms more in 2 MiB pages
+// (on a 2-core AMD EPYC whose transparent huge pages are on where advised). Only advice:
+// pages already there, or a kernel without such pages, are left as they are.
+void AdviseHugePages(void* data, int64_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHuge = 2 << 20, kMinBytes = 4 << 20;
+  if (bytes < static_cast<int64_t>(kMinBytes)) return;
+  const uintptr_t start = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) / kHuge * kHuge;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) / kHuge * kHuge;
+  if (end > start) madvise(reinterpret_cast<void*>(start), end - start, MADV_HUGEPAGE);
+#else
+  (void)data;
+  (void)bytes;
+#endif
+}
+
 // Runs fn(0) .. fn(count - 1) on the calling thread and the FFI's intra-op thread pool. The
 // caller takes items too, so it never waits on a task that has not started; a task that
 // starts after the last item was taken does nothing (the state outlives the call).
@@ -521,6 +543,7 @@ ffi::Error PassMatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer lhs, ffi::AnyBuff
       rhs_at{rhs_batch.typed_data(), rhs_k.typed_data(), rhs_col.typed_data()},
       out_at{out_batch.typed_data(), out_row.typed_data(), out_col.typed_data()};
   float* o = static_cast<float*>(out->untyped_data());
+  AdviseHugePages(o, batch * m * n * static_cast<int64_t>(sizeof(float)));
   bool allocated;
   if (lhs.element_type() == ffi::BF16) {
     const Problem<uint16_t> p{static_cast<const uint16_t*>(lhs.untyped_data()),

@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_trn2
-from jax_trn2.plugin import table
+from jax_trn2.plugin import executable as plugin_executable, table
 from mesh.executor import EXACT_PRECISION
 from tests.e2e.e2e_reference import cpu_mesh, trn2_mesh
 
@@ -74,6 +74,28 @@ def test_results_split_along_inner_dims_read_back_whole(mesh):
         np.testing.assert_array_equal(np.asarray(got), x * 2)
         np.testing.assert_array_equal(np.asarray(got.addressable_shards[9].data),
                                       (x * 2)[:, 8:16, 16:32])
+
+
+@pytest.mark.parametrize("spec", [P(("one", "all")), P(None, "all"), P("all", "one")])
+def test_sharded_results_are_their_chips_pieces_and_feed_the_next_program(devices, spec):
+    """A result the program's Unshard would assemble comes as its chips' pieces (each
+    device's buffer a view of one), also where XLA's layout names an axis of size 1 the
+    Unshard leaves out; a program that takes it assembles it then, once."""
+    mesh = jax.make_mesh((1, 8), ("one", "all"), devices=devices[:8],
+                         axis_types=(AxisType.Auto,) * 2)
+    x = np.arange(16 * 8, dtype=np.float32).reshape(16, 8)
+    f = jax.jit(jax.shard_map(lambda v: v * 2 + jax.lax.axis_index("all"), mesh=mesh,
+                              in_specs=spec, out_specs=spec))
+    xs = jax.device_put(x, NamedSharding(mesh, spec))
+    assert plugin_executable.of(f.lower(xs).compile()).chip_outputs == {0}
+    y = f(xs)
+    index = np.zeros((16, 8), np.float32)  # each element's chip along 'all'
+    for shard in jax.device_put(x, NamedSharding(cpu_mesh((1, 8), ("one", "all")), spec)) \
+            .addressable_shards:
+        index[shard.index] = shard.device.id % 8
+    want = x * 2 + index
+    np.testing.assert_array_equal(np.asarray(y), want)
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda v: v.T @ v)(y)), want.T @ want)
 
 
 def test_scalar_results_read_back(mesh, devices):
