@@ -27,7 +27,8 @@ class ChipPieces:
     """Where each device of `sharding` finds its shard of a result of `global_shape` in the
     executor's array of its chips' pieces (`layout_shape`: mesh dims, 1 along axes the
     pieces do not vary, then the piece's shape), the pieces laid out over the mesh axes of
-    `axis_sizes` by `dim_axes` (mesh.sharding)."""
+    `axis_sizes` by `dim_axes` (mesh.sharding). A device's shard is found by the block of
+    the global array it holds, so jax may order the devices or name the axes as it likes."""
 
     def __init__(self, sharding: NamedSharding, global_shape: tuple[int, ...],
                  dim_axes: tuple[tuple[int, ...], ...], axis_sizes: Sequence[int],
@@ -56,8 +57,8 @@ class ChipPieces:
                                            self._devices)
 
 
-def chip_pieces(program: isa.Program, position: int,
-                sharding: Sharding | None) -> ChipPieces | None:
+def pieces_of_output(program: isa.Program, position: int,
+                     sharding: Sharding | None) -> ChipPieces | None:
     """ChipPieces for output `position` of `program` placed on `sharding`, where each of the
     sharding's shards is a chip's piece that an Unshard assembles the output from; else None
     (the output is then placed from its global array)."""

@@ -28,7 +28,7 @@ from mesh.perf import trace
 from mesh.perf.estimate import ProgramEstimate, target_text
 from mesh.emulated_floats import host_to_storage, storage_to_host
 from mesh.executor import as_input, compile_program, input_dtype, input_shapes, \
-    runs_on_cpu, with_chip_outputs, workspace_values
+    output_unshard, runs_on_cpu, with_chip_outputs, workspace_values
 from mesh.isa.kernels.participation import SplitGroupCheck
 from mesh.machine import Placement, Topology, place_on
 from mesh.memory import MemoryStats
@@ -402,15 +402,32 @@ class LoadedExecutable:
         chrome://tracing): one process per chip (all, or the chip ids `chips`)."""
         trace.write_trace(path, self.estimate.trace(chips))
 
-    def execute(self, args: Sequence[Any]) -> list[jax.Array]:
+    def execute(self, args: Sequence[Any], chip_pieces: bool = False) -> list[Any]:
         """Run on global arrays; returns the global results (of an SPMD module: every
-        device gets `args`, and the results are device 0's), but the chips' pieces of those
-        return_chip_pieces names."""
-        return self._to_callers_device(self.run(args))
+        device gets `args`, and the results are device 0's). With `chip_pieces`, the
+        outputs return_chip_pieces names come as their chips' pieces, in the executor
+        layout, where they are (jax_trn2.jit hands each device its piece); without, they
+        are assembled here."""
+        results = self.run(args)
+        chips = set(self._chip_outputs)
+        if not chip_pieces:
+            results = [self._assembled(i, r) if i in chips else r
+                       for i, r in enumerate(results)]
+            chips = set()
+        moved = iter(self._to_callers_device([r for i, r in enumerate(results)
+                                              if i not in chips]))
+        return [r if i in chips else next(moved) for i, r in enumerate(results)]
+
+    def _assembled(self, i: int, chips: Any) -> np.ndarray:
+        """Output i, which the run gave as its chips' pieces, as the global array."""
+        unshard = output_unshard(self.program, i)
+        return sharding.unshard(np.asarray(chips), unshard.dim_axes,
+                                self.program.mesh.axis_sizes)
 
     def run(self, args: Sequence[Any]) -> list[Any]:
-        """`execute`, its results left where the simulation computed them (the trn2 plugin
-        reads them there)."""
+        """`execute`, its results left where the simulation computed them, the outputs
+        return_chip_pieces names as their chips' pieces (the trn2 plugin reads them
+        there)."""
         arrays = self._check_args(args)
         run = self._run_global  # compiled first: a program's checks are known after
         with self._host_memory_named():

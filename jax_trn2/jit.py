@@ -21,7 +21,7 @@ from jax._src.sharding_impls import parse_flatten_op_sharding
 from jax.experimental.layout import Format, Layout
 
 from jax_trn2 import compose
-from jax_trn2.chip_pieces import ChipPieces, chip_pieces
+from jax_trn2.chip_pieces import ChipPieces, pieces_of_output
 from jax_trn2.executable import LoadedExecutable
 from jax_trn2.plugin.options import PREFIX, ProgramOptions, program_options
 from jax_trn2.plot import save_plot
@@ -247,12 +247,12 @@ def _placed(result: Any, sharding: Sharding | None) -> Any:
     return jax.device_put(result, sharding)
 
 
-def _chip_pieces(program: isa.Program, avals: Sequence[Any],
-                 shardings: Sequence[Sharding | None]) -> list[ChipPieces | None]:
+def _pieces_of_results(program: isa.Program, avals: Sequence[Any],
+                       shardings: Sequence[Sharding | None]) -> list[ChipPieces | None]:
     """Per result leaf, how its devices' buffers are made of its chips' pieces
     (jax_trn2.chip_pieces), where they can be: not for a PRNG key or a zero tangent."""
     return [None if _is_key(aval.dtype) or aval.dtype == jax.dtypes.float0 else
-            chip_pieces(program, i, sharding)
+            pieces_of_output(program, i, sharding)
             for i, (aval, sharding) in enumerate(zip(avals, shardings, strict=True))]
 
 
@@ -420,7 +420,7 @@ class Compiled(_StageInfo):
         if len(leaves) == len(self._input_types):
             leaves = [_canonical(leaf, name, t) for leaf, name, t in
                       zip(leaves, self.executable.arg_names, self._input_types)]
-        results = self.executable.execute(leaves)
+        results = self.executable.execute(leaves, chip_pieces=True)
         _delete_donated([leaves[i] for i in self._donated],
                         [self._in_shardings[self._kept[i]] for i in self._donated])
         return tree_util.tree_unflatten(self.out_tree, [
@@ -576,7 +576,7 @@ class Lowered(_StageInfo):
             raise ValueError("Lowered.compile: the program was lowered for its machine and "
                              "rounding (trn2_topology, trn2_rounding, trn2_seed): give them to "
                              "jax_trn2.jit instead")
-        out_shardings, out_pieces = self._results
+        out_shardings, out_pieces = self._placed_results
         executable.load(options.check_memory if check_memory is None else check_memory)
         in_avals = tree_util.tree_leaves(self.in_avals)
         compile_args = _compile_args(self._jax_stage)
@@ -590,9 +590,11 @@ class Lowered(_StageInfo):
                         self._kept)
 
     @functools.cached_property
-    def _results(self) -> tuple[list[Sharding | None], list[ChipPieces | None]]:
+    def _placed_results(self) -> tuple[list[Sharding | None], list[ChipPieces | None]]:
         """Per result leaf, the sharding jax.jit gives it and how its devices' buffers are
-        made of its chips' pieces (else None), those the executable then returns."""
+        made of its chips' pieces (else None). Fixes which outputs the executable returns
+        as chip pieces (LoadedExecutable.return_chip_pieces), before it compiles: compile
+        and prefetch_workspace ask for this first."""
         executable = self._executable
         _refuse_unreduced(executable.program)
         out_info = tree_util.tree_leaves(self._jax_stage.out_info)
@@ -604,13 +606,13 @@ class Lowered(_StageInfo):
             self._shardings(_compile_args(self._jax_stage), [len(i.shape) for i in out_info],
                             out_layouts, [getattr(i, "sharding", None) for i in out_info]),
             partition.result_memory_kinds(executable.module), strict=True)]
-        pieces = _chip_pieces(executable.program, self._out_avals, shardings)
+        pieces = _pieces_of_results(executable.program, self._out_avals, shardings)
         executable.return_chip_pieces([i for i, p in enumerate(pieces) if p is not None])
         return shardings, pieces
 
     def prefetch_workspace(self) -> None:
         """Start making the workspace of a call about to run (LoadedExecutable's)."""
-        _ = self._results  # which results come as chip pieces: that changes the workspace
+        _ = self._placed_results  # which results come as chip pieces: the workspace's too
         self._executable.prefetch_workspace()
 
     def _of_all_leaves(self, per_kept: Sequence[Any] | None, count: int) -> list[Any]:

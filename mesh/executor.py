@@ -216,6 +216,9 @@ def compile_program(program: isa.Program,
     layout, rather than as chip 0 holds them (a program of with_chip_outputs).
     """
     n_outputs = len(program.outputs)
+    if any(output_unshard(program, i) is not None for i in chip_outputs):
+        raise ValueError("compile_program: the program still assembles its chip_outputs; "
+                         "give with_chip_outputs(program, chip_outputs)")
     executor = None if devices is None or len(devices) == 1 else \
         Mesh(np.array(devices), ("executor",))
     kept = dataclasses.replace(program, outputs=program.outputs + tuple(workspace)) \

@@ -163,8 +163,9 @@ class Whole:
 
     @property
     def value(self) -> Any:
-        if self._value is None:
-            self._value, self._chips = sharding.unshard(self._chips, self.layout, self.sizes), None
+        if self._value is None:  # (two threads may both assemble it: the same array)
+            self._value = sharding.unshard(self._chips, self.layout, self.sizes)
+            self._chips = None
         return self._value
 
 

@@ -125,6 +125,24 @@ def test_a_result_made_of_pieces_can_be_donated(rng):
     assert y.is_deleted()
 
 
+def test_the_runtime_executable_still_gives_global_results(rng):
+    """LoadedExecutable.execute assembles the outputs the run gives as chip pieces, unless
+    asked for the pieces (as jax_trn2.jit asks)."""
+    mesh = jax_trn2.make_mesh((2, 4), ("a", "b"))
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    fn = jax.shard_map(lambda x: x * 2, mesh=mesh, in_specs=P("a", "b"),
+                       out_specs=P(None, ("b", "a")))
+    compiled = jax_trn2.jit(fn).lower(x).compile()
+    executable = compiled.runtime_executable()
+    (whole,) = executable.execute([x])
+    assert whole.shape == (4, 32)  # each chip's 4x4 piece side by side, b major
+    np.testing.assert_array_equal(np.asarray(whole), np.asarray(compiled(x)))
+    # block 1 is chip (a=1, b=0)'s
+    np.testing.assert_array_equal(np.asarray(whole)[:, 4:8], 2 * x[4:8, 0:4])
+    (chips,) = executable.execute([x], chip_pieces=True)
+    assert chips.shape == (2, 4, 4, 4)
+
+
 def test_only_an_output_an_unshard_makes_is_given_as_pieces(rng):
     mesh = jax_trn2.make_mesh((2, 4), ("a", "b"))
     x = rng.standard_normal((8, 16)).astype(np.float32)
@@ -139,3 +157,5 @@ def test_only_an_output_an_unshard_makes_is_given_as_pieces(rng):
     chips = executor.with_chip_outputs(program, [0])
     assert chips.outputs[0] == executor.output_unshard(program, 0).ins[0]
     assert len(chips.instructions) == len(program.instructions) - 1  # the Unshard dropped
+    with pytest.raises(ValueError, match="still assembles its chip_outputs"):
+        executor.compile_program(program, global_io=True, chip_outputs=(0,))
