@@ -169,12 +169,12 @@ class LoadedExecutable:
 
     @cached_property
     def _global_program(self) -> isa.Program:
-        """The program `execute` runs: the planned one, giving the outputs
-        return_chip_pieces names as their chips' pieces."""
+        """The program `execute` runs (compile_program makes it so): the planned one,
+        giving the outputs return_chip_pieces names as their chips' pieces."""
         return with_chip_outputs(self.program, self._chip_outputs)
 
     def _compile(self, global_io: bool):
-        program = self._global_program if global_io else self.program
+        program = self.program
         values = program.values
         inputs = [jax.ShapeDtypeStruct(shape, input_dtype(values[v].type.dtype, self._on_cpu))
                   for shape, v in zip(input_shapes(program, global_io), program.inputs)]

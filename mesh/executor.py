@@ -212,13 +212,12 @@ def compile_program(program: isa.Program,
     function also takes, after the inputs, as donated buffers for XLA to write them into
     (their contents are not read), and returns after the outputs, for the next call.
 
-    `chip_outputs` (with `global_io`): the outputs it returns whole, in the executor
-    layout, rather than as chip 0 holds them (a program of with_chip_outputs).
+    `chip_outputs` (with `global_io`): the outputs, each assembled by an Unshard, that it
+    returns as their chips' pieces, whole in the executor layout (with_chip_outputs;
+    a `workspace` is then one of that program's).
     """
+    program = with_chip_outputs(program, chip_outputs)
     n_outputs = len(program.outputs)
-    if any(output_unshard(program, i) is not None for i in chip_outputs):
-        raise ValueError("compile_program: the program still assembles its chip_outputs; "
-                         "give with_chip_outputs(program, chip_outputs)")
     executor = None if devices is None or len(devices) == 1 else \
         Mesh(np.array(devices), ("executor",))
     kept = dataclasses.replace(program, outputs=program.outputs + tuple(workspace)) \
