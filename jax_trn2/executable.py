@@ -174,10 +174,10 @@ class LoadedExecutable:
         return with_chip_outputs(self.program, self._chip_outputs)
 
     def _compile(self, global_io: bool):
-        program = self.program
-        values = program.values
+        values = self.program.values
         inputs = [jax.ShapeDtypeStruct(shape, input_dtype(values[v].type.dtype, self._on_cpu))
-                  for shape, v in zip(input_shapes(program, global_io), program.inputs)]
+                  for shape, v in zip(input_shapes(self.program, global_io),
+                                      self.program.inputs)]
         workspace = self._workspace_values if global_io else ()
         devices = self._devices
         # A program without inputs or outputs has no sharding to place its computation
@@ -186,7 +186,7 @@ class LoadedExecutable:
         on_device = jax.default_device(devices[0]) if devices is not None and \
             len(devices) == 1 else contextlib.nullcontext()
         with _executor_context(), on_device:
-            return compile_program(program, self.rounding, devices, global_io,
+            return compile_program(self.program, self.rounding, devices, global_io,
                                    self._split_check, workspace,
                                    self._chip_outputs if global_io else ()).lower(
                 *inputs, *self._workspace_types(workspace)).compile()

@@ -107,16 +107,21 @@ def chip_pieces(chips: np.ndarray, dim_axes: DimAxes,
                 axis_sizes: Sequence[int]) -> list[np.ndarray]:
     """Per-device pieces (logical device order) of the global array unshard(chips, ...):
     views of `chips`, without assembling it."""
-    views = []
-    for coords in np.ndindex(*axis_sizes):
-        block = []
-        for axes in dim_axes:
-            b = 0
-            for a in axes:
-                b = b * axis_sizes[a] + coords[a]
-            block.append(b)
-        views.append(chips[chip_index(block, dim_axes, axis_sizes, chips.shape) + (...,)])
-    return views
+    return [chips[chip_index(_block(coords, dim_axes, axis_sizes), dim_axes, axis_sizes,
+                             chips.shape) + (...,)]
+            for coords in np.ndindex(*axis_sizes)]
+
+
+def _block(coords: Sequence[int], dim_axes: DimAxes, axis_sizes: Sequence[int]) -> list[int]:
+    """Per dim, the index of the block of the global array that the chip at mesh
+    coordinates `coords` holds (its dim's axes major first)."""
+    blocks = []
+    for axes in dim_axes:
+        b = 0
+        for a in axes:
+            b = b * axis_sizes[a] + coords[a]
+        blocks.append(b)
+    return blocks
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -137,16 +142,9 @@ def pieces(array: np.ndarray, dim_axes: DimAxes, axis_sizes: Sequence[int]) -> l
     if not any(dim_axes):
         return [array] * count
     local = local_shape(array.shape, dim_axes, axis_sizes)
-    views = []
-    for coords in np.ndindex(*axis_sizes):
-        index = []
-        for size, axes in zip(local, dim_axes):
-            block = 0
-            for a in axes:
-                block = block * axis_sizes[a] + coords[a]
-            index.append(slice(block * size, (block + 1) * size))
-        views.append(array[tuple(index)])
-    return views
+    return [array[tuple(slice(b * size, (b + 1) * size) for b, size in
+                        zip(_block(coords, dim_axes, axis_sizes), local))]
+            for coords in np.ndindex(*axis_sizes)]
 
 
 def split(array: np.ndarray, dim_axes: DimAxes, axis_sizes: Sequence[int]) -> list[np.ndarray]:
