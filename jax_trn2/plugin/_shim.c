@@ -16,8 +16,10 @@
    event: the simulator finishes its work, or fails, before a call returns. */
 
 #include <fenv.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const void *api_table = 0;
@@ -109,8 +111,10 @@ void *trn2_Buffer_IsDeleted(trn2_args *args) {
    an int enum). */
 extern int PyGILState_Ensure(void);
 extern void PyGILState_Release(int state);
+extern void *PyGILState_GetThisThreadState(void);
 extern void PyErr_Fetch(void **type, void **value, void **traceback);
 extern void PyErr_Restore(void *type, void *value, void *traceback);
+extern int Py_AddPendingCall(int (*function)(void *), void *arg);
 
 static void *call_python(void *(*function)(void *), void *args) {
   fenv_t caller_fp;
@@ -126,26 +130,83 @@ static void *call_python(void *(*function)(void *), void *args) {
   return error;
 }
 
-#define GUARDED(name)                                                          \
-  static void *(*python_##name)(void *) = 0;                                   \
-  void trn2_set_##name(void *(*function)(void *)) { python_##name = function; } \
+/* Destroys jaxlib calls on its own threads are deferred to Python's main thread, never
+   made there: such a thread (one Python has no state for) may be waiting for the GIL when
+   Python starts to finalise, and Python then ends it with pthread_exit, whose unwinding
+   through jaxlib's noexcept destructors aborts the process ("terminate called without an
+   active exception"; a compile's promise, freed on jaxlib's thread pool, holds the last
+   reference to the executable of a program that finished before it). A destroy only
+   frees, so running it a moment later is safe. The deferred ones wait on a lock-free list,
+   which Py_AddPendingCall has the main thread run, as does the next guarded call made
+   with Python's state; once retired (trn2_retire, at exit) they are dropped. */
+typedef struct deferred {
+  void *(*function)(void *);
+  void *object;
+  struct deferred *next;
+} deferred;
+
+static _Atomic(deferred *) deferred_destroys = 0;
+static atomic_bool retired = false;
+
+void trn2_retire(void) { atomic_store(&retired, true); }
+
+static int run_deferred(void *unused) {
+  (void)unused;
+  deferred *next = atomic_exchange(&deferred_destroys, (deferred *)0);
+  while (next) {
+    deferred *item = next;
+    next = item->next;
+    if (!atomic_load(&retired)) {
+      /* a destroy's args: the header, then the object */
+      trn2_args args = {offsetof(trn2_args, out), 0, item->object, {0, 0}};
+      call_python(item->function, &args);
+    }
+    free(item);
+  }
+  return 0;
+}
+
+static void *destroy(void *(*function)(void *), trn2_args *args) {
+  if (PyGILState_GetThisThreadState()) {
+    if (atomic_load(&deferred_destroys)) run_deferred(0);
+    return call_python(function, args);
+  }
+  deferred *item = malloc(sizeof *item);
+  if (!item) return 0;  /* out of memory: the object stays allocated until exit */
+  item->function = function;
+  item->object = args->object;
+  item->next = atomic_load(&deferred_destroys);
+  while (!atomic_compare_exchange_weak(&deferred_destroys, &item->next, item)) {
+  }
+  if (!item->next) Py_AddPendingCall(run_deferred, 0);  /* the list was empty */
+  return 0;
+}
+
+#define SETTER(name)                                   \
+  static void *(*python_##name)(void *) = 0;           \
+  void trn2_set_##name(void *(*function)(void *)) { python_##name = function; }
+
+#define GUARDED(name) \
+  SETTER(name)        \
   void *trn2_##name(void *args) { return call_python(python_##name, args); }
 
-GUARDED(Buffer_Destroy)
-GUARDED(Executable_Destroy)
-GUARDED(LoadedExecutable_Destroy)
-GUARDED(Client_Destroy)
+#define DESTROY(name) \
+  SETTER(name)        \
+  void *trn2_##name(trn2_args *args) { return destroy(python_##name, args); }
+
+DESTROY(Buffer_Destroy)
+DESTROY(Executable_Destroy)
+DESTROY(LoadedExecutable_Destroy)
+DESTROY(Client_Destroy)
 GUARDED(Client_Compile)
 GUARDED(Executable_DeserializeAndLoad)
 
 /* jaxlib destroys the NULL "error" of every successful call it checks (64 per result of a
    program on 64 devices); a real error is Python's to destroy. */
-static void *(*python_Error_Destroy)(void *) = 0;
-
-void trn2_set_Error_Destroy(void *(*function)(void *)) { python_Error_Destroy = function; }
+SETTER(Error_Destroy)
 
 void *trn2_Error_Destroy(trn2_args *args) {
-  return args->object ? call_python(python_Error_Destroy, args) : 0;
+  return args->object ? destroy(python_Error_Destroy, args) : 0;
 }
 
 void *trn2_Memory_Kind(trn2_args *args) {

@@ -34,8 +34,9 @@ FAST_SLOTS = ("Event_Destroy", "Event_IsReady", "Event_Error", "Event_Await",
 # Python slots the shim calls with Python's pending exception set aside and the default
 # floating-point environment (_shim.c): the destroy slots, which C++ destructors call when
 # Python frees a jax object, possibly while an exception is on its way out (and jaxlib's
-# Error_Destroy of NULL errors, which the shim answers itself); the compiles, which
-# jaxlib runs on threads that flush subnormal numbers to zero.
+# Error_Destroy of NULL errors, which the shim answers itself; the shim defers those
+# called on jaxlib's own threads to Python's main thread); the compiles, which jaxlib runs
+# on threads that flush subnormal numbers to zero.
 GUARDED_SLOTS = ("Buffer_Destroy", "Executable_Destroy", "LoadedExecutable_Destroy",
                  "Client_Destroy", "Error_Destroy", "Client_Compile",
                  "Executable_DeserializeAndLoad")
@@ -694,12 +695,14 @@ def build(shim: ctypes.CDLL) -> Any:
     for name in FAST_SLOTS:
         setattr(api, f"PJRT_{name}", ctypes.cast(getattr(shim, f"trn2_{name}"),
                                                  ctypes.c_void_p).value)
-    atexit.register(_retire, api, noop)
+    atexit.register(_retire, api, noop, shim)
     return api
 
 
-def _retire(api: Any, noop: int) -> None:
-    """Point every slot at the shim's no-op (see the module docstring)."""
+def _retire(api: Any, noop: int, shim: ctypes.CDLL) -> None:
+    """Point every slot at the shim's no-op, and have the shim drop the destroys it
+    deferred (see the module docstring and _shim.c)."""
+    shim.trn2_retire()
     for name in abi.SLOTS:
         if getattr(api, name):
             setattr(api, name, noop)
