@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, Sharding
 
 from mesh import isa
 from mesh.executor import output_unshard
-from mesh.sharding import chip_index
+from mesh.sharding import PerChip, chip_index
 
 
 class ChipPieces:
@@ -44,9 +44,10 @@ class ChipPieces:
 
     def array(self, chips: Any) -> jax.Array:
         """The result as a jax array on the sharding's devices, from the executor's array of
-        its chips' pieces (a host array, or a jax array on a CPU: each device's buffer is
-        then a view of it where its piece is aligned as XLA's buffers are, else a copy)."""
-        view = np.asarray(chips)
+        its chips' pieces (a host array, a jax array on a CPU, or a PerChip of them: each
+        device's buffer is then a view of its piece where that is aligned as XLA's buffers
+        are, else a copy)."""
+        view = chips if isinstance(chips, PerChip) else np.asarray(chips)
         with jax.enable_x64(True):  # a 64-bit result keeps its type, as the run gave it
             # jax's own placement of host pieces (as device_put of a NumPy array does it):
             # 0.13-0.2 ms for 64 pieces, where device_put of the list and

@@ -436,8 +436,10 @@ class LoadedExecutable:
                 # inside _host_memory_named, and never leaves a failed workspace kept
                 outs = self._keep_workspace(jax.block_until_ready(
                     run(*self._as_inputs(arrays), *self._take_workspace())))
-            return [storage_to_host(o, self.program.values[v].type.dtype)
-                    for o, v in zip(outs, self.program.outputs)]
+            program = self._global_program
+            return [sharding.PerChip(o, program.array_shape(v)) if isinstance(o, list) else
+                    storage_to_host(o, program.values[v].type.dtype)
+                    for o, v in zip(outs, program.outputs)]
 
     @contextlib.contextmanager
     def _host_memory_named(self):

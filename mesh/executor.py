@@ -18,6 +18,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from mesh import dtypes, isa, numerics
+from mesh.sharding import PerChip
 from mesh.isa.kernels import kernel_for
 from mesh.isa.kernels.context import KernelContext
 from mesh.isa.kernels.matmul import result_is_gemm_output
@@ -33,17 +34,20 @@ def run_program(program: isa.Program, args: Sequence[jnp.ndarray],
                 rounding: Callable | None = None,
                 active: jnp.ndarray | None = None,
                 split_check: SplitGroupCheck | None = None,
-                executor: Mesh | None = None, on_cpu: bool = True) -> list[jnp.ndarray]:
+                executor: Mesh | None = None, on_cpu: bool = True,
+                per_chip: frozenset[int] = frozenset()) -> list[jnp.ndarray | PerChip]:
     """Run `program` on arrays in the executor layout (traceable: use under jax.jit);
     `active`: the chips whose control flow reaches it (KernelContext.active);
     `split_check`: checks, where `active` is not every chip, that each collective's groups
     are reached whole (mesh.isa.kernels.participation); `executor`: the devices the
     computation is split over (KernelContext.executor); `on_cpu`: whether they are CPUs
-    (KernelContext.on_cpu)."""
+    (KernelContext.on_cpu); `per_chip`: outputs that may come as PerChip
+    (KernelContext.per_chip)."""
     env: dict[int, jnp.ndarray] = dict(zip(program.inputs, args))
     ctx = KernelContext(program, run=lambda p, a, reached=active: run_program(
         p, a, rounding, reached, split_check, executor, on_cpu), rounding=rounding,
-        active=active, executor=executor, on_cpu=on_cpu, uses=value_uses(program))
+        active=active, executor=executor, on_cpu=on_cpu, uses=value_uses(program),
+        per_chip=per_chip)
     for instr in program.instructions:
         groups = meeting_groups(instr) \
             if active is not None and split_check is not None else None
@@ -63,11 +67,15 @@ def run_program(program: isa.Program, args: Sequence[jnp.ndarray],
     return [env[v] for v in program.outputs]
 
 
-def _to_layout(x: jnp.ndarray, program: isa.Program, value: int, instr) -> jnp.ndarray:
+def _to_layout(x: jnp.ndarray | PerChip, program: isa.Program, value: int,
+               instr) -> jnp.ndarray | PerChip:
     """Broadcast a kernel's result to its value's declared layout; a result that varies
     where the layout says replicated is a lowering bug, reported as such."""
     info = program.values[value]
     expected = program.array_shape(value)
+    if isinstance(x, PerChip) and x.shape != expected:
+        raise ExecutionError(f"{instr.mnemonic} at {instr.loc}: per-chip result of shape "
+                             f"{x.shape}, expected its layout {expected}")
     if x.shape != expected:
         try:
             x = jnp.broadcast_to(x, expected)
@@ -91,6 +99,11 @@ EXACT_PRECISION = {"xla_allow_excess_precision": False}
 # memory each executable keeps between calls (while it lives, as in jax_trn2.jit's cache).
 WORKSPACE_MIN_BYTES = 32 << 20
 WORKSPACE_LIMIT_BYTES = 1 << 30
+# Outputs returned as chips' pieces (compile_program's `chip_outputs`) of at least this
+# many bytes may be made one array per chip (KernelContext.per_chip): one array of this
+# size glibc maps fresh on every call, and the kernel's first writes fault it in (a
+# 48 MiB result of the native matmul ran 4-7% faster as 64 arrays, on a 2-core AMD EPYC)
+PER_CHIP_MIN_BYTES = WORKSPACE_MIN_BYTES
 
 
 def runs_on_cpu(devices: Sequence[jax.Device] | None) -> bool:
@@ -178,6 +191,16 @@ def with_chip_outputs(program: isa.Program, positions: Sequence[int]) -> isa.Pro
     return dataclasses.replace(kept, instructions=instructions)
 
 
+def _per_chip_outputs(program: isa.Program, positions: Sequence[int]) -> list[int]:
+    """The values at output `positions` of `program` that a kernel may make one array per
+    chip: of PER_CHIP_MIN_BYTES or more, and not used but as that one output."""
+    uses = value_uses(program)
+    values = [program.outputs[i] for i in positions]
+    return [v for v in values if uses[v] == 1 and
+            int(np.prod(program.array_shape(v), dtype=np.int64)) *
+            dtypes.storage_dtype(program.values[v].type.dtype).itemsize >= PER_CHIP_MIN_BYTES]
+
+
 def compile_program(program: isa.Program,
                     rounding: numerics.Rounding = numerics.NEAREST,
                     devices: Sequence[jax.Device] | None = None,
@@ -214,10 +237,13 @@ def compile_program(program: isa.Program,
 
     `chip_outputs` (with `global_io`): the outputs, each assembled by an Unshard, that it
     returns as their chips' pieces, whole in the executor layout (with_chip_outputs;
-    a `workspace` is then one of that program's).
+    a `workspace` is then one of that program's), or, where one of PER_CHIP_MIN_BYTES or
+    more is made so (on one device), as a list of one array per chip (PerChip.arrays).
     """
     program = with_chip_outputs(program, chip_outputs)
     n_outputs = len(program.outputs)
+    per_chip = frozenset(_per_chip_outputs(program, chip_outputs)) \
+        if devices is None or len(devices) == 1 else frozenset()
     executor = None if devices is None or len(devices) == 1 else \
         Mesh(np.array(devices), ("executor",))
     kept = dataclasses.replace(program, outputs=program.outputs + tuple(workspace)) \
@@ -230,7 +256,8 @@ def compile_program(program: isa.Program,
             values = [_from_input(a, v, program)
                       for a, v in zip(args, program.inputs, strict=True)]
             return run_program(kept, values, rounding.rounder(), split_check=split_check,
-                               executor=executor, on_cpu=runs_on_cpu(devices))
+                               executor=executor, on_cpu=runs_on_cpu(devices),
+                               per_chip=per_chip)
 
     def run_global(*args):
         origin = (0,) * program.mesh.rank
@@ -240,7 +267,8 @@ def compile_program(program: isa.Program,
                                        program.array_shape(v))
                       for a, v in zip(inputs, program.inputs, strict=True)]
             results = run(*layout)
-            return [out if i in chip_outputs else out[origin]
+            return [out.arrays if isinstance(out, PerChip) else out if i in chip_outputs
+                    else out[origin]
                     for i, out in enumerate(results[:n_outputs])] + results[n_outputs:]
 
     fun = run_global if global_io else run

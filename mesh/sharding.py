@@ -74,11 +74,46 @@ def assemble(pieces: Sequence[np.ndarray], dim_axes: DimAxes,
                    dim_axes, axis_sizes)
 
 
-def unshard(chips: np.ndarray, dim_axes: DimAxes, axis_sizes: Sequence[int]) -> np.ndarray:
+class PerChip:
+    """A value in the executor's layout `shape` (mesh dims, of size 1 along axes its pieces
+    do not vary, then a piece's dims) held as one array per chip (`arrays`, row-major over
+    the mesh dims), each a buffer of its own, as each chip's HBM holds its piece. Indexed
+    by a chip's index along the mesh dims (then `...`), it is that chip's array, on the
+    host; as a NumPy array, the whole (a copy)."""
+
+    def __init__(self, arrays: Sequence, shape: Sequence[int]):
+        self.arrays, self.shape = list(arrays), tuple(shape)
+        self._mesh = self.shape[:len(self.shape) - np.ndim(self.arrays[0])]
+        if len(self.arrays) != int(np.prod(self._mesh, dtype=np.int64)):
+            raise ValueError(f"{len(self.arrays)} arrays for the chips of {self.shape}")
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.arrays[0].dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __getitem__(self, index: tuple) -> np.ndarray:
+        chip, rest = index[:len(self._mesh)], index[len(self._mesh):]
+        if len(chip) != len(self._mesh) or rest not in ((), (Ellipsis,)):
+            raise IndexError(f"PerChip takes a chip's index along {len(self._mesh)} mesh "
+                             f"dims, then ...; got {index}")
+        return np.asarray(self.arrays[int(np.ravel_multi_index(chip, self._mesh))])
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        whole = np.stack([np.asarray(a) for a in self.arrays]).reshape(self.shape)
+        return whole if dtype is None else whole.astype(dtype)
+
+
+def unshard(chips: np.ndarray | PerChip, dim_axes: DimAxes,
+            axis_sizes: Sequence[int]) -> np.ndarray:
     """The global array of the chips' pieces `chips` (the executor's layout: mesh dims, of
     size 1 along axes the pieces do not vary, then a piece's dims), as the executor's
     Unshard assembles it: along mesh axes no dim is split over, the piece of the chip at
     coordinate 0."""
+    chips = np.asarray(chips)
     nm = len(axis_sizes)
     local = chips.shape[nm:]
     used = {a for axes in dim_axes for a in axes}
@@ -103,10 +138,10 @@ def chip_index(block: Sequence[int], dim_axes: DimAxes, axis_sizes: Sequence[int
     return tuple(min(c, layout_shape[a] - 1) for a, c in enumerate(coords))
 
 
-def chip_pieces(chips: np.ndarray, dim_axes: DimAxes,
+def chip_pieces(chips: np.ndarray | PerChip, dim_axes: DimAxes,
                 axis_sizes: Sequence[int]) -> list[np.ndarray]:
     """Per-device pieces (logical device order) of the global array unshard(chips, ...):
-    views of `chips`, without assembling it."""
+    views of `chips` (of its arrays), without assembling it."""
     return [chips[chip_index(_block(coords, dim_axes, axis_sizes), dim_axes, axis_sizes,
                              chips.shape) + (...,)]
             for coords in np.ndindex(*axis_sizes)]

@@ -105,7 +105,9 @@ class Executable:
                 for d, device in enumerate(self.devices):
                     per_device[d].append(Buffer(_TOKEN, device, _memory(device)))
                 continue
-            host = np.asarray(results[i])  # a view of the simulator's result
+            # a view of the simulator's result (one per chip: PerChip)
+            host = results[i] if isinstance(results[i], sharding.PerChip) else \
+                np.asarray(results[i])
             partials = _at(self.out_partials, i)
             if i in self.chip_outputs:
                 layout = self._layout(self.out_layouts, i, host.ndim - len(sizes))

@@ -152,11 +152,12 @@ class Whole:
     buffers of its pieces share (a replicated value is stored once for all its devices).
 
     `value` is what the simulator takes and gave (a numpy array or a jax.Array); or, for a
-    result it gave as its chips' pieces (`chips`: the executor's array of them,
-    mesh.sharding.unshard), the global array assembled from them when first taken."""
+    result it gave as its chips' pieces (`chips`: the executor's array of them, or a
+    mesh.sharding.PerChip; mesh.sharding.unshard), the global array assembled from them
+    when first taken."""
 
     def __init__(self, layout: tuple, sizes: tuple[int, ...], value: Any = None,
-                 chips: np.ndarray | None = None):
+                 chips: np.ndarray | sharding.PerChip | None = None):
         self.layout = layout  # mesh axes of each dim (mesh.sharding)
         self.sizes = sizes  # the mesh's axis sizes
         self._value, self._chips = value, chips

@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_trn2
-from mesh import executor
+from mesh import executor, sharding
 
 
 def cpu_mesh(shape, names):
@@ -184,3 +184,34 @@ def test_only_an_output_an_unshard_makes_is_given_as_pieces(rng):
     chips = executor.with_chip_outputs(program, [0])
     assert chips.outputs[0] == executor.output_unshard(program, 0).ins[0]
     assert len(chips.instructions) == len(program.instructions) - 1  # the Unshard dropped
+
+
+def small_products(mesh):
+    """Each chip's x block (8 x 256: two passes, the native loop) @ its w block, returned
+    as pieces over all three axes."""
+    return jax.shard_map(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32),
+                         mesh=mesh, in_specs=(P("x", "y"), P("y", "z")),
+                         out_specs=P("x", ("y", "z")))
+
+
+def test_a_large_fp32_product_comes_one_array_per_chip(rng, monkeypatch):
+    """A product the program returns as chips' pieces, of PER_CHIP_MIN_BYTES or more (here
+    every one), is written one array per chip: the same bits as one array, the global
+    array assembled from them where asked for."""
+    x = rng.standard_normal((16, 512)).astype(np.float32)
+    w = rng.standard_normal((512, 64)).astype(np.float32)
+    mesh = jax_trn2.make_mesh((2, 2, 2), ("x", "y", "z"))
+    whole = jax_trn2.jit(small_products(mesh)).lower(x, w).compile()
+    monkeypatch.setattr(executor, "PER_CHIP_MIN_BYTES", 0)
+    per_chip = jax_trn2.jit(small_products(mesh)).lower(x, w).compile()
+    (chips,) = per_chip.runtime_executable().run([x, w])
+    assert isinstance(chips, sharding.PerChip) and len(chips.arrays) == 8
+    got, want = per_chip(x, w), whole(x, w)
+    assert got.sharding == want.sharding
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint32),
+                                  np.asarray(want).view(np.uint32))
+    assert len({s.data.unsafe_buffer_pointer() for s in got.addressable_shards}) == 8
+    (global_,) = per_chip.runtime_executable().execute([x, w])  # assembled
+    np.testing.assert_array_equal(global_, np.asarray(want))
+    reference = jax.jit(small_products(cpu_mesh((2, 2, 2), ("x", "y", "z"))))(x, w)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(reference), rtol=1e-5, atol=1e-5)

@@ -36,11 +36,14 @@ def tables(shape, batch, rows, cols=None):
     return [native.offsets(shape, dims) for dims in (batch, rows, cols) if dims is not None]
 
 
-def run(lhs, rhs, size, lhs_at, rhs_at, out_at, out_shape, portable=False):
+def run(lhs, rhs, size, lhs_at, rhs_at, out_at, out_shape, portable=False, parts=1):
+    """The product (with `parts`: the list of its parts)."""
     device = host_devices(1)[0]
     fn = jax.jit(lambda l, r: native.pass_matmul(l, r, size, lhs_at, rhs_at, out_at, out_shape,
-                                                 portable=portable))
-    return np.asarray(fn(jax.device_put(lhs, device), jax.device_put(rhs, device)))
+                                                 portable=portable, parts=parts))
+    results = [np.asarray(x) for x in fn(jax.device_put(lhs, device),
+                                         jax.device_put(rhs, device))]
+    return results if parts > 1 else results[0]
 
 
 @pytest.mark.parametrize("m,k,n,size", [(5, 300, 7, 128), (9, 257, 33, 128), (1, 129, 1, 128),
@@ -162,6 +165,34 @@ def test_offsets_outside_a_buffer_are_an_error(operand):
     at[operand][-1] = at[operand][-1] + 1  # the last row (lhs) or column one element on
     with pytest.raises(Exception, match=f"{operand}'s offsets reach outside"):
         run(a, b, 128, at["lhs"], at["rhs"], at["result"], (1, 4, 3))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_a_result_in_parts_has_the_bits_of_the_whole(rng, dtype):
+    """A result of 2 x 3 chips' pieces as one array per chip, each chip's columns (a row of
+    the loop's result) spread over 3 chips: the same bits as one array."""
+    chips, m, k, n = (2, 3), 16, 256, 64
+    a = rng.standard_normal((2, m, k)).astype(dtype)  # varies along the first mesh axis
+    b = rng.standard_normal((3, k, n)).astype(dtype)  # along the second
+    shape = chips + (m, n)
+    args = (a, b, 128, tables(a.shape, [], [0, 1]), tables(b.shape, [], [1], [0, 2]))
+    whole = run(*args, tables(shape, [], [0, 2], [1, 3]), shape)
+    parts = run(*args, tables(shape, [], [0, 2], [1, 3]), shape, parts=6)
+    assert [p.shape for p in parts] == [(m, n)] * 6
+    np.testing.assert_array_equal(np.stack(parts).reshape(shape).view(np.uint32),
+                                  whole.view(np.uint32))
+
+
+def test_a_row_of_a_tile_across_two_parts_is_an_error():
+    """Parts of 24 elements, rows of 32 columns: a tile's row would be written past the
+    end of a part."""
+    a, b = np.ones((1, 3, 200), np.float32), np.ones((1, 200, 32), np.float32)
+    at = (tables(a.shape, [0], [1]), tables(b.shape, [0], [1], [2]),
+          tables((1, 3, 32), [0], [1], [2]))
+    with pytest.raises(Exception, match="spans two parts"):
+        run(a, b, 128, *at, (4, 24), parts=4)
+    with pytest.raises(ValueError, match="5 parts are not blocks"):
+        run(a, b, 128, *at, (4, 24), parts=5)
 
 
 def test_without_the_built_library_importing_is_an_error(tmp_path):

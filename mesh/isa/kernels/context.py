@@ -36,6 +36,10 @@ class KernelContext:
     # value -> how many times the program uses it (as an instruction's argument or an
     # output of the program)
     uses: dict = field(default_factory=dict, compare=False)
+    # Values the program returns, and nothing else uses, that a kernel may make as
+    # mesh.sharding.PerChip, one array per chip (compile_program's `chip_outputs` of
+    # PER_CHIP_MIN_BYTES or more), rather than as one array
+    per_chip: frozenset = frozenset()
 
     def run_on(self, program: isa.Program, args, reached: jnp.ndarray):
         """Run a sub-program that only the chips where `reached` holds get to."""

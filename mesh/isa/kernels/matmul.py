@@ -32,7 +32,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec
 
-from mesh import dtypes, isa, numerics
+from mesh import dtypes, isa, numerics, sharding
 from mesh.isa.kernels import kernel, native, views
 from mesh.isa.kernels.context import KernelContext
 
@@ -75,23 +75,45 @@ def _native_matmul(lhs, rhs, instr: isa.Matmul, ctx: KernelContext):
     operands to every device for all of the matmul."""
     mesh_dims = _mesh_dims(lhs.shape, rhs.shape, ctx.nm)
     product = functools.partial(_native_product, instr=instr, nm=ctx.nm, mesh_dims=mesh_dims)
+    layout = ctx.out_shape(instr)
+    if instr.outs[0] in ctx.per_chip and ctx.executor is None and \
+            instr.out_dtype == "float32" and _tiles_within_chips(instr, lhs, rhs, layout, ctx):
+        # each chip's FP32 sums (its result: no rounding) in a buffer of its own
+        parts = product(*_operands(instr, lhs, rhs, ctx),
+                        parts=int(np.prod(layout[:ctx.nm], dtype=np.int64)))
+        return sharding.PerChip([p.reshape(layout[ctx.nm:]) for p in parts], layout)
     devices = 1 if ctx.executor is None else ctx.executor.size
     axis = next((a for a in sorted(sum(mesh_dims, [])) if devices > 1
                  and max(lhs.shape[a], rhs.shape[a]) % devices == 0), None)
     if axis is None:
-        acc = product(*_operands(instr, lhs, rhs, ctx))
+        acc = product(*_operands(instr, lhs, rhs, ctx))[0]
     else:
         def split(ndim, along):  # the spec of an array split along mesh axis `axis` or not
             return PartitionSpec(*("executor" if along and d == axis else None
                                    for d in range(ndim)))
 
         acc = jax.shard_map(lambda lhs, rhs: product(native.Strided.of(lhs),
-                                                     native.Strided.of(rhs)),
+                                                     native.Strided.of(rhs))[0],
                             mesh=ctx.executor,
                             in_specs=(split(lhs.ndim, lhs.shape[axis] > 1),
                                       split(rhs.ndim, rhs.shape[axis] > 1)),
                             out_specs=split(ctx.nm, True))(lhs, rhs)
     return numerics.round_to(acc, instr.out_dtype, ctx.rounding).reshape(ctx.out_shape(instr))
+
+
+def _tiles_within_chips(instr: isa.Matmul, lhs, rhs, layout: tuple[int, ...],
+                        ctx: KernelContext) -> bool:
+    """Whether the native loop can write the product one array per chip: the product
+    varies along the mesh axes its value's `layout` does, and each tile's columns are one
+    chip's (the loop's columns run over the chips along the mesh axes only rhs varies
+    along, each chip's columns in turn: their count must be a multiple of a tile's)."""
+    nm = ctx.nm
+    if layout[:nm] != tuple(max(l, r) for l, r in zip(lhs.shape[:nm], rhs.shape[:nm])):
+        return False
+    rhs_only = _mesh_dims(lhs.shape, rhs.shape, nm)[2]
+    columns = int(np.prod([rhs.shape[nm + d] for d in _free_dims(
+        rhs.ndim - nm, instr.rhs_batch, instr.rhs_contract)], dtype=np.int64))
+    return not rhs_only or columns % native.TILE_COLUMNS == 0
 
 
 def _operands(instr: isa.Matmul, lhs, rhs,
@@ -126,15 +148,17 @@ def native_matmul_placed(instr: isa.Matmul, args, ctx: KernelContext,
     lhs, rhs = args
     acc = _native_product(*_operands(instr, lhs, rhs, ctx), instr, ctx.nm,
                           _mesh_dims(lhs.shape, rhs.shape, ctx.nm), placement)
-    return None if acc is None else numerics.round_to(acc, instr.out_dtype)
+    return None if acc is None else numerics.round_to(acc[0], instr.out_dtype)
 
 
 def _native_product(lhs: native.Strided, rhs: native.Strided, instr: isa.Matmul, nm: int,
-                    mesh_dims, placement: native.Placement | None = None):
+                    mesh_dims, placement: native.Placement | None = None,
+                    parts: int = 1) -> list[jax.Array] | None:
     """_native_matmul's FP32 sums (before rounding), of operands split along mesh axes or
     not: `mesh_dims` (_mesh_dims) of the whole operands; in the product's own layout, or
     where `placement` puts each of its elements (None if the product's layout is not the
-    one `placement` is for)."""
+    one `placement` is for); as `parts` arrays of blocks of its leading dims
+    (native.pass_matmul)."""
     both, lhs_only, rhs_only = mesh_dims
     host = _host_dtype(lhs.array.dtype, rhs.array.dtype)
     lhs_free = [nm + d for d in _free_dims(len(lhs.shape) - nm, instr.lhs_batch,
@@ -163,7 +187,7 @@ def _native_product(lhs: native.Strided, rhs: native.Strided, instr: isa.Matmul,
          for dims in (both + rhs_batch, rhs_k, rhs_only + rhs_free)],
         [native.offsets(out, dims, placement.strides)
          for dims in (both + out_batch, lhs_only + out_rows, rhs_only + out_cols)],
-        placement.shape)
+        placement.shape, parts=parts)
 
 
 def _contraction_contiguous(x: native.Strided, k_dims: list[int]) -> native.Strided:
@@ -311,7 +335,7 @@ def _native_passes(lhs3, rhs3, host, size: int, rhs_k_major: bool):
         lhs3.astype(host), rhs3.astype(host), size,
         [native.offsets(lhs3.shape, [d]) for d in (0, 1)],
         [native.offsets(rhs3.shape, [d]) for d in (0, k_dim, n_dim)],
-        [native.offsets(out, [d]) for d in (0, 1, 2)], out)
+        [native.offsets(out, [d]) for d in (0, 1, 2)], out)[0]
 
 
 def _looped_passes(lhs3, rhs3, host, size: int, k_axes: list[int]):

@@ -48,6 +48,11 @@ def _load() -> ctypes.CDLL:
 _LIBRARY = _load()
 
 
+# The columns of one tile of the result (pass_matmul.cc's kTileCols): a part of a result
+# in parts (pass_matmul's `parts`) must hold each of its tiles' rows whole.
+TILE_COLUMNS = int(_LIBRARY.TileColumns())
+
+
 def runs(host_dtype) -> bool:
     """Whether the native loop takes operands of `host_dtype` (on any CPU)."""
     return jnp.dtype(host_dtype) in HOST_DTYPES
@@ -110,16 +115,26 @@ def offsets(shape: Sequence[int], dims: Sequence[int],
 
 def pass_matmul(lhs: jax.Array, rhs: jax.Array, pass_size: int, lhs_at: Sequence[np.ndarray],
                 rhs_at: Sequence[np.ndarray], out_at: Sequence[np.ndarray],
-                out_shape: Sequence[int], portable: bool = False) -> jax.Array:
+                out_shape: Sequence[int], portable: bool = False,
+                parts: int = 1) -> list[jax.Array]:
     """The FP32 array of `out_shape` whose element (b, m, n) is the sum over k of
     lhs(b, m, k) rhs(b, k, n), K cut into passes of `pass_size`, each summed in FP32, added
-    in order (traceable, for CPU executor devices only). Operands of one host type,
-    BF16 or FP32, in any layout the offset tables (`offsets`) describe:
-    lhs(b, m, k) is lhs's element lhs_at[0][b] + lhs_at[1][m] + k (its contraction
-    contiguous), rhs(b, k, n) is rhs_at[0][b] + rhs_at[1][k] + rhs_at[2][n], and the
-    result's (b, m, n) out_at[0][b] + out_at[1][m] + out_at[2][n]. `portable` runs the
-    portable path even where the AVX-512 code would run (for tests: the same bits)."""
-    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(tuple(out_shape), jnp.float32))
+    in order (traceable, for CPU executor devices only), as `parts` arrays of its leading
+    dims' blocks (out_shape[:d] of `parts` elements; each of shape out_shape[d:]), each a
+    buffer of its own. Operands of one host type, BF16 or FP32, in any layout the offset
+    tables (`offsets`) describe: lhs(b, m, k) is lhs's element lhs_at[0][b] + lhs_at[1][m]
+    + k (its contraction contiguous), rhs(b, k, n) is rhs_at[0][b] + rhs_at[1][k] +
+    rhs_at[2][n], and the result's (b, m, n) out_at[0][b] + out_at[1][m] + out_at[2][n] of
+    the whole array, where each row of a result tile (32 of the columns, in order) must lie
+    in one part (else the call fails). `portable` runs the portable path even where the
+    AVX-512 code would run (for tests: the same bits)."""
+    lead = next((d for d in range(len(out_shape) + 1)
+                 if int(np.prod(out_shape[:d], dtype=np.int64)) == parts), None)
+    if lead is None:
+        raise ValueError(f"pass_matmul: {parts} parts are not blocks of the leading dims of "
+                         f"{tuple(out_shape)}")
+    part = jax.ShapeDtypeStruct(tuple(out_shape[lead:]), jnp.float32)
+    call = jax.ffi.ffi_call(TARGET, [part] * parts)
     with jax.enable_x64(True):  # offsets of arrays of 2^31 elements or more
         tables = [jnp.asarray(t, jnp.int64) for t in (*lhs_at, *rhs_at, *out_at)]
     return call(lhs, rhs, *tables, pass_size=np.int64(pass_size), portable=bool(portable))

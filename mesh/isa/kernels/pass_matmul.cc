@@ -3,7 +3,8 @@
 // each pass summed in FP32 and the passes added in order into an FP32 accumulator.
 //
 // One XLA FFI handler, PassMatmul, called from the executor's jitted program, reading the
-// operands and writing the result where the executor holds them (offset tables). A pass of
+// operands and writing the result where the executor holds them (offset tables), in one
+// array or in parts (one per chip: each chip's piece a buffer of its own). A pass of
 // BF16 operands is a chain of VDPBF16PS from +0.0 over the pass's pairs of contraction
 // elements: exactly the sums of the executor's XLA loop (one host GEMM per pass, XLA:CPU's
 // YNNPACK BF16 kernel, then an FP32 add) on a CPU with AVX-512 BF16. A pass of FP32 operands
@@ -122,15 +123,22 @@ void PackF32(const Rhs<float>& rhs, int64_t n0, int64_t /*pass*/, float* out) {
   }
 }
 
-// A result tile's columns: `cols` (at most 32) of them, at out_row + col[c] for each of
-// its rows; loaded and stored as two vectors where they are contiguous.
+// A result tile's columns: `cols` (at most 32) of them, the result's offsets `at`, at
+// out_row + col[c] for each of its rows, where out_row is where the row's first column is
+// (the one of the smallest offset); loaded and stored as two vectors where they are
+// contiguous.
 struct TileCols {
-  const int64_t* col;
+  int64_t col[kTileCols];
   int64_t cols;
+  int64_t first, span;  // the smallest offset, and how far beyond it the largest is
   bool contiguous;
   uint16_t m0, m1;  // AVX-512 masks of the columns in the first and second 16
 
-  TileCols(const int64_t* col, int64_t cols) : col(col), cols(cols) {
+  TileCols(const int64_t* at, int64_t cols) : cols(cols) {
+    const auto [low, high] = std::minmax_element(at, at + cols);
+    first = *low;
+    span = *high - *low;
+    for (int64_t c = 0; c < cols; ++c) col[c] = at[c] - first;
     contiguous = Contiguous(col, cols);
     m0 = cols >= 16 ? 0xFFFF : (1u << cols) - 1;
     m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1;
@@ -404,31 +412,56 @@ class Packed {
   size_t bytes_ = 0;
 };
 
+// The result: one array, or parts of equal size that the offsets address as if they were
+// one array, the first part's elements first (parts[i] holds elements [i * part, (i + 1) *
+// part)); each row of a result tile must lie in one part (Run fails the call otherwise).
+struct Out {
+  std::vector<float*> parts;
+  int64_t part;  // elements of each part
+
+  // Where the `span` + 1 elements from `offset` are; null where they are in two parts.
+  float* Row(int64_t offset, int64_t span) const {
+    const int64_t i = offset / part;
+    return (offset + span) / part == i ? parts[i] + offset % part : nullptr;
+  }
+};
+
 // The shape of one call: batch x (m x k) @ (k x n), and where each operand's elements are.
 template <typename T>
 struct Problem {
   const T* lhs;
   const T* rhs;
-  float* out;
+  const Out& out;
   int64_t batch, m, k, n, pass;
   Offsets lhs_at, rhs_at, out_at;
 };
 
+ffi::Error NoMemory() {
+  return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                    "PassMatmul: no memory for the packed rhs panels");
+}
+
+ffi::Error SplitRow() {
+  return ffi::Error::InvalidArgument("PassMatmul: a row of a result tile spans two parts "
+                                     "of the result");
+}
+
 // The call's result, pack(...) packing rhs panels and tile(...) computing a result tile
-// from one; false when there was no memory for the panels.
+// from one; an error when there was no memory for the panels, or a row of a result tile
+// would span two parts of the result.
 template <typename T, typename Pack, typename Tile>
-bool Run(ffi::ThreadPool& pool, const Problem<T>& p, int64_t panel_elems, Pack pack,
-         Tile tile) {
+ffi::Error Run(ffi::ThreadPool& pool, const Problem<T>& p, int64_t panel_elems, Pack pack,
+               Tile tile) {
   const int64_t panels = (p.n + kTileCols - 1) / kTileCols;
   const int64_t block_rows = std::max<int64_t>(
       kTileRows, kBlockBytes / (p.k * static_cast<int64_t>(sizeof(T))) / kTileRows * kTileRows);
   const int64_t blocks = (p.m + block_rows - 1) / block_rows;
   const int64_t group_panels =
       std::max<int64_t>(1, kGroupBytes / (panel_elems * static_cast<int64_t>(sizeof(T))));
+  std::atomic<bool> split_row{false};
   // Rows [block * block_rows, ...) of batch element b against one packed panel of its rhs.
   auto compute = [&](int64_t b, int64_t block, int64_t panel, const T* packed) {
     const T* lhs = p.lhs + p.lhs_at.batch[b];
-    float* out = p.out + p.out_at.batch[b];
     const TileCols cols(p.out_at.col + panel * kTileCols,
                         std::min(kTileCols, p.n - panel * kTileCols));
     const int64_t end = std::min(p.m, (block + 1) * block_rows);
@@ -438,7 +471,11 @@ bool Run(ffi::ThreadPool& pool, const Problem<T>& p, int64_t panel_elems, Pack p
       float* o[kTileRows];
       for (int64_t r = 0; r < rows; ++r) {
         a[r] = lhs + p.lhs_at.row[row + r];
-        o[r] = out + p.out_at.row[row + r];
+        o[r] = p.out.Row(p.out_at.batch[b] + p.out_at.row[row + r] + cols.first, cols.span);
+        if (o[r] == nullptr) {
+          split_row = true;
+          return;
+        }
       }
       tile(rows, a, packed, o, cols);
     }
@@ -464,10 +501,11 @@ bool Run(ffi::ThreadPool& pool, const Problem<T>& p, int64_t panel_elems, Pack p
         }
       }
     });
-    return allocated;
+    if (!allocated) return NoMemory();
+    return split_row ? SplitRow() : ffi::Error::Success();
   }
   Packed<T> packed;
-  if (!packed.resize(panels * panel_elems)) return false;
+  if (!packed.resize(panels * panel_elems)) return NoMemory();
   for (int64_t b = 0; b < p.batch; ++b) {  // the threads share each batch element
     ParallelFor(pool, panels, [&](int64_t panel) {
       pack(rhs_of(b), panel * kTileCols, p.pass, packed.data() + panel * panel_elems);
@@ -480,7 +518,7 @@ bool Run(ffi::ThreadPool& pool, const Problem<T>& p, int64_t panel_elems, Pack p
       compute(b, rest / in_group, panel, packed.data() + panel * panel_elems);
     });
   }
-  return true;
+  return split_row ? SplitRow() : ffi::Error::Success();
 }
 
 #define DISPATCH_ROWS(call)                                    \
@@ -513,16 +551,27 @@ bool Inside(std::initializer_list<const Table*> tables, int64_t last) {
 ffi::Error PassMatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
                           Table lhs_batch, Table lhs_row, Table rhs_batch, Table rhs_k,
                           Table rhs_col, Table out_batch, Table out_row, Table out_col,
-                          ffi::Result<ffi::AnyBuffer> out, int64_t pass_size, bool portable) {
+                          ffi::RemainingRets results, int64_t pass_size, bool portable) {
   const int64_t batch = lhs_batch.element_count(), m = lhs_row.element_count(),
                 k = rhs_k.element_count(), n = rhs_col.element_count();
-  if (lhs.element_type() != rhs.element_type() || out->element_type() != ffi::F32 ||
+  Out out{{}, 0};
+  for (size_t i = 0; i < results.size(); ++i) {
+    auto part = results.get<ffi::AnyBuffer>(i);
+    if (part.has_error()) return part.error();
+    if ((*part)->element_type() != ffi::F32 ||
+        (i > 0 && static_cast<int64_t>((*part)->element_count()) != out.part)) {
+      return ffi::Error::InvalidArgument("PassMatmul: FP32 results of one size");
+    }
+    out.part = (*part)->element_count();
+    out.parts.push_back(static_cast<float*>((*part)->untyped_data()));
+  }
+  if (lhs.element_type() != rhs.element_type() || out.parts.empty() ||
       static_cast<int64_t>(rhs_batch.element_count()) != batch ||
       static_cast<int64_t>(out_batch.element_count()) != batch ||
       static_cast<int64_t>(out_row.element_count()) != m ||
       static_cast<int64_t>(out_col.element_count()) != n ||
-      static_cast<int64_t>(out->element_count()) != batch * m * n) {
-    return ffi::Error::InvalidArgument("PassMatmul: operands of one type, an FP32 result, "
+      static_cast<int64_t>(out.parts.size()) * out.part != batch * m * n) {
+    return ffi::Error::InvalidArgument("PassMatmul: operands of one type, FP32 results, "
                                        "and offset tables of matching sizes");
   }
   if (pass_size < 1 || k < 1) {
@@ -542,67 +591,59 @@ ffi::Error PassMatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer lhs, ffi::AnyBuff
   const Offsets lhs_at{lhs_batch.typed_data(), lhs_row.typed_data(), nullptr},
       rhs_at{rhs_batch.typed_data(), rhs_k.typed_data(), rhs_col.typed_data()},
       out_at{out_batch.typed_data(), out_row.typed_data(), out_col.typed_data()};
-  float* o = static_cast<float*>(out->untyped_data());
-  AdviseHugePages(o, batch * m * n * static_cast<int64_t>(sizeof(float)));
-  bool allocated;
+  for (float* part : out.parts) AdviseHugePages(part, out.part * sizeof(float));
   if (lhs.element_type() == ffi::BF16) {
     const Problem<uint16_t> p{static_cast<const uint16_t*>(lhs.untyped_data()),
-                              static_cast<const uint16_t*>(rhs.untyped_data()), o, batch, m, k,
+                              static_cast<const uint16_t*>(rhs.untyped_data()), out, batch, m, k,
                               n, pass_size, lhs_at, rhs_at, out_at};
     const int64_t passes = (k + pass_size - 1) / pass_size;
     const int64_t panel_elems = (k + passes) * kTileCols;  // with room for odd passes' pads
 #if defined(__x86_64__)
     if (!portable && Avx512(/*bf16=*/1)) {
-      allocated = Run(pool, p, panel_elems, PackBf16Avx512,
-                      [&](int64_t rows, const uint16_t* const* a, const uint16_t* panel,
-                          float* const* out_rows, const TileCols& cols) {
+      return Run(pool, p, panel_elems, PackBf16Avx512,
+                 [&](int64_t rows, const uint16_t* const* a, const uint16_t* panel,
+                     float* const* out_rows, const TileCols& cols) {
 #define CALL(R) TileBf16<R>(a, panel, k, pass_size, out_rows, cols)
-                        DISPATCH_ROWS(CALL)
+                   DISPATCH_ROWS(CALL)
 #undef CALL
-                      });
+                 });
     } else  // the portable path
 #endif
     {
-      allocated = Run(pool, p, panel_elems, PackBf16,
-                      [&](int64_t rows, const uint16_t* const* a, const uint16_t* panel,
-                          float* const* out_rows, const TileCols& cols) {
+      return Run(pool, p, panel_elems, PackBf16,
+                 [&](int64_t rows, const uint16_t* const* a, const uint16_t* panel,
+                     float* const* out_rows, const TileCols& cols) {
 #define CALL(R) PortableTileBf16<R>(a, panel, k, pass_size, out_rows, cols)
-                        DISPATCH_ROWS(CALL)
+                   DISPATCH_ROWS(CALL)
 #undef CALL
-                      });
+                 });
     }
   } else if (lhs.element_type() == ffi::F32) {
     const Problem<float> p{static_cast<const float*>(lhs.untyped_data()),
-                           static_cast<const float*>(rhs.untyped_data()), o, batch, m, k, n,
+                           static_cast<const float*>(rhs.untyped_data()), out, batch, m, k, n,
                            pass_size, lhs_at, rhs_at, out_at};
 #if defined(__x86_64__)
     if (!portable && Avx512(/*bf16=*/0)) {
-      allocated = Run(pool, p, k * kTileCols, PackF32,
-                      [&](int64_t rows, const float* const* a, const float* panel,
-                          float* const* out_rows, const TileCols& cols) {
+      return Run(pool, p, k * kTileCols, PackF32,
+                 [&](int64_t rows, const float* const* a, const float* panel,
+                     float* const* out_rows, const TileCols& cols) {
 #define CALL(R) TileF32<R>(a, panel, k, pass_size, out_rows, cols)
-                        DISPATCH_ROWS(CALL)
+                   DISPATCH_ROWS(CALL)
 #undef CALL
-                      });
+                 });
     } else  // the portable path
 #endif
     {
-      allocated = Run(pool, p, k * kTileCols, PackF32,
-                      [&](int64_t rows, const float* const* a, const float* panel,
-                          float* const* out_rows, const TileCols& cols) {
+      return Run(pool, p, k * kTileCols, PackF32,
+                 [&](int64_t rows, const float* const* a, const float* panel,
+                     float* const* out_rows, const TileCols& cols) {
 #define CALL(R) PortableTileF32<R>(a, panel, k, pass_size, out_rows, cols)
-                        DISPATCH_ROWS(CALL)
+                   DISPATCH_ROWS(CALL)
 #undef CALL
-                      });
+                 });
     }
-  } else {
-    return ffi::Error::InvalidArgument("PassMatmul: BF16 or FP32 operands");
   }
-  if (!allocated) {
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      "PassMatmul: no memory for the packed rhs panels");
-  }
-  return ffi::Error::Success();
+  return ffi::Error::InvalidArgument("PassMatmul: BF16 or FP32 operands");
 }
 
 }  // namespace
@@ -620,9 +661,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PassMatmul, PassMatmulImpl,
                                   .Arg<Table>()           // result batch offsets
                                   .Arg<Table>()           // result row offsets
                                   .Arg<Table>()           // result column offsets
-                                  .Ret<ffi::AnyBuffer>()  // FP32
+                                  .RemainingRets()        // FP32: the result, or its parts
                                   .Attr<int64_t>("pass_size")
                                   .Attr<bool>("portable"));  // the portable path, here too
+
+// The columns of a result tile: a row of a tile is never split between parts of a result.
+extern "C" int TileColumns() { return kTileCols; }
 
 // Whether PassMatmul runs its AVX-512 code (rather than the portable path) on this CPU for
 // operands of BF16 (bf16 != 0) or FP32.

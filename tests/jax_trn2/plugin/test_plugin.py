@@ -293,3 +293,30 @@ def test_host_arrays_with_negative_strides_are_copied_whole(devices):
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     for view in (a[::-1], a[:, ::-1], a[::-1, ::-2], a.T[::-1], np.broadcast_to(a[0], (3, 4))):
         np.testing.assert_array_equal(np.asarray(jax.device_put(view, devices[0])), view)
+
+
+def test_a_result_made_one_array_per_chip_reads_back_and_feeds_the_next_program(
+        devices, rng, monkeypatch):
+    """The simulator's per-chip arrays of a product (mesh.executor.PER_CHIP_MIN_BYTES, here
+    0) are the devices' buffers: the bits of jax_trn2.jit's result, assembled once when a
+    next program takes them whole."""
+    from mesh import executor
+    monkeypatch.setattr(executor, "PER_CHIP_MIN_BYTES", 0)
+    x = rng.standard_normal((16, 512)).astype(np.float32)
+    w = rng.standard_normal((512, 64)).astype(np.float32)
+
+    def program(mesh):
+        return jax.shard_map(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32),
+                             mesh=mesh, in_specs=(P("x", "y"), P("y", "z")),
+                             out_specs=P("x", ("y", "z")))
+
+    mesh = jax.make_mesh((2, 2, 2), ("x", "y", "z"), devices=devices[:8],
+                         axis_types=(AxisType.Auto,) * 3)
+    args = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in
+            ((x, P("x", "y")), (w, P("y", "z")))]
+    got = jax.jit(program(mesh))(*args)
+    want = jax_trn2.jit(program(jax_trn2.make_mesh((2, 2, 2), ("x", "y", "z"))))(x, w)
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint32),
+                                  np.asarray(want).view(np.uint32))
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda v: v.T * 2)(got)),
+                                  np.asarray(want).T * 2)
