@@ -43,7 +43,7 @@ def run_program(program: isa.Program, args: Sequence[jnp.ndarray],
     computation is split over (KernelContext.executor); `on_cpu`: whether they are CPUs
     (KernelContext.on_cpu); `per_chip`: outputs that may come as PerChip
     (KernelContext.per_chip)."""
-    env: dict[int, jnp.ndarray] = dict(zip(program.inputs, args))
+    env: dict[int, jnp.ndarray | PerChip] = dict(zip(program.inputs, args))
     ctx = KernelContext(program, run=lambda p, a, reached=active: run_program(
         p, a, rounding, reached, split_check, executor, on_cpu), rounding=rounding,
         active=active, executor=executor, on_cpu=on_cpu, uses=value_uses(program),
@@ -243,7 +243,7 @@ def compile_program(program: isa.Program,
     program = with_chip_outputs(program, chip_outputs)
     n_outputs = len(program.outputs)
     per_chip = frozenset(_per_chip_outputs(program, chip_outputs)) \
-        if devices is None or len(devices) == 1 else frozenset()
+        if global_io and (devices is None or len(devices) == 1) else frozenset()
     executor = None if devices is None or len(devices) == 1 else \
         Mesh(np.array(devices), ("executor",))
     kept = dataclasses.replace(program, outputs=program.outputs + tuple(workspace)) \

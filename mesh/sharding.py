@@ -103,6 +103,8 @@ class PerChip:
         return np.asarray(self.arrays[int(np.ravel_multi_index(chip, self._mesh))])
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        if copy is False:
+            raise ValueError("a PerChip is a NumPy array only as a copy of its arrays")
         whole = np.stack([np.asarray(a) for a in self.arrays]).reshape(self.shape)
         return whole if dtype is None else whole.astype(dtype)
 

@@ -130,6 +130,12 @@ static void *call_python(void *(*function)(void *), void *args) {
   return error;
 }
 
+#define SETTER(name)                                   \
+  static void *(*python_##name)(void *) = 0;           \
+  void trn2_set_##name(void *(*function)(void *)) { python_##name = function; }
+
+SETTER(Error_Destroy)
+
 /* Destroys jaxlib calls on its own threads are deferred to Python's main thread, never
    made there: such a thread (one Python has no state for) may be waiting for the GIL when
    Python starts to finalise, and Python then ends it with pthread_exit, whose unwinding
@@ -137,8 +143,10 @@ static void *call_python(void *(*function)(void *), void *args) {
    active exception"; a compile's promise, freed on jaxlib's thread pool, holds the last
    reference to the executable of a program that finished before it). A destroy only
    frees, so running it a moment later is safe. The deferred ones wait on a lock-free list,
-   which Py_AddPendingCall has the main thread run, as does the next guarded call made
-   with Python's state; once retired (trn2_retire, at exit) they are dropped. */
+   in call order, run by the main thread (Py_AddPendingCall) or by the next destroy made
+   on a thread Python knows, whichever comes first; once retired (trn2_retire, at exit)
+   they are dropped. (The compiles still take the GIL on jaxlib's threads: jaxlib waits
+   for them, so none is under way when Python finalises.) */
 typedef struct deferred {
   void *(*function)(void *);
   void *object;
@@ -146,31 +154,51 @@ typedef struct deferred {
 } deferred;
 
 static _Atomic(deferred *) deferred_destroys = 0;
+static atomic_bool drain_scheduled = false;  /* a pending call to run_deferred is queued */
 static atomic_bool retired = false;
 
 void trn2_retire(void) { atomic_store(&retired, true); }
 
-static int run_deferred(void *unused) {
-  (void)unused;
-  deferred *next = atomic_exchange(&deferred_destroys, (deferred *)0);
-  while (next) {
-    deferred *item = next;
-    next = item->next;
-    if (!atomic_load(&retired)) {
-      /* a destroy's args: the header, then the object */
-      trn2_args args = {offsetof(trn2_args, out), 0, item->object, {0, 0}};
-      call_python(item->function, &args);
-    }
+/* The destroy `function` of the object at `object`, as jaxlib would have called it; an
+   error it returns destroyed in turn (nobody else will read it). */
+static void run_destroy(void *(*function)(void *), void *object) {
+  trn2_args args = {offsetof(trn2_args, out), 0, object, {0, 0}};  /* header, object */
+  void *error = call_python(function, &args);
+  if (error) {
+    trn2_args error_args = {offsetof(trn2_args, out), 0, error, {0, 0}};
+    call_python(python_Error_Destroy, &error_args);
+  }
+}
+
+static void run_deferred(void) {
+  deferred *newest = atomic_exchange(&deferred_destroys, (deferred *)0), *oldest = 0;
+  while (newest) {  /* the list reversed: oldest first */
+    deferred *next = newest->next;
+    newest->next = oldest;
+    oldest = newest;
+    newest = next;
+  }
+  while (oldest) {
+    deferred *item = oldest;
+    oldest = item->next;
+    if (!atomic_load(&retired)) run_destroy(item->function, item->object);
     free(item);
   }
+}
+
+static int scheduled_drain(void *unused) {  /* Py_AddPendingCall's */
+  (void)unused;
+  atomic_store(&drain_scheduled, false);
+  run_deferred();
   return 0;
 }
 
 static void *destroy(void *(*function)(void *), trn2_args *args) {
   if (PyGILState_GetThisThreadState()) {
-    if (atomic_load(&deferred_destroys)) run_deferred(0);
+    if (atomic_load(&deferred_destroys)) run_deferred();
     return call_python(function, args);
   }
+  if (atomic_load(&retired)) return 0;  /* Python is finalising: nothing is freed now */
   deferred *item = malloc(sizeof *item);
   if (!item) return 0;  /* out of memory: the object stays allocated until exit */
   item->function = function;
@@ -178,13 +206,13 @@ static void *destroy(void *(*function)(void *), trn2_args *args) {
   item->next = atomic_load(&deferred_destroys);
   while (!atomic_compare_exchange_weak(&deferred_destroys, &item->next, item)) {
   }
-  if (!item->next) Py_AddPendingCall(run_deferred, 0);  /* the list was empty */
+  /* Python's queue of pending calls is short (32): one drain queued at a time, and one
+     that could not be queued is tried again at the next deferred destroy */
+  if (!atomic_exchange(&drain_scheduled, true) && Py_AddPendingCall(scheduled_drain, 0)) {
+    atomic_store(&drain_scheduled, false);
+  }
   return 0;
 }
-
-#define SETTER(name)                                   \
-  static void *(*python_##name)(void *) = 0;           \
-  void trn2_set_##name(void *(*function)(void *)) { python_##name = function; }
 
 #define GUARDED(name) \
   SETTER(name)        \
@@ -203,8 +231,6 @@ GUARDED(Executable_DeserializeAndLoad)
 
 /* jaxlib destroys the NULL "error" of every successful call it checks (64 per result of a
    program on 64 devices); a real error is Python's to destroy. */
-SETTER(Error_Destroy)
-
 void *trn2_Error_Destroy(trn2_args *args) {
   return args->object ? destroy(python_Error_Destroy, args) : 0;
 }

@@ -70,6 +70,9 @@ class Handles:
     def __len__(self) -> int:
         return len(self._objects)
 
+    def __contains__(self, pointer: int) -> bool:
+        return pointer in self._objects
+
 
 class MemoryVtable:
     """PJRT_Memory_FunctionTable: the user data jaxlib attaches to a memory, by key."""

@@ -34,9 +34,9 @@ FAST_SLOTS = ("Event_Destroy", "Event_IsReady", "Event_Error", "Event_Await",
 # Python slots the shim calls with Python's pending exception set aside and the default
 # floating-point environment (_shim.c): the destroy slots, which C++ destructors call when
 # Python frees a jax object, possibly while an exception is on its way out (and jaxlib's
-# Error_Destroy of NULL errors, which the shim answers itself; the shim defers those
-# called on jaxlib's own threads to Python's main thread); the compiles, which jaxlib runs
-# on threads that flush subnormal numbers to zero.
+# Error_Destroy of NULL errors, which the shim answers itself), and which jaxlib also calls
+# on its own threads (the shim defers those to a thread Python knows); the compiles, which
+# jaxlib runs on threads that flush subnormal numbers to zero.
 GUARDED_SLOTS = ("Buffer_Destroy", "Executable_Destroy", "LoadedExecutable_Destroy",
                  "Client_Destroy", "Error_Destroy", "Client_Compile",
                  "Executable_DeserializeAndLoad")

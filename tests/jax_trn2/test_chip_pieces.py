@@ -194,18 +194,20 @@ def small_products(mesh):
                          out_specs=P("x", ("y", "z")))
 
 
-def test_a_large_fp32_product_comes_one_array_per_chip(rng, monkeypatch):
+@pytest.mark.parametrize("columns", [64, 48])
+def test_a_large_fp32_product_comes_one_array_per_chip(rng, monkeypatch, columns):
     """A product the program returns as chips' pieces, of PER_CHIP_MIN_BYTES or more (here
-    every one), is written one array per chip: the same bits as one array, the global
-    array assembled from them where asked for."""
+    every one), is written one array per chip where each tile of the native loop's result
+    is one chip's (a chip's columns a multiple of a tile's 32; else one array): the same
+    bits as one array, the global array assembled from them where asked for."""
     x = rng.standard_normal((16, 512)).astype(np.float32)
-    w = rng.standard_normal((512, 64)).astype(np.float32)
+    w = rng.standard_normal((512, 2 * columns)).astype(np.float32)
     mesh = jax_trn2.make_mesh((2, 2, 2), ("x", "y", "z"))
     whole = jax_trn2.jit(small_products(mesh)).lower(x, w).compile()
     monkeypatch.setattr(executor, "PER_CHIP_MIN_BYTES", 0)
     per_chip = jax_trn2.jit(small_products(mesh)).lower(x, w).compile()
     (chips,) = per_chip.runtime_executable().run([x, w])
-    assert isinstance(chips, sharding.PerChip) and len(chips.arrays) == 8
+    assert isinstance(chips, sharding.PerChip) == (columns % 32 == 0)
     got, want = per_chip(x, w), whole(x, w)
     assert got.sharding == want.sharding
     np.testing.assert_array_equal(np.asarray(got).view(np.uint32),

@@ -69,15 +69,17 @@ def runs_natively(instr: isa.Matmul, program: isa.Program, on_cpu: bool) -> bool
 
 def _native_matmul(lhs, rhs, instr: isa.Matmul, ctx: KernelContext):
     """The matmul in the native loop, reading each operand where it is (_operands) and
-    writing the result in its layout. Over several executor devices each computes its slice
+    writing the result in its layout: one array, or a PerChip where the program returns it
+    so (KernelContext.per_chip) and each chip's piece can be a buffer of its own
+    (_tiles_within_chips). Over several executor devices each computes its slice
     of the result along the first mesh axis the result varies along that they divide
     (jax.shard_map): XLA's partitioner cannot split the custom call, and would gather the
     operands to every device for all of the matmul."""
     mesh_dims = _mesh_dims(lhs.shape, rhs.shape, ctx.nm)
     product = functools.partial(_native_product, instr=instr, nm=ctx.nm, mesh_dims=mesh_dims)
     layout = ctx.out_shape(instr)
-    if instr.outs[0] in ctx.per_chip and ctx.executor is None and \
-            instr.out_dtype == "float32" and _tiles_within_chips(instr, lhs, rhs, layout, ctx):
+    if instr.outs[0] in ctx.per_chip and instr.out_dtype == "float32" and \
+            _tiles_within_chips(instr, lhs, rhs, layout, ctx):
         # each chip's FP32 sums (its result: no rounding) in a buffer of its own
         parts = product(*_operands(instr, lhs, rhs, ctx),
                         parts=int(np.prod(layout[:ctx.nm], dtype=np.int64)))
@@ -98,7 +100,7 @@ def _native_matmul(lhs, rhs, instr: isa.Matmul, ctx: KernelContext):
                             in_specs=(split(lhs.ndim, lhs.shape[axis] > 1),
                                       split(rhs.ndim, rhs.shape[axis] > 1)),
                             out_specs=split(ctx.nm, True))(lhs, rhs)
-    return numerics.round_to(acc, instr.out_dtype, ctx.rounding).reshape(ctx.out_shape(instr))
+    return numerics.round_to(acc, instr.out_dtype, ctx.rounding).reshape(layout)
 
 
 def _tiles_within_chips(instr: isa.Matmul, lhs, rhs, layout: tuple[int, ...],

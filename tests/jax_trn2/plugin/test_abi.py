@@ -64,39 +64,58 @@ def test_the_shims_getters_write_where_jaxlib_reads():
                                                 "kind_size", "deleted")] == [0, 8, 16, 24, 32, 40]
 
 
-def test_a_destroy_on_a_thread_python_does_not_know_runs_on_pythons():
-    """jaxlib destroys objects on its own threads too; the shim must not take the GIL there
-    (Python ends such a thread when it finalises, which aborts the process: _shim.c) but
-    defer the destroy to a thread Python knows. The native thread here is libc's."""
+def destroy_on_a_native_thread() -> tuple[list[int], int]:
+    """Have a thread of libc's, which Python does not know, destroy an object of the
+    plugin's (as jaxlib does on its own threads): the threads the object was freed on (when
+    it is), and its pointer."""
     import threading
 
     import jax
     from jax_trn2.plugin import library_path, table
     jax.devices("trn2")  # the plugin's table built
-    shim = ctypes.CDLL(library_path())
     freed_on = []
 
     class Object:
         def __del__(self):
             freed_on.append(threading.get_ident())
 
-    def destroy_args(pointer):
-        args = c.PJRT_Executable_Destroy_Args()
-        args.struct_size = c.PJRT_Executable_Destroy_Args_STRUCT_SIZE
-        args.executable = pointer
-        return args
-
-    pointer = table.HANDLES.add(Object())
-    args = destroy_args(pointer)
-    libc = ctypes.CDLL(None)
-    thread = ctypes.c_ulong()
+    args = destroy_args(table.HANDLES.add(Object()))
+    shim, libc, thread = ctypes.CDLL(library_path()), ctypes.CDLL(None), ctypes.c_ulong()
     assert libc.pthread_create(ctypes.byref(thread), None, shim.trn2_Executable_Destroy,
                                ctypes.byref(args)) == 0
     assert libc.pthread_join(thread, None) == 0
-    # a destroy made on this thread runs the deferred ones first (unless Python's main
-    # thread has already run them)
-    nothing = destroy_args(0)
-    assert shim.trn2_Executable_Destroy(ctypes.byref(nothing)) == 0
+    return freed_on, args.executable
+
+
+def destroy_args(pointer: int):
+    args = c.PJRT_Executable_Destroy_Args()
+    args.struct_size = c.PJRT_Executable_Destroy_Args_STRUCT_SIZE
+    args.executable = pointer
+    return args
+
+
+def test_a_destroy_on_a_thread_python_does_not_know_runs_on_one_it_does():
+    """The shim must not take the GIL on such a thread (Python ends it when it finalises,
+    which aborts the process: _shim.c): the next destroy made on a thread Python knows runs
+    it first (unless Python's main thread has already run it)."""
+    import threading
+
+    from jax_trn2.plugin import library_path, table
+    freed_on, pointer = destroy_on_a_native_thread()
+    shim = ctypes.CDLL(library_path())
+    assert shim.trn2_Executable_Destroy(ctypes.byref(destroy_args(0))) == 0
     assert freed_on and freed_on[0] in (threading.get_ident(), threading.main_thread().ident)
-    with pytest.raises(ValueError, match="not a live"):
-        table.HANDLES.get(pointer, Object)
+    assert pointer not in table.HANDLES
+
+
+def test_a_deferred_destroy_runs_on_pythons_main_thread_by_itself():
+    import threading
+    import time
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("Python runs its pending calls on the main thread, which this is not")
+    freed_on, _ = destroy_on_a_native_thread()
+    deadline = time.monotonic() + 10
+    while not freed_on and time.monotonic() < deadline:
+        sum(range(1000))  # bytecode, between which Python runs its pending calls
+    assert freed_on == [threading.main_thread().ident]
