@@ -421,8 +421,7 @@ class LoadedExecutable:
     def _assembled(self, i: int, chips: Any) -> np.ndarray:
         """Output i, which the run gave as its chips' pieces, as the global array."""
         unshard = output_unshard(self.program, i)
-        return sharding.unshard(np.asarray(chips), unshard.dim_axes,
-                                self.program.mesh.axis_sizes)
+        return sharding.unshard(chips, unshard.dim_axes, self.program.mesh.axis_sizes)
 
     def run(self, args: Sequence[Any]) -> list[Any]:
         """`execute`, its results left where the simulation computed them, the outputs

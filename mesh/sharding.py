@@ -96,6 +96,7 @@ class PerChip:
         return len(self.shape)
 
     def __getitem__(self, index: tuple) -> np.ndarray:
+        index = index if isinstance(index, tuple) else (index,)
         chip, rest = index[:len(self._mesh)], index[len(self._mesh):]
         if len(chip) != len(self._mesh) or rest not in ((), (Ellipsis,)):
             raise IndexError(f"PerChip takes a chip's index along {len(self._mesh)} mesh "
@@ -107,6 +108,12 @@ class PerChip:
             raise ValueError("a PerChip is a NumPy array only as a copy of its arrays")
         whole = np.stack([np.asarray(a) for a in self.arrays]).reshape(self.shape)
         return whole if dtype is None else whole.astype(dtype)
+
+
+def on_host(chips) -> np.ndarray | PerChip:
+    """The executor's chips' pieces of a value (an array on the host or on a CPU device,
+    or a PerChip) as the host reads them, without a copy: a NumPy view, or the PerChip."""
+    return chips if isinstance(chips, PerChip) else np.asarray(chips)
 
 
 def unshard(chips: np.ndarray | PerChip, dim_axes: DimAxes,

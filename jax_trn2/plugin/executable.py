@@ -105,9 +105,7 @@ class Executable:
                 for d, device in enumerate(self.devices):
                     per_device[d].append(Buffer(_TOKEN, device, _memory(device)))
                 continue
-            # a view of the simulator's result (one per chip: PerChip)
-            host = results[i] if isinstance(results[i], sharding.PerChip) else \
-                np.asarray(results[i])
+            host = sharding.on_host(results[i])  # a view of the simulator's result
             partials = _at(self.out_partials, i)
             if i in self.chip_outputs:
                 layout = self._layout(self.out_layouts, i, host.ndim - len(sizes))

@@ -83,3 +83,24 @@ def test_layouts_that_differ_by_axes_of_size_one_are_equivalent():
     assert sharding.equivalent(((0, 1), (2,)), ((1,), (2,)), sizes)
     assert not sharding.equivalent(((1, 2), ()), ((2, 1), ()), sizes)
     assert not sharding.equivalent(((1,),), ((1,), ()), sizes)
+
+
+def test_a_value_held_one_array_per_chip_reads_as_the_whole():
+    """PerChip: each chip's array, by the chip's index; the same pieces and global array as
+    the whole array of the same values."""
+    layout = ((0,), (1,))
+    chips = np.arange(2 * 3 * 2 * 5, dtype=np.float32).reshape(SIZES + (2, 5))
+    per_chip = sharding.PerChip([chips[i, j] for i in range(2) for j in range(3)], chips.shape)
+    assert per_chip.shape == chips.shape and per_chip.dtype == np.float32
+    assert np.shares_memory(per_chip[1, 2, ...], per_chip.arrays[5])
+    np.testing.assert_array_equal(sharding.unshard(per_chip, layout, SIZES),
+                                  sharding.unshard(chips, layout, SIZES))
+    for got, want in zip(sharding.chip_pieces(per_chip, layout, SIZES),
+                         sharding.chip_pieces(chips, layout, SIZES)):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(IndexError, match="chip's index along 2 mesh dims"):
+        per_chip[1]
+    with pytest.raises(ValueError, match="only as a copy"):
+        np.asarray(per_chip, copy=False)
+    with pytest.raises(ValueError, match="5 arrays for the chips"):
+        sharding.PerChip(per_chip.arrays[:5], chips.shape)

@@ -126,8 +126,8 @@ def pass_matmul(lhs: jax.Array, rhs: jax.Array, pass_size: int, lhs_at: Sequence
     + k (its contraction contiguous), rhs(b, k, n) is rhs_at[0][b] + rhs_at[1][k] +
     rhs_at[2][n], and the result's (b, m, n) out_at[0][b] + out_at[1][m] + out_at[2][n] of
     the whole array, where each row of a result tile (TILE_COLUMNS consecutive entries of
-    the column table) must lie in one part (else the call fails). `portable` runs the portable path even where the
-    AVX-512 code would run (for tests: the same bits)."""
+    the column table) must lie in one part (else the call fails). `portable` runs the
+    portable path even where the AVX-512 code would run (for tests: the same bits)."""
     lead = next((d for d in range(len(out_shape) + 1)
                  if int(np.prod(out_shape[:d], dtype=np.int64)) == parts), None)
     if lead is None:

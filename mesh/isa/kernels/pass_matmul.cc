@@ -594,8 +594,8 @@ ffi::Error PassMatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer lhs, ffi::AnyBuff
   for (float* part : out.parts) AdviseHugePages(part, out.part * sizeof(float));
   if (lhs.element_type() == ffi::BF16) {
     const Problem<uint16_t> p{static_cast<const uint16_t*>(lhs.untyped_data()),
-                              static_cast<const uint16_t*>(rhs.untyped_data()), out, batch, m, k,
-                              n, pass_size, lhs_at, rhs_at, out_at};
+                              static_cast<const uint16_t*>(rhs.untyped_data()), out, batch,
+                              m, k, n, pass_size, lhs_at, rhs_at, out_at};
     const int64_t passes = (k + pass_size - 1) / pass_size;
     const int64_t panel_elems = (k + passes) * kTileCols;  // with room for odd passes' pads
 #if defined(__x86_64__)
