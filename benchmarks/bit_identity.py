@@ -72,6 +72,8 @@ def run(tree: str, out: str) -> None:
                                                                preferred), a.T.copy(), b)
                     record(f"{name}_abT", lambda a, b: jnp.dot(a, b.T), a, b.T.copy())
                     record(f"{name}_out16", lambda a, b: jnp.dot(a, b), a, b)
+                    record(f"{name}_tobf16", lambda a, b: jnp.dot(
+                        a, b, preferred_element_type=jnp.float32).astype(jnp.bfloat16), a, b)
         for k in (96, 300, 640):
             record(f"{kind}_bmk_bkn_{k}", dot((((2,), (1,)), ((0,), (0,)))),
                    data((3, 17, k), da), data((3, k, 33), db))
@@ -84,12 +86,14 @@ def run(tree: str, out: str) -> None:
             x, w = data((4 * rows, 4 * k), dtype), data((4 * k, 4 * n), dtype)
             for w_spec, summed, partial in ((P("y", "z"), P("x", "z"), P("x", ("y", "z"))),
                                             (P("y", None), P("x", None), P("x", "y"))):
-                for psum in (True, False):
-                    def body(x, w, psum=psum):
+                for psum, out_type in ((True, jnp.float32), (False, jnp.float32),
+                                       (True, jnp.bfloat16), (False, jnp.bfloat16)):
+                    def body(x, w, psum=psum, out_type=out_type):
                         y = jnp.dot(x, w, preferred_element_type=jnp.float32)
-                        return jax.lax.psum(y, "y") if psum else y
+                        return (jax.lax.psum(y, "y") if psum else y).astype(out_type)
 
-                    record(f"smap_{kind}_{rows}_{k}_{n}_{w_spec}_{psum}",
+                    record(f"smap_{kind}_{rows}_{k}_{n}_{w_spec}_{psum}_"
+                           f"{jnp.dtype(out_type).name}",
                            jax.shard_map(body, mesh=mesh, in_specs=(P("x", "y"), w_spec),
                                          out_specs=summed if psum else partial), x, w)
             record(f"smap_{kind}_{rows}_{k}_{n}_xTg",

@@ -21,7 +21,7 @@ from mesh import dtypes, isa, numerics
 from mesh.sharding import PerChip
 from mesh.isa.kernels import kernel_for
 from mesh.isa.kernels.context import KernelContext
-from mesh.isa.kernels.matmul import result_is_gemm_output
+from mesh.isa.kernels.matmul import converts_native_matmul, result_is_gemm_output
 from mesh.isa.kernels.movement import unshard_places_matmul
 from mesh.isa.kernels.participation import SplitGroupCheck, meeting_groups
 
@@ -132,9 +132,10 @@ def workspace_values(program: isa.Program, on_cpu: bool = True,
     256 MiB of gradients runs about twice as fast with them kept. A matmul whose Unshard
     it writes into (unshard_places_matmul, with round-to-nearest-even `rounding`) has no
     array of its own to keep, and one the program returns (with_chip_outputs) is the
-    caller's."""
+    caller's; nor has one the matmul writes rounded as its conversion
+    (converts_native_matmul)."""
     chosen, total = [], 0
-    placed = _placed_by_unshard(program, on_cpu, rounding.mode == "nearest")
+    placed = _made_by_their_user(program, on_cpu, rounding.mode == "nearest")
     for instr in program.instructions:
         if not isinstance(instr, isa.Matmul) or instr.outs[0] in placed or \
                 instr.outs[0] in program.outputs or \
@@ -149,16 +150,20 @@ def workspace_values(program: isa.Program, on_cpu: bool = True,
     return tuple(chosen)
 
 
-def _placed_by_unshard(program: isa.Program, on_cpu: bool, nearest: bool) -> set[int]:
-    """The values the instructions that make them write into their Unshards' results
-    (movement.unshard_places_matmul)."""
+def _made_by_their_user(program: isa.Program, on_cpu: bool, nearest: bool) -> set[int]:
+    """The values whose one user has the instruction that makes them make its result
+    instead: write into an Unshard's result (movement.unshard_places_matmul), or round as
+    a conversion (matmul.converts_native_matmul); they have no array of their own."""
     uses, made_by = value_uses(program), {}
     placed = set()
     for instr in program.instructions:
         made_by.update((v, instr) for v in instr.outs)
-        if isinstance(instr, isa.Unshard) and instr.ins[0] in made_by and \
-                unshard_places_matmul(instr, made_by[instr.ins[0]], program, uses, on_cpu,
-                                      nearest):
+        if not instr.ins or instr.ins[0] not in made_by:
+            continue
+        maker = made_by[instr.ins[0]]
+        if isinstance(instr, isa.Unshard) and unshard_places_matmul(
+                instr, maker, program, uses, on_cpu, nearest) or converts_native_matmul(
+                instr, maker, program, uses, on_cpu, nearest):
             placed.add(instr.ins[0])
     return placed
 

@@ -186,34 +186,44 @@ def test_only_an_output_an_unshard_makes_is_given_as_pieces(rng):
     assert len(chips.instructions) == len(program.instructions) - 1  # the Unshard dropped
 
 
-def small_products(mesh):
-    """Each chip's x block (8 x 256: two passes, the native loop) @ its w block, returned
-    as pieces over all three axes."""
-    return jax.shard_map(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32),
-                         mesh=mesh, in_specs=(P("x", "y"), P("y", "z")),
-                         out_specs=P("x", ("y", "z")))
+def small_products(mesh, out_type=jnp.float32):
+    """Each chip's x block (8 x 256: two passes, the native loop) @ its w block, in FP32 or
+    converted to BF16 (which the loop rounds as it writes), returned as pieces over all
+    three axes."""
+    return jax.shard_map(
+        lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32).astype(out_type),
+        mesh=mesh, in_specs=(P("x", "y"), P("y", "z")), out_specs=P("x", ("y", "z")))
 
 
+@pytest.mark.parametrize("out_type", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("columns", [64, 48])
-def test_a_large_fp32_product_comes_one_array_per_chip(rng, monkeypatch, columns):
+def test_a_large_product_comes_one_array_per_chip(rng, monkeypatch, columns, out_type):
     """A product the program returns as chips' pieces, of PER_CHIP_MIN_BYTES or more (here
-    every one), is written one array per chip where each tile of the native loop's result
-    is one chip's (a chip's columns a multiple of a tile's 32; else one array): the same
-    bits as one array, the global array assembled from them where asked for."""
+    every one), FP32 or rounded to BF16 by the native loop, is written one array per chip
+    where each tile of the loop's result is one chip's (a chip's columns a multiple of a
+    tile's 32; else one array): the same bits as one array, the global array assembled
+    from them where asked for."""
     x = rng.standard_normal((16, 512)).astype(np.float32)
     w = rng.standard_normal((512, 2 * columns)).astype(np.float32)
     mesh = jax_trn2.make_mesh((2, 2, 2), ("x", "y", "z"))
-    whole = jax_trn2.jit(small_products(mesh)).lower(x, w).compile()
+    whole = jax_trn2.jit(small_products(mesh, out_type)).lower(x, w).compile()
     monkeypatch.setattr(executor, "PER_CHIP_MIN_BYTES", 0)
-    per_chip = jax_trn2.jit(small_products(mesh)).lower(x, w).compile()
+    per_chip = jax_trn2.jit(small_products(mesh, out_type)).lower(x, w).compile()
     (chips,) = per_chip.runtime_executable().run([x, w])
     assert isinstance(chips, sharding.PerChip) == (columns % 32 == 0)
     got, want = per_chip(x, w), whole(x, w)
-    assert got.sharding == want.sharding
-    np.testing.assert_array_equal(np.asarray(got).view(np.uint32),
-                                  np.asarray(want).view(np.uint32))
+    assert got.sharding == want.sharding and got.dtype == want.dtype == out_type
+    np.testing.assert_array_equal(bits(np.asarray(got)), bits(np.asarray(want)))
     assert len({s.data.unsafe_buffer_pointer() for s in got.addressable_shards}) == 8
     (global_,) = per_chip.runtime_executable().execute([x, w])  # assembled
-    np.testing.assert_array_equal(global_, np.asarray(want))
-    reference = jax.jit(small_products(cpu_mesh((2, 2, 2), ("x", "y", "z"))))(x, w)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(reference), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(bits(np.asarray(global_)), bits(np.asarray(want)))
+    reference = jax.jit(small_products(cpu_mesh((2, 2, 2), ("x", "y", "z")), out_type))(x, w)
+    # FP32 sums of 256 products in another order: within 1e-5; rounded to BF16 from such
+    # sums, neighbouring BF16 values at most (2^-7 apart, relative)
+    tolerance = 1e-5 if out_type == jnp.float32 else 2.0 ** -7
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(reference, np.float32),
+                               rtol=tolerance, atol=1e-5)
+
+
+def bits(x: np.ndarray) -> np.ndarray:
+    return x.view(f"u{x.dtype.itemsize}")

@@ -2,7 +2,9 @@
 operand a Shard made is read where the Shard's input holds it (mesh.isa.kernels.matmul
 _operands), and a result whose only use is an Unshard is written straight into the
 Unshard's global array (mesh.isa.kernels.movement.unshard_places_matmul): the same bits as
-through the movements' copies, without them."""
+through the movements' copies, without them. A product whose only use is its conversion to
+BF16 is written rounded (mesh.isa.kernels.matmul.converts_native_matmul): the same bits as
+XLA's conversion of it, without an FP32 product in memory."""
 
 from __future__ import annotations
 
@@ -154,3 +156,59 @@ def test_a_single_pass_matmul_is_not_placed_and_keeps_its_workspace(rng, monkeyp
     kept = executor.workspace_values(program)
     assert kept and kept == executor.workspace_values(
         program, rounding=numerics.Rounding("stochastic"))
+
+
+def to_bf16(fn):
+    return lambda *args: fn(*args).astype(jnp.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_a_product_converted_to_bf16_is_written_rounded(rng, monkeypatch, dtype):
+    """One custom call, of a BF16 result: the FP32 product was dropped, and is no
+    workspace; the bits of XLA's conversion of the FP32 product (the product returned
+    too, so the loop does not round it), on the global and the chips' pieces paths."""
+    monkeypatch.setattr(executor, "WORKSPACE_MIN_BYTES", 1024)
+    mesh = jax_trn2.make_mesh((2, 4), ("a", "b"))
+    product = lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32)  # noqa: E731
+    specs = dict(mesh=mesh, in_specs=(P("a"), P(None, "b")))
+    x = rng.standard_normal((64, K)).astype(dtype)
+    w = rng.standard_normal((K, 256)).astype(dtype)
+    rounded = global_executable(jax.shard_map(to_bf16(product), out_specs=P("a", "b"),
+                                              **specs), x, w)
+    (call,) = custom_calls(rounded)
+    assert "bf16[2,4,32,64]" in call
+    assert rounded._workspace_values == ()
+    def also_fp32(x, w):
+        y = product(x, w)
+        return y, y.astype(jnp.bfloat16)
+
+    both = global_executable(jax.shard_map(also_fp32, out_specs=(P("a", "b"),) * 2, **specs),
+                             x, w)
+    (call,) = custom_calls(both)
+    assert "f32[2,4,32,64]" in call
+    want = np.asarray(both.execute([x, w])[1])
+    assert want.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(run(rounded, x, w).view(np.uint16), want.view(np.uint16))
+    pieces = jax_trn2.jit(jax.shard_map(to_bf16(product), out_specs=P("a", "b"), **specs))
+    np.testing.assert_array_equal(np.asarray(pieces(x, w)).view(np.uint16),
+                                  want.view(np.uint16))
+
+
+def test_a_product_used_again_or_rounded_stochastically_is_converted_after(rng):
+    mesh = jax_trn2.make_mesh((2, 4), ("a", "b"))
+    x = rng.standard_normal((16, K)).astype(np.float32)
+    w = rng.standard_normal((K, 64)).astype(np.float32)
+    specs = dict(mesh=mesh, in_specs=(P("a"), P(None, "b")))
+
+    def twice(x, w):
+        y = x @ w
+        return y.astype(jnp.bfloat16), y * 2
+
+    compiled = global_executable(jax.shard_map(twice, out_specs=(P("a", "b"),) * 2, **specs),
+                                 x, w)
+    (call,) = custom_calls(compiled)
+    assert "f32[2,4,8,16]" in call
+    once = jax.shard_map(to_bf16(lambda x, w: x @ w), out_specs=P("a", "b"), **specs)
+    stochastic = global_executable(once, x, w, rounding="stochastic")
+    (call,) = custom_calls(stochastic)
+    assert "f32[2,4,8,16]" in call

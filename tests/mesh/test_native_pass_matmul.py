@@ -36,11 +36,13 @@ def tables(shape, batch, rows, cols=None):
     return [native.offsets(shape, dims) for dims in (batch, rows, cols) if dims is not None]
 
 
-def run(lhs, rhs, size, lhs_at, rhs_at, out_at, out_shape, portable=False, parts=1):
+def run(lhs, rhs, size, lhs_at, rhs_at, out_at, out_shape, portable=False, parts=1,
+        out_dtype=jnp.float32):
     """The product (with `parts`: the list of its parts)."""
     device = host_devices(1)[0]
     fn = jax.jit(lambda l, r: native.pass_matmul(l, r, size, lhs_at, rhs_at, out_at, out_shape,
-                                                 portable=portable, parts=parts))
+                                                 portable=portable, parts=parts,
+                                                 out_dtype=out_dtype))
     results = [np.asarray(x) for x in fn(jax.device_put(lhs, device),
                                          jax.device_put(rhs, device))]
     return results if parts > 1 else results[0]
@@ -119,12 +121,16 @@ def extremes(rng, shape, dtype):
     return x.astype(dtype)
 
 
+def bits(x: np.ndarray) -> np.ndarray:
+    return x.view(np.uint16 if x.dtype.itemsize == 2 else np.uint32)
+
+
 def same_bits_or_both_nan(got, want):
     """Equal bits, except that a NaN may be another NaN: which NaN a sum of NaNs gives
     depends on the order in which the compiler hands the instruction its operands."""
-    nan = np.isnan(want)
-    np.testing.assert_array_equal(np.isnan(got), nan)
-    np.testing.assert_array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan])
+    nan = np.isnan(want.astype(np.float32))
+    np.testing.assert_array_equal(np.isnan(got.astype(np.float32)), nan)
+    np.testing.assert_array_equal(bits(got)[~nan], bits(want)[~nan])
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
@@ -181,6 +187,57 @@ def test_a_result_in_parts_has_the_bits_of_the_whole(rng, dtype):
     assert [p.shape for p in parts] == [(m, n)] * 6
     np.testing.assert_array_equal(np.stack(parts).reshape(shape).view(np.uint32),
                                   whole.view(np.uint32))
+
+
+def rounding_cases() -> np.ndarray:
+    """FP32 values where a rounding to BF16 can go wrong: every exponent (subnormals among
+    them) with significands just below, at and just above a tie, even and odd; the largest
+    values and those that round past BF16's largest; zeros, infinities and NaNs with and
+    without payloads, quiet and signalling, of both signs."""
+    exponents = np.arange(256, dtype=np.uint32) << 23
+    low = np.array([0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x18000, 0x17FFF, 0x7F7FFF,
+                    0x7F8000, 0x7FFFFF, 0x400000, 0x400001, 0x10000, 0x3F0000], np.uint32)
+    cases = (exponents[:, None] | low[None, :]).reshape(-1)
+    return np.concatenate([cases, cases | np.uint32(1 << 31)]).view(np.float32)
+
+
+@pytest.mark.parametrize("portable", [False, True])
+def test_rounding_to_bf16_is_xla_s(portable):
+    """The loop's rounding of a BF16 result, bit for bit XLA:CPU's conversion (checked
+    over every FP32 value by benchmarks/bf16_rounding.py): ties to even, subnormals kept,
+    overflow to infinity, a NaN to the quiet NaN of its sign."""
+    x = rounding_cases()
+    want = np.asarray(jax.jit(lambda v: v.astype(jnp.bfloat16))(x))
+    np.testing.assert_array_equal(bits(native.round_to_bf16(x, portable=portable)), bits(want))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("values", ["normal", "extremes"])
+@pytest.mark.parametrize("portable", [False, True])
+def test_a_bf16_result_is_its_sums_rounded_as_xla_rounds_them(rng, dtype, values, portable):
+    """A BF16 result, in one array or in parts, contiguous or strided (its rows in tiles
+    held apart and rounded once): XLA:CPU's conversion of the FP32 result."""
+    make = extremes if values == "extremes" else (
+        lambda rng, shape, dtype: rng.standard_normal(shape).astype(dtype))
+    a, b = make(rng, (2, 40, 300), dtype), make(rng, (2, 300, 64), dtype)
+    lhs_at, rhs_at = tables(a.shape, [0], [1]), tables(b.shape, [0], [1], [2])
+    for out_at, out_shape, parts in [(tables((2, 40, 64), [0], [1], [2]), (2, 40, 64), 1),
+                                     (tables((2, 40, 64), [0], [1], [2]), (2, 40, 64), 2),
+                                     (tables((64, 2, 40), [1], [2], [0]), (64, 2, 40), 1)]:
+        sums, rounded = (run(a, b, 128, lhs_at, rhs_at, out_at, out_shape, portable=portable,
+                             parts=parts, out_dtype=t) for t in (jnp.float32, jnp.bfloat16))
+        if parts > 1:
+            sums, rounded = np.stack(sums), np.stack(rounded)
+        assert rounded.dtype == jnp.bfloat16
+        want = np.asarray(jax.jit(lambda v: v.astype(jnp.bfloat16))(sums))
+        same_bits_or_both_nan(rounded, want)
+
+
+def test_a_result_of_another_type_is_an_error():
+    a, b = np.ones((1, 4, 200), np.float32), np.ones((1, 200, 3), np.float32)
+    with pytest.raises(ValueError, match="FP32 or BF16, not float16"):
+        run(a, b, 128, tables(a.shape, [0], [1]), tables(b.shape, [0], [1], [2]),
+            tables((1, 4, 3), [0], [1], [2]), (1, 4, 3), out_dtype=jnp.float16)
 
 
 def test_a_row_of_a_tile_across_two_parts_is_an_error():

@@ -11,6 +11,7 @@ from mesh import dtypes, emulated_floats, isa, numerics
 from mesh.isa.kernels import kernel
 from mesh.isa.kernels.bits import bitcast_convert
 from mesh.isa.kernels.context import KernelContext
+from mesh.isa.kernels.matmul import converts_native_matmul, native_matmul_converted
 
 UNARY = {
     "abs": lax.abs, "negate": lax.neg, "sign": lax.sign, "floor": lax.floor, "ceil": lax.ceil,
@@ -145,6 +146,10 @@ def elementwise(instr: isa.Elementwise, args, ctx: KernelContext):
     op = instr.op
     if op == "convert":
         (x,) = args
+        made = ctx.made_by.get(instr.ins[0])
+        if made is not None and converts_native_matmul(instr, made[0], ctx.program, ctx.uses,
+                                                       ctx.on_cpu, ctx.rounding is None):
+            return [native_matmul_converted(instr, made, ctx)]
         # To a float from a float (or into an emulated format from anything): rounded once.
         rounds = dtypes.is_float(out_type.dtype) and (
             dtypes.is_float(dtypes.dtype_name(x.dtype))

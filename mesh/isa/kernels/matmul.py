@@ -67,20 +67,29 @@ def runs_natively(instr: isa.Matmul, program: isa.Program, on_cpu: bool) -> bool
         dtypes.storage_dtype(lhs.dtype), dtypes.storage_dtype(rhs.dtype)))
 
 
-def _native_matmul(lhs, rhs, instr: isa.Matmul, ctx: KernelContext):
+def _native_matmul(lhs, rhs, instr: isa.Matmul, ctx: KernelContext, value: int | None = None,
+                   out_dtype: str | None = None):
     """The matmul in the native loop, reading each operand where it is (_operands) and
     writing the result in its layout: one array, or a PerChip where the program returns it
     so (KernelContext.per_chip) and each chip's piece can be a buffer of its own
     (_tiles_within_chips). Over several executor devices each computes its slice
     of the result along the first mesh axis the result varies along that they divide
     (jax.shard_map): XLA's partitioner cannot split the custom call, and would gather the
-    operands to every device for all of the matmul."""
+    operands to every device for all of the matmul. `value` and `out_dtype`: the value it
+    makes and its element type, where it makes a conversion of its product
+    (native_matmul_converted); else the matmul's own."""
+    value = instr.outs[0] if value is None else value
+    out_dtype = out_dtype or instr.out_dtype
+    written = _written_dtype(out_dtype, ctx.rounding)
     mesh_dims = _mesh_dims(lhs.shape, rhs.shape, ctx.nm)
-    product = functools.partial(_native_product, instr=instr, nm=ctx.nm, mesh_dims=mesh_dims)
+    product = functools.partial(_native_product, instr=instr, nm=ctx.nm, mesh_dims=mesh_dims,
+                                out_dtype=written)
     layout = ctx.out_shape(instr)
-    if instr.outs[0] in ctx.per_chip and instr.out_dtype == "float32" and \
+    if value in ctx.per_chip and written == dtypes.numpy_dtype(out_dtype) and \
+            ctx.program.array_shape(value) == layout and \
             _tiles_within_chips(instr, lhs, rhs, layout, ctx):
-        # each chip's FP32 sums (its result: no rounding) in a buffer of its own
+        # each chip's result (as the loop writes it: nothing to round after) in a buffer of
+        # its own
         parts = product(*_operands(instr, lhs, rhs, ctx),
                         parts=int(np.prod(layout[:ctx.nm], dtype=np.int64)))
         return sharding.PerChip([p.reshape(layout[ctx.nm:]) for p in parts], layout)
@@ -100,7 +109,41 @@ def _native_matmul(lhs, rhs, instr: isa.Matmul, ctx: KernelContext):
                             in_specs=(split(lhs.ndim, lhs.shape[axis] > 1),
                                       split(rhs.ndim, rhs.shape[axis] > 1)),
                             out_specs=split(ctx.nm, True))(lhs, rhs)
-    return numerics.round_to(acc, instr.out_dtype, ctx.rounding).reshape(layout)
+    return numerics.round_to(acc, out_dtype, ctx.rounding).reshape(layout)
+
+
+def _written_dtype(out_dtype: str, rounding) -> np.dtype:
+    """The type the native loop writes a result of `out_dtype` in: BF16 where it is
+    rounded to nearest even (`rounding` None), which the loop does as XLA:CPU's conversion
+    would, tile by tile, with no FP32 result in memory; else FP32, rounded after."""
+    nearest_bf16 = out_dtype == "bfloat16" and rounding is None
+    return np.dtype(jnp.bfloat16 if nearest_bf16 else jnp.float32)
+
+
+def native_matmul_converted(convert: isa.Elementwise, made: tuple,
+                            ctx: KernelContext) -> jax.Array:
+    """The conversion `convert` of a matmul's product, made by the matmul in the native
+    loop (`made`: the matmul and its arguments; where converts_native_matmul says so)."""
+    instr, (lhs, rhs) = made
+    return _native_matmul(lhs, rhs, instr, ctx, value=convert.outs[0],
+                          out_dtype=ctx.out_info(convert).type.dtype)
+
+
+def converts_native_matmul(convert: isa.Instruction, made_by: isa.Instruction,
+                           program: isa.Program, uses: dict[int, int], on_cpu: bool,
+                           nearest: bool) -> bool:
+    """Whether `convert`, an instruction of a value `made_by` made, is that instruction
+    rounding its product as the native loop writes it (native_matmul_converted): where it
+    converts to BF16, rounding to nearest even (`nearest`: stochastic rounding numbers its
+    sites in program order), the FP32 product of a matmul in the native loop (`on_cpu`: the
+    executor's devices are CPUs) that nothing else uses (`uses`: of each value in
+    `program`). The product then never goes through memory in FP32, as on the Tensor
+    Engine, whose PSUM tiles are rounded as they are copied out; the matmul's own result is
+    unused, and XLA drops it."""
+    return isinstance(convert, isa.Elementwise) and convert.op == "convert" and nearest and \
+        isinstance(made_by, isa.Matmul) and made_by.out_dtype == "float32" and \
+        program.values[convert.outs[0]].type.dtype == "bfloat16" and \
+        runs_natively(made_by, program, on_cpu) and uses.get(convert.ins[0]) == 1
 
 
 def _tiles_within_chips(instr: isa.Matmul, lhs, rhs, layout: tuple[int, ...],
@@ -149,18 +192,19 @@ def native_matmul_placed(instr: isa.Matmul, args, ctx: KernelContext,
     says when); None where its product's layout is not the one placed."""
     lhs, rhs = args
     acc = _native_product(*_operands(instr, lhs, rhs, ctx), instr, ctx.nm,
-                          _mesh_dims(lhs.shape, rhs.shape, ctx.nm), placement)
+                          _mesh_dims(lhs.shape, rhs.shape, ctx.nm), placement,
+                          out_dtype=_written_dtype(instr.out_dtype, None))
     return None if acc is None else numerics.round_to(acc[0], instr.out_dtype)
 
 
 def _native_product(lhs: native.Strided, rhs: native.Strided, instr: isa.Matmul, nm: int,
                     mesh_dims, placement: native.Placement | None = None,
-                    parts: int = 1) -> list[jax.Array] | None:
-    """_native_matmul's FP32 sums (before rounding), of operands split along mesh axes or
-    not: `mesh_dims` (_mesh_dims) of the whole operands; in the product's own layout, or
-    where `placement` puts each of its elements (None if the product's layout is not the
-    one `placement` is for); as `parts` arrays of blocks of its leading dims
-    (native.pass_matmul)."""
+                    parts: int = 1, out_dtype=jnp.float32) -> list[jax.Array] | None:
+    """_native_matmul's FP32 sums, or those rounded to nearest even BF16 (`out_dtype`), of
+    operands split along mesh axes or not: `mesh_dims` (_mesh_dims) of the whole operands;
+    in the product's own layout, or where `placement` puts each of its elements (None if
+    the product's layout is not the one `placement` is for); as `parts` arrays of blocks
+    of its leading dims (native.pass_matmul)."""
     both, lhs_only, rhs_only = mesh_dims
     host = _host_dtype(lhs.array.dtype, rhs.array.dtype)
     lhs_free = [nm + d for d in _free_dims(len(lhs.shape) - nm, instr.lhs_batch,
@@ -189,7 +233,7 @@ def _native_product(lhs: native.Strided, rhs: native.Strided, instr: isa.Matmul,
          for dims in (both + rhs_batch, rhs_k, rhs_only + rhs_free)],
         [native.offsets(out, dims, placement.strides)
          for dims in (both + out_batch, lhs_only + out_rows, rhs_only + out_cols)],
-        placement.shape, parts=parts)
+        placement.shape, parts=parts, out_dtype=out_dtype)
 
 
 def _contraction_contiguous(x: native.Strided, k_dims: list[int]) -> native.Strided:

@@ -25,6 +25,7 @@ import numpy as np
 
 TARGET = "jax_trn2_pass_matmul"
 HOST_DTYPES = (jnp.bfloat16, jnp.float32)
+OUT_DTYPES = (jnp.float32, jnp.bfloat16)  # the sums, or the sums rounded to nearest even
 
 
 def _load() -> ctypes.CDLL:
@@ -51,6 +52,17 @@ _LIBRARY = _load()
 # The columns of one tile of the result (pass_matmul.cc's kTileCols): a part of a result
 # in parts (pass_matmul's `parts`) must hold each of its tiles' rows whole.
 TILE_COLUMNS = int(_LIBRARY.TileColumns())
+
+
+def round_to_bf16(x: np.ndarray, portable: bool = False) -> np.ndarray:
+    """FP32 values (a NumPy array) rounded to BF16 as the loop rounds a BF16 result (its
+    AVX-512 code where this CPU runs it, or the `portable` path): for checks against
+    XLA:CPU's conversion."""
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.empty(x.shape, jnp.bfloat16)
+    _LIBRARY.RoundToBf16(x.ctypes.data_as(ctypes.c_void_p), out.ctypes.data_as(ctypes.c_void_p),
+                         ctypes.c_int64(x.size), ctypes.c_int(bool(portable)))
+    return out
 
 
 def runs(host_dtype) -> bool:
@@ -116,10 +128,12 @@ def offsets(shape: Sequence[int], dims: Sequence[int],
 def pass_matmul(lhs: jax.Array, rhs: jax.Array, pass_size: int, lhs_at: Sequence[np.ndarray],
                 rhs_at: Sequence[np.ndarray], out_at: Sequence[np.ndarray],
                 out_shape: Sequence[int], portable: bool = False,
-                parts: int = 1) -> list[jax.Array]:
-    """The FP32 array of `out_shape` whose element (b, m, n) is the sum over k of
+                parts: int = 1, out_dtype=jnp.float32) -> list[jax.Array]:
+    """The array of `out_shape` whose element (b, m, n) is the sum over k of
     lhs(b, m, k) rhs(b, k, n), K cut into passes of `pass_size`, each summed in FP32, added
-    in order (traceable, for CPU executor devices only), as `parts` arrays of its leading
+    in order (traceable, for CPU executor devices only): the FP32 sums, or (`out_dtype`
+    BF16) those sums rounded to nearest even as XLA:CPU converts them (no FP32 array made
+    for it), as `parts` arrays of its leading
     dims' blocks (out_shape[:d] of `parts` elements; each of shape out_shape[d:]), each a
     buffer of its own. Operands of one host type, BF16 or FP32, in any layout the offset
     tables (`offsets`) describe: lhs(b, m, k) is lhs's element lhs_at[0][b] + lhs_at[1][m]
@@ -133,7 +147,9 @@ def pass_matmul(lhs: jax.Array, rhs: jax.Array, pass_size: int, lhs_at: Sequence
     if lead is None:
         raise ValueError(f"pass_matmul: {parts} parts are not blocks of the leading dims of "
                          f"{tuple(out_shape)}")
-    part = jax.ShapeDtypeStruct(tuple(out_shape[lead:]), jnp.float32)
+    if jnp.dtype(out_dtype) not in OUT_DTYPES:
+        raise ValueError(f"pass_matmul: a result of FP32 or BF16, not {jnp.dtype(out_dtype)}")
+    part = jax.ShapeDtypeStruct(tuple(out_shape[lead:]), out_dtype)
     call = jax.ffi.ffi_call(TARGET, [part] * parts)
     with jax.enable_x64(True):  # offsets of arrays of 2^31 elements or more
         tables = [jnp.asarray(t, jnp.int64) for t in (*lhs_at, *rhs_at, *out_at)]

@@ -4,7 +4,9 @@
 //
 // One XLA FFI handler, PassMatmul, called from the executor's jitted program, reading the
 // operands and writing the result where the executor holds them (offset tables), in one
-// array or in parts (one per chip: each chip's piece a buffer of its own). A pass of
+// array or in parts (one per chip: each chip's piece a buffer of its own), as its FP32
+// sums or as those rounded to BF16 (as XLA:CPU rounds them, each tile once its passes are
+// done, as PSUM is copied out: no FP32 result goes through memory). A pass of
 // BF16 operands is a chain of VDPBF16PS from +0.0 over the pass's pairs of contraction
 // elements: exactly the sums of the executor's XLA loop (one host GEMM per pass, XLA:CPU's
 // YNNPACK BF16 kernel, then an FP32 add) on a CPU with AVX-512 BF16. A pass of FP32 operands
@@ -153,6 +155,28 @@ struct TileCols {
   }
 };
 
+// The columns of a tile of sums held apart from the result (Run's, for a BF16 result):
+// contiguous, from 0.
+constexpr int64_t kScratchCols[kTileCols] = {0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10,
+                                             11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
+                                             22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
+
+// FP32 x rounded to BF16 as XLA:CPU converts it (bit for bit, checked over every FP32
+// value by benchmarks/bf16_rounding.py): to nearest even, a subnormal too and a value past
+// BF16's largest to infinity; a NaN to the quiet NaN of its sign, with no payload.
+inline uint16_t ToBf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  if ((bits & 0x7FFFFFFF) > 0x7F800000) return ((bits >> 16) & 0x8000) | 0x7FC0;
+  return static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
+// A row of a tile's FP32 sums (`sums`, columns contiguous) rounded to BF16 and stored at
+// out_row + cols.col[c].
+void RoundRow(const TileCols& cols, uint16_t* out_row, const float* sums) {
+  for (int64_t c = 0; c < cols.cols; ++c) out_row[cols.col[c]] = ToBf16(sums[c]);
+}
+
 // The portable path: the AVX-512 kernels' operations, lane by lane, in their order.
 
 // A BF16 value as FP32, a subnormal read as a zero of its sign (VDPBF16PS's DAZ).
@@ -285,6 +309,27 @@ TARGET_F32 inline __attribute__((always_inline)) void Accumulate(const TileCols&
   cols.Accumulate(out_row, sums, first);
 }
 
+// ToBf16 of 16 lanes.
+TARGET_F32 inline __m512i ToBf16(__m512i bits) {
+  const __m512i high = _mm512_srli_epi32(bits, 16);
+  const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7FFF),
+                                        _mm512_and_si512(high, _mm512_set1_epi32(1)));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+      _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+  const __m512i quiet = _mm512_or_si512(_mm512_and_si512(high, _mm512_set1_epi32(0x8000)),
+                                        _mm512_set1_epi32(0x7FC0));
+  return _mm512_mask_mov_epi32(rounded, nan, quiet);
+}
+
+// RoundRow, as vectors where the result's columns are contiguous.
+TARGET_F32 void RoundRowAvx512(const TileCols& cols, uint16_t* out_row, const float* sums) {
+  if (!cols.contiguous) return RoundRow(cols, out_row, sums);
+  uint16_t* o = out_row + cols.col[0];
+  _mm512_mask_cvtepi32_storeu_epi16(o, cols.m0, ToBf16(_mm512_loadu_si512(sums)));
+  _mm512_mask_cvtepi32_storeu_epi16(o + 16, cols.m1, ToBf16(_mm512_loadu_si512(sums + 16)));
+}
+
 // The result tile of ROWS rows (each from the lhs row at a[r], to the result row at out[r])
 // and one packed panel of rhs, pass after pass.
 template <int ROWS>
@@ -415,16 +460,23 @@ class Packed {
 // The result: one array, or parts of equal size that the offsets address as if they were
 // one array, the first part's elements first (parts[i] holds elements [i * part, (i + 1) *
 // part)); each row of a result tile must lie in one part (Run fails the call otherwise).
+// Its elements are the FP32 sums, or those sums rounded to BF16 (`bf16`).
 struct Out {
-  std::vector<float*> parts;
+  std::vector<char*> parts;
   int64_t part;  // elements of each part
+  bool bf16;
+
+  int64_t ElementBytes() const { return bf16 ? sizeof(uint16_t) : sizeof(float); }
 
   // Where the `span` + 1 elements from `offset` are; null where they are in two parts.
-  float* Row(int64_t offset, int64_t span) const {
+  void* Row(int64_t offset, int64_t span) const {
     const int64_t i = offset / part;
-    return (offset + span) / part == i ? parts[i] + offset % part : nullptr;
+    return (offset + span) / part == i ? parts[i] + offset % part * ElementBytes() : nullptr;
   }
 };
+
+// Rounds a row of a tile's FP32 sums to BF16 where the result's row is (RoundRow).
+using Round = void (*)(const TileCols& cols, uint16_t* out_row, const float* sums);
 
 // The shape of one call: batch x (m x k) @ (k x n), and where each operand's elements are.
 template <typename T>
@@ -447,11 +499,12 @@ ffi::Error SplitRow() {
 }
 
 // The call's result, pack(...) packing rhs panels and tile(...) computing a result tile
-// from one; an error when there was no memory for the panels, or a row of a result tile
-// would span two parts of the result.
+// from one (its FP32 sums: into the result, or for a BF16 result into a tile held apart in
+// L1 and then rounded into the result by `round`); an error when there was no memory for
+// the panels, or a row of a result tile would span two parts of the result.
 template <typename T, typename Pack, typename Tile>
 ffi::Error Run(ffi::ThreadPool& pool, const Problem<T>& p, int64_t panel_elems, Pack pack,
-               Tile tile) {
+               Tile tile, Round round) {
   const int64_t panels = (p.n + kTileCols - 1) / kTileCols;
   const int64_t block_rows = std::max<int64_t>(
       kTileRows, kBlockBytes / (p.k * static_cast<int64_t>(sizeof(T))) / kTileRows * kTileRows);
@@ -464,11 +517,12 @@ ffi::Error Run(ffi::ThreadPool& pool, const Problem<T>& p, int64_t panel_elems, 
     const T* lhs = p.lhs + p.lhs_at.batch[b];
     const TileCols cols(p.out_at.col + panel * kTileCols,
                         std::min(kTileCols, p.n - panel * kTileCols));
+    const TileCols scratch(kScratchCols, cols.cols);  // a tile held apart (a BF16 result)
     const int64_t end = std::min(p.m, (block + 1) * block_rows);
     for (int64_t row = block * block_rows; row < end; row += kTileRows) {
       const int64_t rows = std::min(kTileRows, end - row);
       const T* a[kTileRows];
-      float* o[kTileRows];
+      void* o[kTileRows];
       for (int64_t r = 0; r < rows; ++r) {
         a[r] = lhs + p.lhs_at.row[row + r];
         o[r] = p.out.Row(p.out_at.batch[b] + p.out_at.row[row + r] + cols.first, cols.span);
@@ -477,7 +531,16 @@ ffi::Error Run(ffi::ThreadPool& pool, const Problem<T>& p, int64_t panel_elems, 
           return;
         }
       }
-      tile(rows, a, packed, o, cols);
+      if (!p.out.bf16) {
+        tile(rows, a, packed, reinterpret_cast<float* const*>(o), cols);
+        continue;
+      }
+      // PSUM's FP32 tile in L1, rounded once into the result when its passes are done
+      alignas(64) float sums[kTileRows][kTileCols];
+      float* s[kTileRows];
+      for (int64_t r = 0; r < rows; ++r) s[r] = sums[r];
+      tile(rows, a, packed, s, scratch);
+      for (int64_t r = 0; r < rows; ++r) round(cols, static_cast<uint16_t*>(o[r]), sums[r]);
     }
   };
   auto rhs_of = [&](int64_t b) { return Rhs<T>{p.rhs + p.rhs_at.batch[b], p.rhs_at, p.k, p.n}; };
@@ -554,16 +617,20 @@ ffi::Error PassMatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer lhs, ffi::AnyBuff
                           ffi::RemainingRets results, int64_t pass_size, bool portable) {
   const int64_t batch = lhs_batch.element_count(), m = lhs_row.element_count(),
                 k = rhs_k.element_count(), n = rhs_col.element_count();
-  Out out{{}, 0};
+  Out out{{}, 0, false};
   for (size_t i = 0; i < results.size(); ++i) {
     auto part = results.get<ffi::AnyBuffer>(i);
     if (part.has_error()) return part.error();
-    if ((*part)->element_type() != ffi::F32 ||
-        (i > 0 && static_cast<int64_t>((*part)->element_count()) != out.part)) {
-      return ffi::Error::InvalidArgument("PassMatmul: FP32 results of one size");
+    const ffi::DataType type = (*part)->element_type();
+    if ((type != ffi::F32 && type != ffi::BF16) ||
+        (i > 0 && (static_cast<int64_t>((*part)->element_count()) != out.part ||
+                   (type == ffi::BF16) != out.bf16))) {
+      return ffi::Error::InvalidArgument("PassMatmul: FP32 or BF16 results of one type and "
+                                         "size");
     }
     out.part = (*part)->element_count();
-    out.parts.push_back(static_cast<float*>((*part)->untyped_data()));
+    out.bf16 = type == ffi::BF16;
+    out.parts.push_back(static_cast<char*>((*part)->untyped_data()));
   }
   if (lhs.element_type() != rhs.element_type() || out.parts.empty() ||
       static_cast<int64_t>(rhs_batch.element_count()) != batch ||
@@ -571,8 +638,8 @@ ffi::Error PassMatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer lhs, ffi::AnyBuff
       static_cast<int64_t>(out_row.element_count()) != m ||
       static_cast<int64_t>(out_col.element_count()) != n ||
       static_cast<int64_t>(out.parts.size()) * out.part != batch * m * n) {
-    return ffi::Error::InvalidArgument("PassMatmul: operands of one type, FP32 results, "
-                                       "and offset tables of matching sizes");
+    return ffi::Error::InvalidArgument("PassMatmul: operands of one type, results, and "
+                                       "offset tables of matching sizes");
   }
   if (pass_size < 1 || k < 1) {
     return ffi::Error::InvalidArgument("PassMatmul: a pass size and K of at least 1");
@@ -591,7 +658,7 @@ ffi::Error PassMatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer lhs, ffi::AnyBuff
   const Offsets lhs_at{lhs_batch.typed_data(), lhs_row.typed_data(), nullptr},
       rhs_at{rhs_batch.typed_data(), rhs_k.typed_data(), rhs_col.typed_data()},
       out_at{out_batch.typed_data(), out_row.typed_data(), out_col.typed_data()};
-  for (float* part : out.parts) AdviseHugePages(part, out.part * sizeof(float));
+  for (char* part : out.parts) AdviseHugePages(part, out.part * out.ElementBytes());
   if (lhs.element_type() == ffi::BF16) {
     const Problem<uint16_t> p{static_cast<const uint16_t*>(lhs.untyped_data()),
                               static_cast<const uint16_t*>(rhs.untyped_data()), out, batch,
@@ -606,7 +673,8 @@ ffi::Error PassMatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer lhs, ffi::AnyBuff
 #define CALL(R) TileBf16<R>(a, panel, k, pass_size, out_rows, cols)
                    DISPATCH_ROWS(CALL)
 #undef CALL
-                 });
+                 },
+                 RoundRowAvx512);
     } else  // the portable path
 #endif
     {
@@ -616,7 +684,8 @@ ffi::Error PassMatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer lhs, ffi::AnyBuff
 #define CALL(R) PortableTileBf16<R>(a, panel, k, pass_size, out_rows, cols)
                    DISPATCH_ROWS(CALL)
 #undef CALL
-                 });
+                 },
+                 RoundRow);
     }
   } else if (lhs.element_type() == ffi::F32) {
     const Problem<float> p{static_cast<const float*>(lhs.untyped_data()),
@@ -630,7 +699,8 @@ ffi::Error PassMatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer lhs, ffi::AnyBuff
 #define CALL(R) TileF32<R>(a, panel, k, pass_size, out_rows, cols)
                    DISPATCH_ROWS(CALL)
 #undef CALL
-                 });
+                 },
+                 RoundRowAvx512);
     } else  // the portable path
 #endif
     {
@@ -640,7 +710,8 @@ ffi::Error PassMatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer lhs, ffi::AnyBuff
 #define CALL(R) PortableTileF32<R>(a, panel, k, pass_size, out_rows, cols)
                    DISPATCH_ROWS(CALL)
 #undef CALL
-                 });
+                 },
+                 RoundRow);
     }
   }
   return ffi::Error::InvalidArgument("PassMatmul: BF16 or FP32 operands");
@@ -661,12 +732,25 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PassMatmul, PassMatmulImpl,
                                   .Arg<Table>()           // result batch offsets
                                   .Arg<Table>()           // result row offsets
                                   .Arg<Table>()           // result column offsets
-                                  .RemainingRets()        // FP32: the result, or its parts
+                                  .RemainingRets()        // the result, or its parts
                                   .Attr<int64_t>("pass_size")
                                   .Attr<bool>("portable"));  // the portable path, here too
 
 // The columns of a result tile: a row of a tile is never split between parts of a result.
 extern "C" int TileColumns() { return kTileCols; }
+
+// The n FP32 values `in` rounded to BF16 into `out` as the loop rounds a BF16 result: by
+// its AVX-512 code (where the CPU has AVX-512F and `portable` is 0) or its portable path
+// (for checks against XLA:CPU's conversion, tests and benchmarks/bf16_rounding.py).
+extern "C" void RoundToBf16(const float* in, uint16_t* out, int64_t n, int portable) {
+  Round round = RoundRow;
+#if defined(__x86_64__)
+  if (!portable && Avx512(/*bf16=*/0)) round = RoundRowAvx512;
+#endif
+  for (int64_t i = 0; i < n; i += kTileCols) {
+    round(TileCols(kScratchCols, std::min(kTileCols, n - i)), out + i, in + i);
+  }
+}
 
 // Whether PassMatmul runs its AVX-512 code (rather than the portable path) on this CPU for
 // operands of BF16 (bf16 != 0) or FP32.
