@@ -255,8 +255,9 @@ class LoadedExecutable:
 
     def prefetch_workspace(self) -> None:
         """Start making the first call's workspace on a thread of its own, for a call about
-        to run (jax_trn2.jit's first): its compile and page faults then overlap the
-        executor's compile. (A program compiled only to be inspected holds none.)"""
+        to run: its compile and page faults then overlap the executor's compile
+        (jax_trn2.jit's first call) or the assembly of the arguments (the plugin's). (A
+        program compiled only to be inspected holds none; once made, it is kept.)"""
         if not self._workspace_values:
             return
         # the maker is made here, not on the worker: it picks the executor's devices, and

@@ -70,8 +70,12 @@ def assemble(pieces: Sequence[np.ndarray], dim_axes: DimAxes,
             raise ValueError("per-device buffers differ along mesh axes the array is "
                              f"replicated over ({unused}); the program expects equal copies")
     local = np.shape(first.flat[0])
-    return unshard(np.stack([np.asarray(p) for p in first.flat]).reshape(first.shape + local),
-                   dim_axes, axis_sizes)
+    whole = np.empty(tuple(size * int(np.prod([axis_sizes[a] for a in axes], dtype=np.int64))
+                           for size, axes in zip(local, dim_axes)),
+                     np.asarray(first.flat[0]).dtype)
+    for coords in np.ndindex(*first.shape):  # each block once, written where it goes
+        whole[_block_slices(coords, dim_axes, axis_sizes, local)] = first[coords]
+    return whole
 
 
 class PerChip:
@@ -186,9 +190,16 @@ def pieces(array: np.ndarray, dim_axes: DimAxes, axis_sizes: Sequence[int]) -> l
     if not any(dim_axes):
         return [array] * count
     local = local_shape(array.shape, dim_axes, axis_sizes)
-    return [array[tuple(slice(b * size, (b + 1) * size) for b, size in
-                        zip(_block(coords, dim_axes, axis_sizes), local))]
+    return [array[_block_slices(coords, dim_axes, axis_sizes, local)]
             for coords in np.ndindex(*axis_sizes)]
+
+
+def _block_slices(coords: Sequence[int], dim_axes: DimAxes, axis_sizes: Sequence[int],
+                  local: Sequence[int]) -> tuple[slice, ...]:
+    """Where in the global array the piece (of shape `local`) of the chip at mesh
+    coordinates `coords` is."""
+    return tuple(slice(b * size, (b + 1) * size)
+                 for b, size in zip(_block(coords, dim_axes, axis_sizes), local))
 
 
 def split(array: np.ndarray, dim_axes: DimAxes, axis_sizes: Sequence[int]) -> list[np.ndarray]:

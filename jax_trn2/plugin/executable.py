@@ -96,6 +96,7 @@ class Executable:
             if len(row) != count:
                 raise ValueError(f"device {d} got {len(row)} arguments; the program takes "
                                  f"{count}")
+        self.loaded.prefetch_workspace()  # a first call's: made while arguments assemble
         results = self.loaded.run([self._argument(i, [row[k] for row in arguments])
                                    for k, i in enumerate(self.arg_slots) if i is not None])
         sizes = self._mesh_sizes()

@@ -15,7 +15,9 @@ A float matmul of several passes of BF16 or FP32 host operands runs, on a CPU ex
 device, in the native pass loop (mesh.isa.kernels.native), which gives the same bits on
 every host CPU; the XLA loop of host GEMMs (_looped_passes), whose sums' order depends on
 the host's GEMM kernels, runs only what the native loop does not take: other host types
-(FP64), single passes, and executor devices that are not CPUs.
+(FP64), single passes, and executor devices that are not CPUs. The native loop rounds a
+BF16 result to nearest even itself (a matmul's own, or the conversion to BF16 of an FP32
+product nothing else uses: converts_native_matmul), bit for bit as XLA:CPU would.
 
 Mesh dims: a mesh axis along which both operands vary is a batch dim, one along which only
 one operand varies is a free dim of that operand, and one along which neither varies is not

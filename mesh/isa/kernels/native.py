@@ -6,8 +6,9 @@ memory.
 It is an XLA FFI custom call on the CPU, registered with jax when this module is imported
 (so that an executable that calls it can run however it was made: traced here, or read
 from a compilation cache made on another host). It takes BF16 and FP32 operands (`runs`)
-on any CPU and gives the same bits on every one: its AVX-512 code where the CPU has the
-instructions (`avx512`), else a portable path of the same operations in the same order.
+and writes FP32 sums or their rounding to BF16 (`OUT_DTYPES`), on any CPU, and gives the
+same bits on every one: its AVX-512 code where the CPU has the instructions (`avx512`),
+else a portable path of the same operations in the same order.
 The results depend on it (the executor's XLA loop sums in other orders), so importing this
 module without the built library is an error rather than a fallback.
 """
