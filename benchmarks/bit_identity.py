@@ -4,11 +4,12 @@
     python benchmarks/bit_identity.py compare A.npz B.npz
 
 `run` puts TREE (a checkout of this repository, say `git worktree add /tmp/old <commit>`)
-first on the import path and runs 870 matmul programs through its `jax_trn2.jit`: BF16,
+first on the import path and runs 1,062 matmul programs through its `jax_trn2.jit`: BF16,
 FP32, FP16, FP8 (E4M3, E5M2), BF16 x FP32, FP8 x BF16, complex64 and int8 operands; K from 1
-to 1100 (one pass to nine); transposed operands; batch and multi-dim contractions; inputs of
-normal values and of exponents spread over 2^-12..2^12; and shard_map programs whose
-operands vary along different mesh axes, with and without a psum. `compare` counts the
+to 1100 (one pass to nine); transposed operands; batch and multi-dim contractions; products
+converted to BF16; inputs of normal values and of exponents spread over 2^-12..2^12; and
+shard_map programs whose operands vary along different mesh axes, with and without a psum,
+in FP32 or converted to BF16. `compare` counts the
 results that are bit-identical, those that differ only in the bits of a NaN, and those that
 differ in value, by kind.
 """

@@ -256,8 +256,8 @@ class LoadedExecutable:
     def prefetch_workspace(self) -> None:
         """Start making the first call's workspace on a thread of its own, for a call about
         to run: its compile and page faults then overlap the executor's compile
-        (jax_trn2.jit's first call) or the assembly of the arguments (the plugin's). (A
-        program compiled only to be inspected holds none; once made, it is kept.)"""
+        (jax_trn2.jit's first call) or the assembly of the arguments (the plugin's). A
+        program that is compiled and never run makes none."""
         if not self._workspace_values:
             return
         # the maker is made here, not on the worker: it picks the executor's devices, and

@@ -151,9 +151,10 @@ def workspace_values(program: isa.Program, on_cpu: bool = True,
 
 
 def _made_by_their_user(program: isa.Program, on_cpu: bool, nearest: bool) -> set[int]:
-    """The values whose one user has the instruction that makes them make its result
-    instead: write into an Unshard's result (movement.unshard_places_matmul), or round as
-    a conversion (matmul.converts_native_matmul); they have no array of their own."""
+    """The matmul products that have no array of their own: their only user's result is
+    made by the matmul instead, written into an Unshard's result
+    (movement.unshard_places_matmul) or rounded as a conversion
+    (matmul.converts_native_matmul)."""
     uses, made_by = value_uses(program), {}
     placed = set()
     for instr in program.instructions:

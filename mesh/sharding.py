@@ -69,12 +69,16 @@ def assemble(pieces: Sequence[np.ndarray], dim_axes: DimAxes,
                 not np.array_equal(piece, copy_of, equal_nan=True):
             raise ValueError("per-device buffers differ along mesh axes the array is "
                              f"replicated over ({unused}); the program expects equal copies")
-    local = np.shape(first.flat[0])
+    blocks = {coords: np.asarray(first[coords]) for coords in np.ndindex(*first.shape)}
+    local = next(iter(blocks.values())).shape
+    if any(block.shape != local for block in blocks.values()):
+        raise ValueError(f"per-device buffers of different shapes "
+                         f"{sorted({block.shape for block in blocks.values()})}")
     whole = np.empty(tuple(size * int(np.prod([axis_sizes[a] for a in axes], dtype=np.int64))
                            for size, axes in zip(local, dim_axes)),
-                     np.asarray(first.flat[0]).dtype)
-    for coords in np.ndindex(*first.shape):  # each block once, written where it goes
-        whole[_block_slices(coords, dim_axes, axis_sizes, local)] = first[coords]
+                     np.result_type(*blocks.values()))
+    for coords, block in blocks.items():  # each block once, written where it goes
+        whole[_block_slices(coords, dim_axes, axis_sizes, local)] = block
     return whole
 
 

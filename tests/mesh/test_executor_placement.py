@@ -195,6 +195,8 @@ def test_a_product_converted_to_bf16_is_written_rounded(rng, monkeypatch, dtype)
 
 
 def test_a_product_used_again_or_rounded_stochastically_is_converted_after(rng):
+    """The loop writes the FP32 product: XLA converts it after (for stochastic rounding,
+    the program's rounding hook)."""
     mesh = jax_trn2.make_mesh((2, 4), ("a", "b"))
     x = rng.standard_normal((16, K)).astype(np.float32)
     w = rng.standard_normal((K, 64)).astype(np.float32)

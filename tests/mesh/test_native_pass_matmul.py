@@ -206,7 +206,7 @@ def test_rounding_to_bf16_is_xla_s(portable):
     """The loop's rounding of a BF16 result, bit for bit XLA:CPU's conversion (checked
     over every FP32 value by benchmarks/bf16_rounding.py): ties to even, subnormals kept,
     overflow to infinity, a NaN to the quiet NaN of its sign."""
-    x = rounding_cases()
+    x = rounding_cases()[:-5]  # and a last tile of 27 values
     want = np.asarray(jax.jit(lambda v: v.astype(jnp.bfloat16))(x))
     np.testing.assert_array_equal(bits(native.round_to_bf16(x, portable=portable)), bits(want))
 
@@ -216,7 +216,8 @@ def test_rounding_to_bf16_is_xla_s(portable):
 def test_a_bf16_result_is_its_sums_rounded_as_xla_rounds_them(rng, dtype, portable):
     """A BF16 result of values of every exponent (extremes), in one array or in parts,
     contiguous or strided (its rows in tiles held apart and rounded once): XLA:CPU's
-    conversion of the FP32 result."""
+    conversion of the FP32 result, bit for bit, the signs of NaNs too (its passes are
+    added in the FP32 result's order: which NaN a sum of two NaNs keeps depends on it)."""
     a, b = extremes(rng, (2, 40, 300), dtype), extremes(rng, (2, 300, 64), dtype)
     lhs_at, rhs_at = tables(a.shape, [0], [1]), tables(b.shape, [0], [1], [2])
     for out_at, out_shape, parts in [(tables((2, 40, 64), [0], [1], [2]), (2, 40, 64), 1),
@@ -228,7 +229,7 @@ def test_a_bf16_result_is_its_sums_rounded_as_xla_rounds_them(rng, dtype, portab
             sums, rounded = np.stack(sums), np.stack(rounded)
         assert rounded.dtype == jnp.bfloat16
         want = np.asarray(jax.jit(lambda v: v.astype(jnp.bfloat16))(sums))
-        same_bits_or_both_nan(rounded, want)
+        np.testing.assert_array_equal(bits(rounded), bits(want))
 
 
 def test_a_result_of_another_type_is_an_error():

@@ -40,6 +40,14 @@ def test_replicas_that_differ_are_an_error_equal_values_are_not():
         sharding.assemble([x, x, x, other, other, other], ((),), SIZES)
 
 
+def test_pieces_of_different_shapes_are_an_error_scalars_assemble():
+    with pytest.raises(ValueError, match=r"different shapes \[\(1,\), \(2,\)\]"):
+        sharding.assemble([np.zeros(2)] * 3 + [np.zeros(1)] * 3, ((0,),), SIZES)
+    scalar = np.asarray(1.5, ml_dtypes.bfloat16)
+    whole = sharding.assemble([scalar] * 6, (), SIZES)
+    assert whole.shape == () and whole.dtype == ml_dtypes.bfloat16 and whole == 1.5
+
+
 def test_same_bits_compares_words_of_any_size():
     a = np.arange(7, dtype=ml_dtypes.bfloat16)  # 14 bytes: 2-byte words
     assert sharding.same_bits(a, a.copy())

@@ -134,15 +134,15 @@ def pass_matmul(lhs: jax.Array, rhs: jax.Array, pass_size: int, lhs_at: Sequence
     lhs(b, m, k) rhs(b, k, n), K cut into passes of `pass_size`, each summed in FP32, added
     in order (traceable, for CPU executor devices only): the FP32 sums, or (`out_dtype`
     BF16) those sums rounded to nearest even as XLA:CPU converts them (no FP32 array made
-    for it), as `parts` arrays of its leading
-    dims' blocks (out_shape[:d] of `parts` elements; each of shape out_shape[d:]), each a
-    buffer of its own. Operands of one host type, BF16 or FP32, in any layout the offset
-    tables (`offsets`) describe: lhs(b, m, k) is lhs's element lhs_at[0][b] + lhs_at[1][m]
-    + k (its contraction contiguous), rhs(b, k, n) is rhs_at[0][b] + rhs_at[1][k] +
-    rhs_at[2][n], and the result's (b, m, n) out_at[0][b] + out_at[1][m] + out_at[2][n] of
-    the whole array, where each row of a result tile (TILE_COLUMNS consecutive entries of
-    the column table) must lie in one part (else the call fails). `portable` runs the
-    portable path even where the AVX-512 code would run (for tests: the same bits)."""
+    for it), as `parts` arrays of its leading dims' blocks (out_shape[:d] of `parts`
+    elements; each of shape out_shape[d:]), each a buffer of its own. Operands of one host
+    type, BF16 or FP32, in any layout the offset tables (`offsets`) describe: lhs(b, m, k)
+    is lhs's element lhs_at[0][b] + lhs_at[1][m] + k (its contraction contiguous),
+    rhs(b, k, n) is rhs_at[0][b] + rhs_at[1][k] + rhs_at[2][n], and the result's (b, m, n)
+    out_at[0][b] + out_at[1][m] + out_at[2][n] of the whole array, where each row of a
+    result tile (TILE_COLUMNS consecutive entries of the column table) must lie in one part
+    (else the call fails). `portable` runs the portable path even where the AVX-512 code
+    would run (for tests: the same bits)."""
     lead = next((d for d in range(len(out_shape) + 1)
                  if int(np.prod(out_shape[:d], dtype=np.int64)) == parts), None)
     if lead is None:

@@ -161,6 +161,16 @@ constexpr int64_t kScratchCols[kTileCols] = {0,  1,  2,  3,  4,  5,  6,  7,  8, 
                                              11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
                                              22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
 
+// The columns of a tile of sums held apart for a result tile's columns `cols`: its passes
+// are added as they would be in the result (as vectors where its columns are contiguous,
+// else one by one), since which NaN a sum of two NaNs keeps depends on the order the
+// compiler hands the add its operands.
+TileCols ScratchOf(const TileCols& cols) {
+  TileCols scratch(kScratchCols, cols.cols);
+  scratch.contiguous = cols.contiguous;
+  return scratch;
+}
+
 // FP32 x rounded to BF16 as XLA:CPU converts it (bit for bit, checked over every FP32
 // value by benchmarks/bf16_rounding.py): to nearest even, a subnormal too and a value past
 // BF16's largest to infinity; a NaN to the quiet NaN of its sign, with no payload.
@@ -326,8 +336,10 @@ TARGET_F32 inline __m512i ToBf16(__m512i bits) {
 TARGET_F32 void RoundRowAvx512(const TileCols& cols, uint16_t* out_row, const float* sums) {
   if (!cols.contiguous) return RoundRow(cols, out_row, sums);
   uint16_t* o = out_row + cols.col[0];
-  _mm512_mask_cvtepi32_storeu_epi16(o, cols.m0, ToBf16(_mm512_loadu_si512(sums)));
-  _mm512_mask_cvtepi32_storeu_epi16(o + 16, cols.m1, ToBf16(_mm512_loadu_si512(sums + 16)));
+  const __m512i low = _mm512_maskz_loadu_epi32(cols.m0, sums);
+  const __m512i high = _mm512_maskz_loadu_epi32(cols.m1, sums + 16);
+  _mm512_mask_cvtepi32_storeu_epi16(o, cols.m0, ToBf16(low));
+  _mm512_mask_cvtepi32_storeu_epi16(o + 16, cols.m1, ToBf16(high));
 }
 
 // The result tile of ROWS rows (each from the lhs row at a[r], to the result row at out[r])
@@ -517,7 +529,7 @@ ffi::Error Run(ffi::ThreadPool& pool, const Problem<T>& p, int64_t panel_elems, 
     const T* lhs = p.lhs + p.lhs_at.batch[b];
     const TileCols cols(p.out_at.col + panel * kTileCols,
                         std::min(kTileCols, p.n - panel * kTileCols));
-    const TileCols scratch(kScratchCols, cols.cols);  // a tile held apart (a BF16 result)
+    const TileCols scratch = ScratchOf(cols);  // a tile held apart (a BF16 result)
     const int64_t end = std::min(p.m, (block + 1) * block_rows);
     for (int64_t row = block * block_rows; row < end; row += kTileRows) {
       const int64_t rows = std::min(kTileRows, end - row);
