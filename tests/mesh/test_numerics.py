@@ -10,7 +10,7 @@ import pytest
 
 from mesh import isa, numerics
 from mesh.executor import compile_program
-from mesh.isa.kernels.ring_order import ring_orders, ring_reduce
+from mesh.isa.kernels.ring_order import SELECT_MAX_RING, ring_orders, ring_reduce
 
 NARROW = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3", "float8_e3m4")
 FP8 = NARROW[2:]
@@ -282,6 +282,20 @@ def test_ring_reduce_adds_in_ring_order_with_rounded_partials(rng, k):
     (order,) = ring_orders((k,), n)
     np.testing.assert_array_equal(got, sequential_fold(values, order))
     assert (got != sequential_fold(values, np.tile(np.arange(k)[:, None], (1, n)))).any()
+
+
+@pytest.mark.parametrize("k", [4, 16])
+def test_a_long_rings_steps_are_one_loop_but_with_stochastic_rounding(k):
+    """A ring longer than SELECT_MAX_RING compiles its step once (a loop over the steps),
+    unless each step is a stochastic rounding site of its own."""
+    values = jnp.zeros((k, 2 * k), jnp.bfloat16)
+
+    def text(rounding):
+        return jax.jit(lambda v: ring_reduce(v, 0, (k,), lax.add, rounding)).lower(
+            values).as_text()
+
+    assert ("stablehlo.while" in text(None)) == (k > SELECT_MAX_RING)
+    assert "stablehlo.while" not in text(lambda x, name: x.astype(name))
 
 
 @pytest.mark.parametrize("axis_order", [(0, 1), (1, 0)])

@@ -113,7 +113,9 @@ def ring_reduce(members: jnp.ndarray, lead: int, ring_sizes: Sequence[int], comb
     m_i is ring_sizes[i], or 1 where the value is the same on every member of that ring (it
     is then added to itself k - 1 times, as the ring would). Returns [lead..., n].
     The member added at each step is chosen per element with a select over the k members,
-    so XLA fuses a whole ring into one pass over the buffer. Where the buffer is a grid of
+    so XLA fuses a whole ring into one pass over the buffer; on a ring longer than
+    SELECT_MAX_RING it is gathered, in a loop over the steps (rounding to nearest even).
+    Where the buffer is a grid of
     blocks, each step's members going either way are small host constants, one per owner,
     and the in-program work is one select by direction (fewer ops to compile and run than
     index arithmetic on the owners in the program).
@@ -133,13 +135,25 @@ def ring_reduce(members: jnp.ndarray, lead: int, ring_sizes: Sequence[int], comb
         # step s adds the member s after the owner's coordinate c going forward, s before
         # it going back (c - s + size >= 0 keeps the remainder's operand non-negative)
         c = coords[axis]
-        orders = [jnp.where(forward, _rem(c + s, size), _rem(c - s + size, size))
-                  for s in range(1, size + 1)]
-        steps = _members_in_order(members, dim, orders)
-        partial = steps[0]
-        for value in steps[1:]:
-            partial = numerics.round_to(combine(numerics.widen(partial), numerics.widen(value)),
-                                        dtype_name, rounding)
-        members = partial
+
+        def member(s, members=members, dim=dim, c=c, size=size):
+            order = jnp.where(forward, _rem(c + s, size), _rem(c - s + size, size))
+            return _members_in_order(members, dim, [order])[0]
+
+        def add(partial, value):
+            return numerics.round_to(combine(numerics.widen(partial), numerics.widen(value)),
+                                     dtype_name, rounding)
+
+        if size > SELECT_MAX_RING and rounding is None:
+            # a long ring's steps as one loop: its step compiles once (a ring of 64 compiled
+            # 64 gathers and adds: a psum over 64 chips took a second to compile). Not with
+            # stochastic rounding: each step is a rounding site of its own
+            members = lax.fori_loop(2, size + 1, lambda s, partial: add(partial, member(s)),
+                                    member(1))
+        else:
+            partial = member(1)
+            for s in range(2, size + 1):
+                partial = add(partial, member(s))
+            members = partial
         remaining.remove(axis)
     return members.reshape(members.shape[:lead] + (n,))
