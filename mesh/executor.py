@@ -142,8 +142,7 @@ def workspace_values(program: isa.Program, on_cpu: bool = True,
                 not result_is_gemm_output(instr, program, on_cpu):
             continue
         value = instr.outs[0]
-        size = int(np.prod(program.array_shape(value), dtype=np.int64)) * \
-            dtypes.storage_dtype(program.values[value].type.dtype).itemsize
+        size = _array_bytes(program, value)
         if size >= WORKSPACE_MIN_BYTES and total + size <= WORKSPACE_LIMIT_BYTES:
             chosen.append(value)
             total += size
@@ -162,9 +161,9 @@ def _made_by_their_user(program: isa.Program, on_cpu: bool, nearest: bool) -> se
         if not instr.ins or instr.ins[0] not in made_by:
             continue
         maker = made_by[instr.ins[0]]
-        if isinstance(instr, isa.Unshard) and unshard_places_matmul(
-                instr, maker, program, uses, on_cpu, nearest) or converts_native_matmul(
-                instr, maker, program, uses, on_cpu, nearest):
+        places = isinstance(instr, isa.Unshard) and unshard_places_matmul(
+            instr, maker, program, uses, on_cpu, nearest)
+        if places or converts_native_matmul(instr, maker, program, uses, on_cpu, nearest):
             placed.add(instr.ins[0])
     return placed
 
@@ -202,9 +201,14 @@ def _per_chip_outputs(program: isa.Program, positions: Sequence[int]) -> list[in
     chip: of PER_CHIP_MIN_BYTES or more, and not used but as that one output."""
     uses = value_uses(program)
     values = [program.outputs[i] for i in positions]
-    return [v for v in values if uses[v] == 1 and
-            int(np.prod(program.array_shape(v), dtype=np.int64)) *
-            dtypes.storage_dtype(program.values[v].type.dtype).itemsize >= PER_CHIP_MIN_BYTES]
+    return [v for v in values if uses[v] == 1 and _array_bytes(program, v) >= PER_CHIP_MIN_BYTES]
+
+
+def _array_bytes(program: isa.Program, value: int) -> int:
+    """The bytes of the value's array in the executor (every chip's piece, in its storage
+    type)."""
+    return int(np.prod(program.array_shape(value), dtype=np.int64)) * \
+        dtypes.storage_dtype(program.values[value].type.dtype).itemsize
 
 
 def compile_program(program: isa.Program,

@@ -50,6 +50,13 @@ def local_shape(global_shape: Sequence[int], dim_axes: DimAxes,
     return tuple(shape)
 
 
+def global_shape(local: Sequence[int], dim_axes: DimAxes,
+                 axis_sizes: Sequence[int]) -> tuple[int, ...]:
+    """The global shape of pieces of shape `local` under a sharding (local_shape's inverse)."""
+    return tuple(size * int(np.prod([axis_sizes[a] for a in axes], dtype=np.int64))
+                 for size, axes in zip(local, dim_axes))
+
+
 def assemble(pieces: Sequence[np.ndarray], dim_axes: DimAxes,
              axis_sizes: Sequence[int]) -> np.ndarray:
     """The global array from per-device pieces (logical device order). Along mesh axes no
@@ -74,9 +81,7 @@ def assemble(pieces: Sequence[np.ndarray], dim_axes: DimAxes,
     if any(block.shape != local for block in blocks.values()):
         raise ValueError(f"per-device buffers of different shapes "
                          f"{sorted({block.shape for block in blocks.values()})}")
-    whole = np.empty(tuple(size * int(np.prod([axis_sizes[a] for a in axes], dtype=np.int64))
-                           for size, axes in zip(local, dim_axes)),
-                     np.result_type(*blocks.values()))
+    whole = np.empty(global_shape(local, dim_axes, axis_sizes), np.result_type(*blocks.values()))
     for coords, block in blocks.items():  # each block once, written where it goes
         whole[_block_slices(coords, dim_axes, axis_sizes, local)] = block
     return whole
@@ -138,9 +143,7 @@ def unshard(chips: np.ndarray | PerChip, dim_axes: DimAxes,
     x = chips[tuple(slice(None) if a in used else slice(0, 1) for a in range(nm))]
     x = np.broadcast_to(x, tuple(axis_sizes[a] if a in used else 1 for a in range(nm)) + local)
     _, order = split_order(dim_axes, axis_sizes, local)
-    global_shape = tuple(l * int(np.prod([axis_sizes[a] for a in axes], dtype=np.int64))
-                         for l, axes in zip(local, dim_axes))
-    return np.transpose(x, unused + order).reshape(global_shape)
+    return np.transpose(x, unused + order).reshape(global_shape(local, dim_axes, axis_sizes))
 
 
 def chip_index(block: Sequence[int], dim_axes: DimAxes, axis_sizes: Sequence[int],

@@ -115,10 +115,9 @@ def ring_reduce(members: jnp.ndarray, lead: int, ring_sizes: Sequence[int], comb
     The member added at each step is chosen per element with a select over the k members,
     so XLA fuses a whole ring into one pass over the buffer; on a ring longer than
     SELECT_MAX_RING it is gathered, in a loop over the steps (rounding to nearest even).
-    Where the buffer is a grid of
-    blocks, each step's members going either way are small host constants, one per owner,
-    and the in-program work is one select by direction (fewer ops to compile and run than
-    index arithmetic on the owners in the program).
+    Where the buffer is a grid of blocks, each step's members going either way are small
+    host constants, one per owner, and the in-program work is one select by direction
+    (fewer ops to compile and run than index arithmetic on the owners in the program).
     """
     n = members.shape[-1]
     dtype_name = np.dtype(members.dtype).name
