@@ -23,7 +23,6 @@ except _metadata.PackageNotFoundError:  # a source tree on sys.path that pip nev
     __version__ = "0+unknown"
 
 _EXPORTS = {
-    "numerics": "jax_trn2.numerics",
     "Client": "jax_trn2.client", "client": "jax_trn2.client",
     "Buffer": "jax_trn2.device", "Device": "jax_trn2.device",
     "HostMemoryError": "jax_trn2.executable", "LoadedExecutable": "jax_trn2.executable",
@@ -37,7 +36,10 @@ _EXPORTS = {
     "MemoryStats": "mesh.memory", "OutOfHBMError": "mesh.memory",
 }
 
-__all__ = sorted(_EXPORTS)
+# Modules users reach as attributes, `jax_trn2.plan.sweep(...)` after `import jax_trn2`.
+_SUBMODULES = {"numerics", "plan", "serving", "training"}
+
+__all__ = sorted(_EXPORTS.keys() | _SUBMODULES)
 
 
 class _Package(types.ModuleType):
@@ -47,8 +49,7 @@ class _Package(types.ModuleType):
     the function (`jax_trn2.jit(f)`: "'module' object is not callable")."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and name in _EXPORTS and \
-                _EXPORTS[name] == f"{__name__}.{name}" and name != "numerics":
+        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == f"{__name__}.{name}":
             return
         super().__setattr__(name, value)
 
@@ -57,14 +58,15 @@ sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")  # which sets the attribute
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'jax_trn2' has no attribute {name!r}")
-    value = importlib.import_module(module)
-    value = value if name == "numerics" else getattr(value, name)
+    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(__all__))

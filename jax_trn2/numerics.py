@@ -21,11 +21,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import jax
 import ml_dtypes
 import numpy as np
 from jax import tree_util
+from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+from jax._src.sharding_impls import GSPMDSharding
 
 from jax_trn2.jit import Jitted, jit
+from lowering.host import host_devices
 from mesh import dtypes
 
 
@@ -72,13 +76,15 @@ class NumericsReport:
     leaves: tuple[LeafReport, ...]
     got_label: str = "trn2"
     want_label: str = "reference"
+    where: str = ""  # where each side ran, for the header
 
     def __str__(self) -> str:
         header = ("output", "dtype", "shape", "bit-exact", "differing", "max abs err",
                   "max ulp err", "worst at", self.got_label, self.want_label)
         rows = [header] + [_row(leaf) for leaf in self.leaves]
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-        lines = [f"numerics: {self.got_label} vs {self.want_label}"]
+        lines = [f"numerics: {self.got_label} vs {self.want_label}" +
+                 (f" ({self.where})" if self.where else "")]
         lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
         lines.append(f"max ulp err: |error| in ulps of the output's dtype at its largest "
                      f"|{self.want_label}| value; worst at: the largest absolute error")
@@ -131,10 +137,11 @@ def ulp(x: Any, dtype: Any) -> np.ndarray:
     return np.ldexp(1.0, exponent - info.nmant)
 
 
-def report(got: Any, want: Any, *, got_label: str = "trn2",
-           want_label: str = "reference") -> NumericsReport:
+def report(got: Any, want: Any, *, got_label: str = "trn2", want_label: str = "reference",
+           where: str = "") -> NumericsReport:
     """Compare two pytrees of arrays of the same structure and shapes, leaf by leaf; ULPs
-    are those of each `got` leaf's dtype (the reference may be wider, e.g. float64)."""
+    are those of each `got` leaf's dtype (the reference may be wider, e.g. float64).
+    `where`, if given, says in the header where each side ran."""
     got_leaves, got_tree = tree_util.tree_flatten_with_path(got)
     want_leaves, want_tree = tree_util.tree_flatten(want)
     if got_tree != want_tree:
@@ -143,7 +150,7 @@ def report(got: Any, want: Any, *, got_label: str = "trn2",
     return NumericsReport(tuple(_compare_leaf(tree_util.keystr(path), np.asarray(g),
                                               np.asarray(w))
                                 for (path, g), w in zip(got_leaves, want_leaves)),
-                          got_label, want_label)
+                          got_label, want_label, where)
 
 
 def _compare_leaf(path: str, got: np.ndarray, want: np.ndarray) -> LeafReport:
@@ -209,16 +216,97 @@ def compare(fun: Callable, *args, **kwargs) -> NumericsReport:
 
     `fun` is a plain function (jitted here with jax_trn2.jit and jax.jit) or a
     `jax_trn2.jit` function, whose static arguments and rounding mode are kept: compare
-    `jax_trn2.jit(f, rounding="stochastic", seed=0)` to see stochastic rounding. The
-    reference is jax.jit of the same function on the CPU devices of the function's mesh.
+    `jax_trn2.jit(f, rounding="stochastic", seed=0)` to see stochastic rounding.
+
+    The reference is always XLA:CPU, wherever the arguments live: arguments on trn2
+    devices (`jax.devices("trn2")`) are copied to host CPU devices with the same sharding
+    (trn2 device i as host device i), and the function is lowered for the CPU, so a mesh
+    of trn2 devices it closes over (a shard_map's, a sharding constraint's) runs on those
+    host devices too. The report's header says where each side ran.
     """
     simulated = fun if isinstance(fun, Jitted) else jit(fun)
     lowered = simulated.lower(*args, **kwargs)  # compiled once; its program gives the mesh
     dyn_args, dyn_kwargs = simulated.dynamic_arguments(args, kwargs)
     got = lowered.compile()(*dyn_args, **dyn_kwargs)
-    reference = simulated.jax_function  # jax.jit of the same function, static args and all
-    want = reference(*args, **kwargs)
-    return report(got, want, got_label=f"trn2 (rounding {simulated.rounding})",
-                  want_label="CPU JAX")
+    want = _on_cpu(simulated, args, kwargs)
+    simulated_devices = _count(lowered.program.mesh.num_devices, "simulated device")
+    host_devices_used = _count(len(_devices_of(want)), "host CPU device")
+    return report(got, want, got_label="trn2", want_label="XLA:CPU",
+                  where=f"trn2: jax_trn2's simulator on {simulated_devices}, rounding "
+                        f"{simulated.rounding}; XLA:CPU: jax on {host_devices_used}")
 
 
+def _on_cpu(simulated: Jitted, args: tuple, kwargs: dict) -> Any:
+    """The function of `simulated` (as jax.jit has it, static arguments and all) run by
+    XLA:CPU on the arguments moved to host CPU devices. Lowered for the CPU through
+    jax.export, which also moves the meshes the function closes over; jax.export cannot
+    hold host callbacks, so a function with any runs as jax.jit runs it on the moved
+    arguments (then a non-CPU mesh inside it is an error, not a silent self-comparison)."""
+    reference = simulated.jax_function
+    args, kwargs = tree_util.tree_map(_on_host, (args, kwargs))
+    dynamic = simulated.dynamic_arguments(args, kwargs)
+    try:
+        exported = jax.export.export(reference, platforms=("cpu",))(*args, **kwargs)
+    except NotImplementedError as e:
+        if "host_callbacks" not in str(e):
+            raise
+        dyn_args, dyn_kwargs = _placed_on(dynamic, 1)
+        want = reference(*dyn_args, **dyn_kwargs)
+    else:
+        dyn_args, dyn_kwargs = _placed_on(dynamic, exported.nr_devices)
+        want = jax.jit(exported.call)(*dyn_args, **dyn_kwargs)
+    elsewhere = sorted({d.platform for d in _devices_of(want)} - {"cpu"})
+    if elsewhere:
+        raise ValueError(
+            f"numerics.compare: the CPU reference ran on {', '.join(elsewhere)} devices: the "
+            "function puts values on them itself (a mesh of jax.devices('trn2') it closes "
+            "over, a device_put), and has host callbacks, which keep jax.export from moving "
+            "it to the CPU. Build its mesh from the arguments' (jax.typeof(x).sharding) or "
+            "with jax_trn2.make_mesh, whose devices run on both sides.")
+    return want
+
+
+def _placed_on(arguments: Any, num_devices: int) -> Any:
+    """Arguments on host CPU devices (_on_host) with the rest (NumPy arrays, Python
+    scalars, uncommitted arrays) replicated over the devices the others are on, else over
+    `num_devices` host devices (a program exported for that many needs them)."""
+    placed = {d for leaf in tree_util.tree_leaves(arguments)
+              if isinstance(leaf, jax.Array) and leaf.committed for d in leaf.sharding.device_set}
+    devices = sorted(placed, key=lambda d: d.id) if placed else \
+        host_devices(num_devices) if num_devices > 1 else jax.devices("cpu")[:1]
+    # (not a NamedSharding: jax would look for the program's result shardings on its mesh)
+    replicated = GSPMDSharding.get_replicated(devices)
+    return tree_util.tree_map(
+        lambda leaf: leaf if isinstance(leaf, jax.Array) and leaf.committed
+        else jax.device_put(leaf, replicated), arguments)
+
+
+def _on_host(leaf: Any) -> Any:
+    """A jax.Array on non-CPU devices, copied to the host CPU devices of the same ids (of
+    a host client with as many devices as the leaf's client) with the same sharding;
+    anything else as it is."""
+    if not isinstance(leaf, jax.Array) or \
+            all(d.platform == "cpu" for d in leaf.sharding.device_set):
+        return leaf
+    sharding = leaf.sharding
+    hosts = host_devices(len(next(iter(sharding.device_set)).client.devices()))
+    if isinstance(sharding, NamedSharding):
+        mesh = sharding.mesh
+        on_host = Mesh(np.vectorize(lambda d: hosts[d.id], otypes=[object])(mesh.devices),
+                       mesh.axis_names, axis_types=mesh.axis_types)
+        target = NamedSharding(on_host, sharding.spec)
+    elif isinstance(sharding, SingleDeviceSharding):
+        target = SingleDeviceSharding(hosts[next(iter(sharding.device_set)).id])
+    else:
+        target = GSPMDSharding(tuple(hosts[d.id] for d in sharding._device_assignment),
+                               sharding._to_xla_hlo_sharding(leaf.ndim))
+    return jax.device_put(np.asarray(leaf), target)
+
+
+def _devices_of(tree: Any) -> set:
+    return {d for leaf in tree_util.tree_leaves(tree) if isinstance(leaf, jax.Array)
+            for d in leaf.sharding.device_set}
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")

@@ -330,10 +330,11 @@ def as_input(array, name: str, device: jax.Device | None = None, on_cpu: bool = 
     device of any client) of ZERO_COPY_MIN_BYTES or more is put on `device` as that same
     memory when it is 64-byte aligned (as XLA's buffers are; NumPy's often are not, and are
     copied); smaller ones the function copies in. An array on an accelerator goes in as it
-    is (bitcast there to its bits)."""
+    is (bitcast there to its bits) when the executor runs on accelerators, else it is
+    fetched (a trn2 plugin buffer's value, say)."""
     want = input_dtype(name, on_cpu)
     if isinstance(array, jax.Array):
-        if any(d.platform != "cpu" for d in array.sharding.device_set):
+        if not on_cpu and any(d.platform != "cpu" for d in array.sharding.device_set):
             return array if array.dtype == want else jax.lax.bitcast_convert_type(array, want)
         if array.dtype == want and (device is None or array.sharding.device_set == {device}
                                     or array.nbytes < ZERO_COPY_MIN_BYTES

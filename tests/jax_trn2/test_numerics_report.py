@@ -152,7 +152,7 @@ def test_compare_runs_a_shard_map_on_the_mesh_and_on_cpu(rng):
     # FP32 partials added in different orders, rounded once to BF16: mostly the same value.
     assert product.exact_fraction > 0.5
     assert doubled.exact_fraction == 1.0
-    assert "CPU JAX" in str(report) and "rounding nearest" in str(report)
+    assert "vs XLA:CPU" in str(report) and "rounding nearest" in str(report)
 
 
 def test_compare_keeps_a_jitted_functions_statics_and_rounding(rng):
@@ -177,6 +177,64 @@ def test_compare_needs_no_host_device_setup():
     assert leaf.exact_fraction == 1.0
 
 
+def long_fp32_matmul(rng):
+    """A product whose 2,048-term FP32 sums the simulator adds in another order than XLA:CPU:
+    most of its elements differ in their last bits, so a report of 0 differing elements
+    would be the simulator compared with itself."""
+    a = rng.standard_normal((64, 2048)).astype(np.float32)
+    b = rng.standard_normal((2048, 64)).astype(np.float32)
+    return a, b
+
+
+def test_compare_of_arguments_on_trn2_devices_computes_its_reference_on_the_cpu(rng):
+    a, b = long_fp32_matmul(rng)
+    mesh = jax.make_mesh((8,), ("d",), devices=jax.devices("trn2")[:8],
+                         axis_types=(jax.sharding.AxisType.Auto,))
+    on_mesh = (jax.device_put(a, jax.sharding.NamedSharding(mesh, P("d"))),
+               jax.device_put(b, jax.sharding.NamedSharding(mesh, P())))
+    on_one_device = (jax.device_put(a, jax.devices("trn2")[3]), b)
+
+    def matmul(a, b):
+        return a @ b
+
+    (on_host,) = numerics.compare(matmul, a, b).leaves
+    assert on_host.differing > on_host.size // 2
+    for args in (on_mesh, on_one_device):
+        report = numerics.compare(matmul, *args)
+        assert report.leaves == (on_host,)
+        assert "XLA:CPU: jax on" in str(report) and "host CPU device" in str(report)
+
+
+def test_compare_moves_a_trn2_mesh_the_function_closes_over_to_the_cpu(rng):
+    """A shard_map over a mesh of trn2 devices: XLA:CPU runs it on host devices."""
+    a, b = long_fp32_matmul(rng)
+    mesh = jax.make_mesh((8,), ("d",), devices=jax.devices("trn2")[:8],
+                         axis_types=(jax.sharding.AxisType.Auto,))
+
+    def matmul_psum(a, b):
+        return jax.shard_map(lambda a, b: jax.lax.psum(a @ b, "d"), mesh=mesh,
+                             in_specs=(P(None, "d"), P("d")), out_specs=P())(a, b)
+
+    report = numerics.compare(matmul_psum, a, b)
+    (leaf,) = report.leaves
+    assert leaf.differing > leaf.size // 2
+    assert "8 simulated devices" in str(report) and "8 host CPU devices" in str(report)
+
+
+def test_compare_runs_host_callbacks_on_the_cpu_too(rng):
+    """jax.export holds no host callbacks: such a function's reference is jax.jit's on
+    the arguments moved to a host CPU device."""
+    a, b = long_fp32_matmul(rng)
+
+    def with_callback(a, b):
+        doubled = jax.pure_callback(lambda v: 2 * v, jax.ShapeDtypeStruct(a.shape, a.dtype), a)
+        return doubled @ b
+
+    (leaf,) = numerics.compare(with_callback, jax.device_put(a, jax.devices("trn2")[0]),
+                               b).leaves
+    assert leaf.differing > leaf.size // 2
+
+
 def test_compare_command_loads_a_script(tmp_path, capsys):
     script = tmp_path / "model.py"
     script.write_text(textwrap.dedent("""
@@ -191,7 +249,7 @@ def test_compare_command_loads_a_script(tmp_path, capsys):
     """))
     assert cli.main(["compare", f"{script}:double"]) == 0
     out = capsys.readouterr().out
-    assert "vs CPU JAX" in out and "bfloat16" in out and "100.00%" in out
+    assert "vs XLA:CPU" in out and "bfloat16" in out and "100.00%" in out
     assert cli.main(["compare", f"{script}:double", "--rounding", "stochastic"]) == 0
     assert "rounding stochastic(seed=0)" in capsys.readouterr().out
 

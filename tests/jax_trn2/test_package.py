@@ -1,5 +1,7 @@
 """What a released package shows: its license, version and authors, as installed."""
 
+import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -29,3 +31,14 @@ def test_the_version_is_the_installed_packages(capsys):
         cli.main(["--version"])
     assert exited.value.code == 0
     assert capsys.readouterr().out == f"jax-trn2 {jax_trn2.__version__}\n"
+
+
+@pytest.mark.parametrize("name", ["numerics", "plan", "serving", "training"])
+def test_modules_the_readme_uses_are_attributes_of_the_package(name):
+    """`import jax_trn2; jax_trn2.plan.sweep(...)`, as the README writes it, in a fresh
+    interpreter (a test process has imported the modules already)."""
+    code = f"import jax_trn2; print(jax_trn2.{name}.__name__)"
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == f"jax_trn2.{name}"
