@@ -143,7 +143,7 @@ def _kept_or_partitioned(module: ir.Module, bytecode: bytes,
     log: list[str] = []
     try:
         # one partitioning at a time: the capture redirects the process's stderr
-        with _XLA_LOCK, xla_log.captured_stderr() as log:  # XLA's log, re-reported below
+        with _XLA_LOCK, xla_log.captured_stderr() as log:  # XLA's warnings, said below
             partitioned, failure = _partition(module, num_devices)
     finally:
         xla_log.report(log)

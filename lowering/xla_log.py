@@ -1,10 +1,12 @@
-"""XLA's C++ log while it partitions a program, kept off the user's console.
+"""XLA's C++ log while it partitions a program, with its warnings said the Python way.
 
 XLA writes its log (absl logging) straight to file descriptor 2, not through Python, so
-lowering.partition captures that descriptor around its compile (`captured_stderr`) and
-`report` re-reports what matters: the partitioner's "Involuntary full rematerialization"
-warnings as one Python warning that says what they cost and where to look; any other line
-goes back to stderr as it was.
+lowering.partition sends that descriptor through a pipe around its compile
+(`captured_stderr`): a thread passes every line on to stderr as it comes, but for the
+partitioner's "Involuntary full rematerialization" warnings, which it holds back for
+`report` to say once as a Python warning that says what they cost and where to look. The
+lines go on at once, not after the compile, so that when XLA aborts the process (a failed
+check) its message still reaches the console, under a line that says what was running.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import contextlib
 import os
 import re
 import sys
-import tempfile
+import threading
 import warnings
 from typing import Iterator, Sequence
 
@@ -23,26 +25,56 @@ STDERR_FD = 2
 FULL_REMATERIALIZATION = re.compile(
     r"Involuntary full rematerialization\. The compiler cannot go from sharding (.+?) to "
     r"(.+?) efficiently for HLO operation (%\S+) = (\w+\[[\d,]*\])")
+# absl's fatal log line, which XLA writes just before it aborts: "F1204 08:05:16.807997 ..."
+FATAL = re.compile(rb"^F\d{4} ")
+FATAL_PREFACE = (b"jax-trn2: XLA aborted the process while it compiled a program for the "
+                 b"simulator (XLA's SPMD partitioner and XLA:CPU's passes, "
+                 b"lowering.partition); XLA's message:\n")
 _REPORTED: set[str] = set()  # the values warned about, once per process
 
 
 @contextlib.contextmanager
 def captured_stderr() -> Iterator[list[str]]:
-    """Send what is written to file descriptor 2 inside the block to a temporary file;
-    yields a list that holds its lines once the block ends."""
-    lines: list[str] = []
+    """Pass what is written to file descriptor 2 inside the block on to stderr line by
+    line, but for the full-rematerialization warnings: yields a list that holds those
+    (for `report`) once the block ends."""
+    held: list[str] = []
     sys.stderr.flush()
+    read_end, write_end = os.pipe()
     saved = os.dup(STDERR_FD)
-    with tempfile.TemporaryFile() as log:
-        os.dup2(log.fileno(), STDERR_FD)
-        try:
-            yield lines
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, STDERR_FD)
-            os.close(saved)
-            log.seek(0)
-            lines.extend(log.read().decode("utf-8", errors="replace").splitlines())
+    forwarder = threading.Thread(target=_forward, args=(read_end, saved, held),
+                                 name="jax-trn2 XLA log", daemon=True)
+    forwarder.start()
+    os.dup2(write_end, STDERR_FD)
+    os.close(write_end)
+    try:
+        yield held
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, STDERR_FD)  # the pipe's last write end closes: the forwarder ends
+        forwarder.join()
+        os.close(saved)
+
+
+def _forward(read_end: int, stderr: int, held: list[str]) -> None:
+    """Copy lines from `read_end` to `stderr` until the pipe closes, holding back the
+    rematerialization warnings in `held`; a fatal line gets FATAL_PREFACE first."""
+    pending = b""
+    with os.fdopen(read_end, "rb", buffering=0) as pipe:
+        while chunk := pipe.read(65536):
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                _pass_on(line, stderr, held)
+    if pending:
+        _pass_on(pending, stderr, held)
+
+
+def _pass_on(line: bytes, stderr: int, held: list[str]) -> None:
+    text = line.decode("utf-8", errors="replace")
+    if FULL_REMATERIALIZATION.search(text):
+        held.append(text)
+        return
+    os.write(stderr, (FATAL_PREFACE if FATAL.match(line) else b"") + line + b"\n")
 
 
 def report(lines: Sequence[str]) -> None:
