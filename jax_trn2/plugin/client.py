@@ -36,8 +36,13 @@ class Client:
         self._copies: collections.OrderedDict = collections.OrderedDict()  # buffer_from_host
         self._lock = threading.Lock()
         topology = options.topology
-        self.devices = [Device(i, topology.coords(i), DEVICE_KIND, topology.chip.hbm_bytes)
+        self.devices = [Device(i, topology.coords(i), DEVICE_KIND, topology.chip.hbm_bytes,
+                               options.process_of(i),
+                               options.process_of(i) == options.process_index)
                         for i in range(topology.num_chips)]
+        self.addressable_devices = [d for d in self.devices if d.addressable]
+        # jax.distributed's processes by index: their state as jaxlib last reported it
+        self.process_states: dict[int, int] = {}
         self.memories = []
         for device in self.devices:
             memory = Memory(device.id, DEVICE_MEMORY_KIND, device)

@@ -51,6 +51,7 @@ class Executable:
             list(parsed.env_option_overrides),
             options.ProgramOptions(client.options.rounding, topology=client.options.topology))
         self.devices: list[Device] = [client.device(d) for row in self.assignment for d in row]
+        _refuse_other_processes_devices(self.devices, client.options.process_index)
         self.loaded = LoadedExecutable.from_stablehlo(
             self.options.topology, self.code, rounding=self.options.rounding,
             device_assignment=[d.id for d in self.devices],
@@ -285,3 +286,16 @@ def _flat(values: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = str(value)
     return out
+
+
+def _refuse_other_processes_devices(devices: Sequence[Device], process_index: int) -> None:
+    """A program on devices of several jax.distributed processes needs their values to
+    cross processes, which the simulator does not do yet: an error that says so, at
+    compile time (a program on this process's own devices runs as on one process)."""
+    others = sorted({d.process_index for d in devices} - {process_index})
+    if others:
+        raise NotImplementedError(
+            f"this trn2 program runs on devices of process(es) {others} as well as this one's "
+            f"({process_index}): a simulation across jax.distributed processes is not "
+            "supported yet. Run it on this process's devices (jax.local_devices(backend="
+            "'trn2')), or in one process.")

@@ -126,6 +126,8 @@ class Device:
     coords: tuple[int, ...]
     kind: str
     hbm_bytes: int  # capacity, from the chip spec
+    process_index: int = 0  # the jax.distributed process that owns it
+    addressable: bool = True  # owned by this process
     memories: list[Memory] = field(default_factory=list)
     owned: abi.Owned = field(default_factory=abi.Owned)
     bytes_in_use: int = 0  # of the buffers on this chip now

@@ -13,6 +13,11 @@ else from the environment:
     JAX_TRN2_ROUNDING      "nearest" (default) or "stochastic"
     JAX_TRN2_SEED          the stochastic rounding seed (default 0)
 
+Under jax.distributed, jax adds `node_id` and `num_nodes` (this process's index and the
+process count; `partition_index` too, on some jobs): the simulated machine's devices are
+then split over the processes in blocks of consecutive ids, as a multi-host Trn2 job's
+NeuronCores are, each process addressing its own block.
+
 Program options are `compiler_options` with a `trn2_` prefix, of jax.jit (jax passes them
 to PJRT_Client_Compile) and of jax_trn2.jit alike: `trn2_rounding`, `trn2_seed`,
 `trn2_check_memory`, `trn2_topology` (a preset name; jax_trn2.jit also takes a Topology
@@ -35,21 +40,40 @@ PREFIX = "trn2_"
 _ENV = {"topology": "JAX_TRN2_TOPOLOGY", "failed_links": "JAX_TRN2_FAILED_LINKS",
         "failed_chips": "JAX_TRN2_FAILED_CHIPS", "rounding": "JAX_TRN2_ROUNDING",
         "seed": "JAX_TRN2_SEED"}
+# What jax passes to every plugin's client under jax.distributed (xla_bridge)
+_DISTRIBUTED = ("node_id", "num_nodes", "partition_index")
 _PROGRAM_KEYS = ("rounding", "seed", "check_memory", "topology")
 
 
 @dataclass(frozen=True)
 class ClientOptions:
-    """The plugin client's machine, and the rounding of programs that name none."""
+    """The plugin client's machine, the rounding of programs that name none, and which
+    process of how many (jax.distributed) this client is."""
 
     topology: Topology
     rounding: Rounding = NEAREST
+    process_index: int = 0
+    process_count: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.process_index < self.process_count:
+            raise ValueError(f"node_id {self.process_index} is not one of the job's "
+                             f"{self.process_count} processes (num_nodes)")
+        if self.process_count > self.topology.num_chips:
+            raise ValueError(f"{self.process_count} processes (num_nodes) for the "
+                             f"{self.topology.num_chips} devices of {self.topology.name}: "
+                             "each process needs at least one")
+
+    def process_of(self, device_id: int) -> int:
+        """The process that owns device `device_id`: blocks of consecutive ids, as even as
+        the count allows."""
+        return device_id * self.process_count // self.topology.num_chips
 
 
 def client_options(given: Mapping[str, Any]) -> ClientOptions:
     """The client's options from PJRT_Client_Create's named values, else the environment;
     ValueError naming an option it does not know or a value it cannot read."""
-    known = set(_ENV)
+    known = set(_ENV) | set(_DISTRIBUTED)
     unknown = sorted(set(given) - known)
     if unknown:
         raise ValueError(f"unknown trn2 client option(s) {unknown}; known: {sorted(known)} "
@@ -72,7 +96,9 @@ def client_options(given: Mapping[str, Any]) -> ClientOptions:
     if overrides:
         topology = topology.with_overrides(**overrides)
     return ClientOptions(topology, Rounding(value["rounding"] or NEAREST.mode,
-                                            _int(value["seed"] or 0, "seed")))
+                                            _int(value["seed"] or 0, "seed")),
+                         _int(given.get("node_id", 0), "node_id"),
+                         _int(given.get("num_nodes", 1), "num_nodes"))
 
 
 @dataclass(frozen=True)

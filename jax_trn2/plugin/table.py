@@ -133,8 +133,7 @@ def Client_PlatformName(args):
 
 @slot
 def Client_ProcessIndex(args):
-    _the_client(args.client)
-    args.process_index = 0
+    args.process_index = _the_client(args.client).options.process_index
 
 
 @slot
@@ -158,7 +157,7 @@ def Client_Devices(args):
 def Client_AddressableDevices(args):
     client = _the_client(args.client)
     args.addressable_devices, args.num_addressable_devices = \
-        _device_pointers(client, client.devices)
+        _device_pointers(client, client.addressable_devices)
 
 
 @slot
@@ -176,7 +175,8 @@ def Client_LookupAddressableDevice(args):
 def Client_AddressableMemories(args):
     client = _the_client(args.client)
     args.addressable_memories, args.num_addressable_memories = client.owned.array(
-        ctypes.c_void_p, [HANDLES.pointer(m) for m in client.memories])
+        ctypes.c_void_p, [HANDLES.pointer(m) for m in client.memories
+                          if m.device.addressable])
 
 
 @slot
@@ -221,6 +221,16 @@ def Client_BufferFromHostBuffer(args):
     args.done_with_host_buffer = _READY  # copied: the host memory is free
 
 
+@slot
+def Client_UpdateGlobalProcessInfo(args):
+    """Under jax.distributed, jaxlib's watcher thread reports every process's state (its
+    coordination service's): kept, for errors that name a process that is gone."""
+    client = _the_client(args.client)
+    infos = (c.PJRT_ProcessInfo * args.num_process_infos).from_address(args.process_infos) \
+        if args.num_process_infos else []
+    client.process_states = {info.task_id: info.state for info in infos}
+
+
 _unimplemented("Client_TopologyDescription",
                "the simulated machine's topology is jax_trn2's (mesh.machine)")
 
@@ -234,8 +244,7 @@ def Device_GetDescription(args):
 
 @slot
 def Device_IsAddressable(args):
-    _get(args.device, Device)
-    args.is_addressable = True
+    args.is_addressable = _get(args.device, Device).addressable
 
 
 @slot
@@ -277,8 +286,7 @@ def DeviceDescription_Id(args):
 
 @slot
 def DeviceDescription_ProcessIndex(args):
-    _get(args.device_description, Device)
-    args.process_index = 0
+    args.process_index = _get(args.device_description, Device).process_index
 
 
 @slot

@@ -1,0 +1,74 @@
+"""The plugin under jax.distributed: two processes on localhost, with the plugin installed
+(jax starts its backend in each), run a CPU program and split the simulated devices."""
+
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jax_trn2.plugin.options import client_options
+
+REPO = Path(__file__).resolve().parents[3]
+
+WORKER = textwrap.dedent("""
+    import sys
+    import jax
+    process_id, port = int(sys.argv[1]), sys.argv[2]
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
+                               process_id=process_id, initialization_timeout=120)
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    print("cpu sum", float(jax.jit(lambda v: v.sum())(jnp.ones(8))))
+    trn2, local = jax.devices("trn2"), jax.local_devices(backend="trn2")
+    print("devices", len(trn2), "local", len(local), "owners",
+          sorted({d.process_index for d in local}))
+    x = jax.device_put(np.arange(4.0, dtype=np.float32), local[0])
+    print("local program", np.asarray(jax.jit(lambda v: v * 2)(x)).tolist())
+    mesh = jax.make_mesh((len(trn2),), ("d",), devices=trn2)
+    try:
+        jax.jit(lambda v: v + 1, out_shardings=NamedSharding(mesh, P())).lower(
+            jax.ShapeDtypeStruct((4,), jnp.float32)).compile()
+    except Exception as e:
+        print("spanning program:", str(e).splitlines()[0])
+""")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_run_cpu_programs_and_own_half_the_devices_each():
+    port = str(free_port())
+    workers = [subprocess.Popen([sys.executable, "-c", WORKER, str(i), port], cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for i in range(2)]
+    try:
+        outputs = [w.communicate(timeout=300) for w in workers]
+    finally:
+        for w in workers:
+            w.kill()
+    for i, (worker, (out, err)) in enumerate(zip(workers, outputs)):
+        assert worker.returncode == 0, err[-3000:]
+        lines = out.splitlines()
+        assert lines[0] == "cpu sum 8.0"
+        assert lines[1] == f"devices 64 local 32 owners [{i}]"
+        assert lines[2] == "local program [0.0, 2.0, 4.0, 6.0]"
+        assert f"runs on devices of process(es) [{1 - i}]" in lines[3]
+        assert "not supported yet" in lines[3]
+
+
+def test_devices_are_split_in_blocks_of_consecutive_ids():
+    options = client_options({"node_id": 2, "num_nodes": 3, "topology": "trn2"})
+    assert [options.process_of(i) for i in range(16)] == [0] * 6 + [1] * 5 + [2] * 5
+    with pytest.raises(ValueError, match="node_id 3 is not one of the job's 3 processes"):
+        client_options({"node_id": 3, "num_nodes": 3})
+    with pytest.raises(ValueError, match="17 processes .* 16 devices of trn2"):
+        client_options({"node_id": 0, "num_nodes": 17, "topology": "trn2"})
