@@ -24,12 +24,10 @@ A subcommand is a function in COMMANDS that adds its parser to the subparsers an
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import inspect as pyinspect
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import jax
 
@@ -41,6 +39,7 @@ from jax_trn2.jit import Jitted, jit
 from jax_trn2.numerics import compare
 from jax_trn2.plan_command import add_plan
 from jax_trn2.plot import save_plot
+from jax_trn2.scripts import example_arguments, load_target
 from mesh.perf import trace
 from mesh.machine import TOPOLOGY_NAMES, ULTRACLUSTER_PREFIX, Topology, get_topology
 
@@ -187,65 +186,15 @@ def compare_command(args: argparse.Namespace) -> int:
         jax.config.update("jax_num_cpu_devices", CLI_CPU_DEVICES)
     except RuntimeError:
         pass  # JAX already runs (compare called in-process): _cpu_placement checks the count
-    script, fun = _load_target(args.target)
+    script, fun = load_target(args.target)
     if args.rounding is not None:
         if isinstance(fun, Jitted):
             raise ValueError(f"{args.target} is a jax_trn2.jit function with its own rounding "
                              "mode; --rounding applies to plain functions")
         fun = jit(fun, rounding=args.rounding, seed=args.seed)
-    call_args, call_kwargs = _example_arguments(script, fun, args.args_function, args.target)
+    call_args, call_kwargs = example_arguments(script, fun, args.args_function, args.target)
     print(compare(fun, *call_args, **call_kwargs))
     return 0
-
-
-def _load_target(target: str):
-    path, sep, name = target.rpartition(":")
-    if not sep or not path or not name:
-        raise ValueError(f"expected script.py:function, got {target!r}")
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
-    spec = importlib.util.spec_from_file_location(file.stem, file)
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(file.resolve().parent))  # the script's own imports
-    if spec.name not in sys.modules:  # importable by name: `plan`'s worker processes
-        sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    if not callable(getattr(module, name, None)):
-        raise ValueError(f"{path} has no function {name!r}")
-    return module, getattr(module, name)
-
-
-def _example_arguments(module, fun: Callable, args_function: str, target: str):
-    """(args, kwargs) from the script's `args_function`, or none for a function that takes
-    no arguments."""
-    builder = getattr(module, args_function, None)
-    if builder is None:
-        if _required_parameters(fun):
-            raise ValueError(f"{target} takes arguments: define {args_function}() in the "
-                             "script, returning them (a tuple, or (args, kwargs)), or name "
-                             "another function with --args")
-        return (), {}
-    if not callable(builder):
-        raise ValueError(f"{args_function} in {module.__file__} is a "
-                         f"{type(builder).__name__}, not a function: define "
-                         f"{args_function}() returning the arguments (a tuple, or "
-                         "(args, kwargs))")
-    made = builder()
-    is_args_and_kwargs = (isinstance(made, tuple) and len(made) == 2
-                          and isinstance(made[0], (tuple, list)) and isinstance(made[1], dict))
-    if is_args_and_kwargs:
-        return tuple(made[0]), made[1]
-    return (tuple(made) if isinstance(made, (tuple, list)) else (made,)), {}
-
-
-def _required_parameters(fun: Callable) -> int:
-    try:
-        params = pyinspect.signature(fun).parameters.values()
-    except (TypeError, ValueError):
-        return 0
-    return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-               for p in params)
 
 
 COMMANDS = (add_inspect, add_compare, add_plan)

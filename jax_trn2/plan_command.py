@@ -19,6 +19,7 @@ from pathlib import Path
 from jax_trn2 import plan
 from jax_trn2.layout import KINDS, Layout, grid
 from jax_trn2.mesh import DEFAULT_TOPOLOGY
+from jax_trn2.scripts import load_target
 
 
 def add_plan(subparsers) -> None:
@@ -99,8 +100,7 @@ def candidates(args: argparse.Namespace) -> list[Layout]:
 
 def plan_command(args: argparse.Namespace) -> int:
     """`jax-trn2 plan script.py:build ...`: print the ranked table; returns 0."""
-    from jax_trn2.cli import _load_target  # here: jax_trn2.cli imports this module
-    _, build = _load_target(args.target)
+    _, build = load_target(args.target)
     table = plan.sweep(build, candidates(args), tokens_per_step=args.tokens_per_step,
                        model_flops=args.model_flops, train_tokens=args.train_tokens,
                        price_per_chip_hour=args.price, workers=args.workers)
