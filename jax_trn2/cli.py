@@ -117,7 +117,7 @@ def inspect(args: argparse.Namespace) -> int:
     estimate = executable.estimate  # the host computation is not compiled: nothing runs
     print(estimate.listing())
     if args.trace is not None:
-        trace.write_trace(args.trace, estimate.trace())
+        trace.write_trace(args.trace, trace.chrome_trace(estimate))
         print(f"\ntrace written to {args.trace} (open in ui.perfetto.dev or chrome://tracing)")
     if args.plot is not None:
         save_plot(estimate, args.plot)

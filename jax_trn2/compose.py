@@ -10,8 +10,9 @@ call of the vmapped function. The function a call carries is the `jax.jit` of th
 function with the `jax_trn2.jit`'s in/out shardings, so the transformed computation checks
 and keeps them as jax.jit does (jax.jit's own JVP, transpose and batching rules carry them
 along) and the program run on the mesh is partitioned like the untransformed one. When
-such a call is finally evaluated (no tracer left, at the top level), `_run_on_mesh`
-compiles the function it carries for the simulated mesh and runs it there. So
+such a call is finally evaluated (no tracer left, at the top level), its implementation
+(jax_trn2.jit's `_run_on_mesh`, which jax_trn2.jit installs: this module knows nothing of
+compiling) compiles the function it carries for the simulated mesh and runs it there. So
 `jax.grad(jax_trn2.jit(f))(x)` runs the forward pass and the backward pass on the simulated
 mesh, each as its own program. Inside a staged computation (`jax.jit`, or an outer
 `jax_trn2.jit`) the call is inlined as a `func.call` of the function.
@@ -90,31 +91,11 @@ def _with_statics(args: tuple, kwargs: dict, static: dict) -> tuple[tuple, dict]
     return tuple(args), kwargs
 
 
-def _run_on_mesh(fun: lu.WrappedFun, *args, name: str, options: ProgramOptions,
-                 executor_devices: tuple[Any, ...] | None):
-    """Evaluate a trn2_call: compile the (possibly transformed) function for the mesh and
-    run it. A transformed function records what its transformation needs when traced, so
-    each evaluation traces it exactly once (no compilation cache across calls)."""
-    from jax_trn2.jit import Jitted  # jit imports this module
-
-    def flat(*flat_args):
-        return list(fun.call_wrapped(*flat_args))
-
-    flat.__name__ = name
-    # Under `jax.vmap` with an `axis_name` the call is evaluated inside the vmap's axis
-    # environment: the function is traced in it (its collectives over the vmapped axis
-    # name it), and the program, which names no outer axis, runs as every program does,
-    # at jax's top level (jax_trn2.executable._executor_context).
-    return Jitted(flat, options=options,
-                  executor_devices=executor_devices).lower(*args).compile()(*args)
-
-
 def _lower_inline(ctx, *args, call_jaxpr, name, options, executor_devices):
     del options, executor_devices  # the enclosing program's machine and rounding apply
     return mlir.core_call_lowering(ctx, *args, name=name, call_jaxpr=call_jaxpr)
 
 
-trn2_call_p.def_impl(_run_on_mesh)
 mlir.register_lowering(trn2_call_p, _lower_inline)
 ad.fancy_transposes[trn2_call_p] = partial(ad.call_transpose_fancy, trn2_call_p)
 pe.partial_eval_jaxpr_custom_rules[trn2_call_p] = partial(

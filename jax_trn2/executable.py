@@ -401,7 +401,7 @@ class LoadedExecutable:
     def save_trace(self, path: str | os.PathLike, chips: Iterable[int] | None = None) -> None:
         """Write the estimated timeline as Chrome trace-event JSON (Perfetto,
         chrome://tracing): one process per chip (all, or the chip ids `chips`)."""
-        trace.write_trace(path, self.estimate.trace(chips))
+        trace.write_trace(path, trace.chrome_trace(self.estimate, chips))
 
     def execute(self, args: Sequence[Any], chip_pieces: bool = False) -> list[Any]:
         """Run on global arrays; returns the global results (of an SPMD module: every

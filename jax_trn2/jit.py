@@ -894,3 +894,23 @@ def jit(fun: Callable | None = None, *, in_shardings: Any = UNSPECIFIED,
                                  executor_devices=executor_devices, **jit_options)
     return Jitted(fun, static_argnums, static_argnames, options, executor_devices,
                   **jit_options)
+
+
+def _run_on_mesh(fun: Any, *args, name: str, options: ProgramOptions,
+                 executor_devices: tuple[Any, ...] | None):
+    """Evaluate a trn2_call: compile the (possibly transformed) function for the mesh and
+    run it. A transformed function records what its transformation needs when traced, so
+    each evaluation traces it exactly once (no compilation cache across calls)."""
+    def flat(*flat_args):
+        return list(fun.call_wrapped(*flat_args))
+
+    flat.__name__ = name
+    # Under `jax.vmap` with an `axis_name` the call is evaluated inside the vmap's axis
+    # environment: the function is traced in it (its collectives over the vmapped axis
+    # name it), and the program, which names no outer axis, runs as every program does,
+    # at jax's top level (jax_trn2.executable._executor_context).
+    return Jitted(flat, options=options,
+                  executor_devices=executor_devices).lower(*args).compile()(*args)
+
+
+compose.trn2_call_p.def_impl(_run_on_mesh)

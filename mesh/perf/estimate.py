@@ -3,7 +3,7 @@
     estimate = ProgramEstimate(planned_program, topology, placement)
     estimate.cost_analysis()   # jax's keys plus a 'trn2' breakdown
     estimate.listing()         # the program with an estimated time on every line
-    estimate.trace()           # Chrome trace-event JSON (mesh.perf.trace)
+    trace.chrome_trace(estimate)  # Chrome trace-event JSON (mesh.perf.trace)
     estimate.memory            # HBM per chip over this schedule (mesh.memory)
 
 Instructions with sub-programs (loops, conditionals; any instruction whose class has no cost
@@ -23,7 +23,7 @@ from typing import Sequence
 
 from mesh import isa
 from mesh.isa import printer
-from mesh.perf import schedule, trace
+from mesh.perf import schedule
 from mesh.perf.cost import Cost, has_rule, instruction_cost, queue
 from mesh.machine import Placement, Topology, chips_text
 from mesh.machine.runtime import IDEAL_RUNTIME
@@ -252,10 +252,6 @@ class ProgramEstimate:
                      + self.topology.runtime.text())
         lines.append(self.memory.summary())
         return "\n".join(lines)
-
-    def trace(self, chips=None) -> dict:
-        """Chrome trace-event JSON (a dict) of the timeline, one process per chip."""
-        return trace.chrome_trace(self, chips)
 
     def timeline(self, max_events: int | None = None) -> list[TimelineEvent]:
         """Every instruction run of one chip's step, loops unrolled into their iterations

@@ -16,6 +16,7 @@ import jax_trn2
 from jax_trn2.cli import main
 from mesh import isa
 from mesh.perf.schedule import ENGINES
+from mesh.perf.trace import chrome_trace
 
 REPO = Path(__file__).resolve().parents[2]
 M, K, N = 64, 256, 128  # global a[M, K] @ b[K, N]; K split over y, M over x
@@ -119,7 +120,7 @@ def test_trace_has_a_process_per_chip_and_a_thread_per_engine(compiled, tmp_path
 
 
 def test_trace_of_all_chips_and_unknown_chips(compiled, tmp_path):
-    trace = compiled.executable.estimate.trace()
+    trace = chrome_trace(compiled.executable.estimate)
     assert len({e["pid"] for e in trace["traceEvents"]}) == 64
     with pytest.raises(ValueError, match=r"chips \[64\] are not chips the program runs on"):
         compiled.save_trace(tmp_path / "bad.json", chips=[64])

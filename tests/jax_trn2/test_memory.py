@@ -10,6 +10,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jax_trn2
+from mesh.perf import trace
 
 GIB = 2**30
 F = 1024 * 1024 * 4  # one float32[1024,1024]
@@ -164,7 +165,7 @@ def test_trace_has_an_hbm_counter_per_chip():
     mesh = jax_trn2.make_mesh()
     f = jax.shard_map(transposes, mesh=mesh, in_specs=P(), out_specs=P())
     estimate = jax_trn2.jit(f).lower(SQUARE).compile().executable.estimate
-    events = estimate.trace(chips=[0, 5])["traceEvents"]
+    events = trace.chrome_trace(estimate, chips=[0, 5])["traceEvents"]
     counter = [e for e in events if e["ph"] == "C"]
     assert {e["name"] for e in counter} == {"HBM"} and {e["pid"] for e in counter} == {0, 5}
     chip0 = [e for e in counter if e["pid"] == 0]

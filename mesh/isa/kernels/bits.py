@@ -9,7 +9,7 @@ import numpy as np
 from jax import lax
 
 from mesh import dtypes, emulated_floats, isa, numerics
-from mesh.isa.kernels import kernel
+from mesh.isa.kernels.registry import kernel
 from mesh.isa.kernels.context import KernelContext
 
 ALGORITHMS = {

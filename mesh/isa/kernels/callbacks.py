@@ -18,7 +18,7 @@ import numpy as np
 from jax.experimental import io_callback
 
 from mesh import dtypes, isa
-from mesh.isa.kernels import kernel
+from mesh.isa.kernels.registry import kernel
 from mesh.isa.kernels.context import KernelContext
 
 

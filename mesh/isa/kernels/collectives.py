@@ -19,7 +19,7 @@ import numpy as np
 from jax import lax
 
 from mesh import isa
-from mesh.isa.kernels import kernel
+from mesh.isa.kernels.registry import kernel
 from mesh.isa.kernels.context import KernelContext
 from mesh.isa.kernels.elementwise import boolean_equivalent
 from mesh.isa.kernels.reduction import MONOIDS

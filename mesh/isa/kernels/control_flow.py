@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from mesh.isa.control import Case, Composite, Scan, While
-from mesh.isa.kernels import kernel
+from mesh.isa.kernels.registry import kernel
 from mesh.isa.kernels.context import KernelContext
 
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from mesh import dtypes, isa, numerics
-from mesh.isa.kernels import kernel
+from mesh.isa.kernels.registry import kernel
 from mesh.isa.kernels.context import KernelContext
 from mesh.isa.kernels.devices import map_devices
 

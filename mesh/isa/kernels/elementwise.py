@@ -8,7 +8,7 @@ import numpy as np
 from jax import lax
 
 from mesh import dtypes, emulated_floats, isa, numerics
-from mesh.isa.kernels import kernel
+from mesh.isa.kernels.registry import kernel
 from mesh.isa.kernels.bits import bitcast_convert
 from mesh.isa.kernels.context import KernelContext
 from mesh.isa.kernels.matmul import converts_native_matmul, native_matmul_converted

@@ -20,7 +20,7 @@ import numpy as np
 from jax import lax
 
 from mesh import dtypes, isa
-from mesh.isa.kernels import kernel
+from mesh.isa.kernels.registry import kernel
 from mesh.isa.kernels.context import KernelContext
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from jax import lax
 
 from mesh import isa
-from mesh.isa.kernels import kernel
+from mesh.isa.kernels.registry import kernel
 from mesh.isa.kernels.context import KernelContext
 from mesh.isa.kernels.devices import map_devices
 

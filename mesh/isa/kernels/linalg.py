@@ -18,7 +18,7 @@ from jax import lax
 from jax._src.lax import linalg as lax_linalg  # geqrf, geqp3, ormqr: no public entry point
 
 from mesh import isa
-from mesh.isa.kernels import kernel
+from mesh.isa.kernels.registry import kernel
 from mesh.isa.kernels.context import KernelContext
 
 

@@ -35,7 +35,8 @@ from jax import lax
 from jax.sharding import PartitionSpec
 
 from mesh import dtypes, isa, numerics, sharding
-from mesh.isa.kernels import kernel, native, views
+from mesh.isa.kernels import native, views
+from mesh.isa.kernels.registry import kernel
 from mesh.isa.kernels.context import KernelContext
 
 

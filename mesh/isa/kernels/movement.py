@@ -6,7 +6,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from mesh import isa
-from mesh.isa.kernels import kernel, native
+from mesh.isa.kernels import native
+from mesh.isa.kernels.registry import kernel
 from mesh.isa.kernels.context import KernelContext
 from mesh.isa.kernels.devices import broadcast_mesh, map_devices
 from mesh.isa.kernels.matmul import native_matmul_placed, runs_natively

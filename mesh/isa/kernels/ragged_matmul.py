@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from mesh import isa
-from mesh.isa.kernels import kernel
+from mesh.isa.kernels.registry import kernel
 from mesh.isa.kernels.context import KernelContext
 from mesh.isa.kernels.matmul import _passes
 

@@ -12,7 +12,7 @@ import numpy as np
 from jax import lax
 
 from mesh import dtypes, isa
-from mesh.isa.kernels import kernel
+from mesh.isa.kernels.registry import kernel
 from mesh.isa.kernels.context import KernelContext
 from mesh.isa.kernels.devices import broadcast_mesh
 from mesh.isa.kernels.sub_byte import from_bytes, to_bytes

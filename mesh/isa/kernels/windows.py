@@ -9,7 +9,7 @@ import numpy as np
 from jax import lax
 
 from mesh import isa, numerics
-from mesh.isa.kernels import kernel
+from mesh.isa.kernels.registry import kernel
 from mesh.isa.kernels.elementwise import boolean_equivalent
 from mesh.isa.kernels.context import KernelContext
 from mesh.isa.kernels.devices import broadcast_mesh, map_devices
