@@ -56,7 +56,8 @@ from typing import Iterable, Sequence
 
 from mesh import isa, sharding
 from mesh.isa import control
-from mesh.perf.cost import STREAMING_CONSUMERS, is_fused_kernel, on_chip_values, view_values
+from mesh.perf.cost import (STREAMING_CONSUMERS, STREAMING_PRODUCERS, is_fused_kernel,
+                            on_chip_values, readers_of, view_values)
 
 ARGUMENT = "argument"
 OUTPUT = "output"
@@ -67,6 +68,7 @@ INSIDE = "inside"  # what a loop or conditional needs while it runs, beyond its 
 # frees by instructions that take no time (after their own outputs exist).
 _FREE, _ALLOCATE, _FREE_AFTER = 0, 1, 2
 _BEFORE_STEP = (float("-inf"), _ALLOCATE)
+_ARGUMENTS_HELD = (float("-inf"), _FREE_AFTER)  # every argument is in HBM when the step starts
 _AFTER_STEP = (float("inf"), _FREE)
 
 
@@ -148,12 +150,14 @@ class _Builder:
         self.names = names
         donated = {i for i, _ in program.donated_inputs} | set(owned_inputs)
         self.donated = {program.inputs[i] for i in donated}
-        self.users: dict[int, list[int]] = {}
-        for i, instr in enumerate(program.instructions):
-            for v in dict.fromkeys(instr.ins):
-                self.users.setdefault(v, []).append(i)
         self.piece_types = self._piece_types()
-        self.on_chip = on_chip_values(program) | _sunk_constants(program)
+        self.on_chip = on_chip_values(program) | _sunk_constants(program) | \
+            _immediate_constants(program)
+        self.reads, self.aligned_reads = _stored_reads(program, self.on_chip)
+        self.users: dict[int, list[int]] = {}  # stored value -> the instructions reading it
+        for i, values in enumerate(self.reads):
+            for v in values:
+                self.users.setdefault(v, []).append(i)
         self.root: dict[int, int] = {}  # value -> the value whose buffer it is stored in
         self.pinned: set[int] = set()  # buffers live the whole step (see _pin)
 
@@ -225,22 +229,24 @@ class _Builder:
             self.stored_type(instr.ins[0]).size == self.stored_type(instr.outs[0]).size
 
     def _in_place(self, order: list[int]) -> None:
-        """Results written into an operand's buffer that dies at the instruction."""
+        """Results written into an operand's buffer that dies at the instruction: every
+        other instruction reading that buffer comes before it and has ended when it starts
+        (a reader still running would read what it overwrites)."""
         position = {i: p for p, i in enumerate(order)}
         members: dict[int, list[int]] = {}
         for v in self.program.values:
             members.setdefault(self.find(v), []).append(v)
         for i in order:
             instr = self.program.instructions[i]
-            for out, operand in _in_place_pairs(instr):
+            for out, operand in _in_place_pairs(instr, self.aligned_reads[i]):
                 root = self.find(operand)
                 if self.find(out) != out or root in self.pinned or \
                         root in self.on_chip or out in self.on_chip or \
                         self.stored_type(operand).nbytes != self.stored_type(out).nbytes:
                     continue
-                last = max((position[u] for m in members[root] for u in self.users.get(m, ())),
-                           default=-1)
-                if last == position[i] and out != root:
+                others = {u for m in members[root] for u in self.users.get(m, ())} - {i}
+                if out != root and all(position[u] < position[i] and
+                                       self.times[u][1] <= self.times[i][0] for u in others):
                     self.root[out] = root
                     members[root] += members.pop(out, [out])
                     if out in self.pinned:  # an output now stored there: nothing overwrites it
@@ -273,13 +279,13 @@ class _Builder:
                 key = (start, _ALLOCATE)
                 allocated[root] = min(allocated.get(root, key), key)
                 freed[root] = max(freed.get(root, key), (end, free_phase))
-            for v in instr.ins:
+            for v in self.reads[i]:
                 root = self.find(v)
                 freed[root] = max(freed.get(root, (end, free_phase)), (end, free_phase))
         for root in self.pinned:
             freed[root] = _AFTER_STEP
-        for v in program.inputs:  # a donated argument nothing reads is released at once
-            freed.setdefault(self.find(v), _BEFORE_STEP)
+        for v in program.inputs:  # a donated argument nothing reads is released once the
+            freed.setdefault(self.find(v), _ARGUMENTS_HELD)  # step holds all arguments
 
         lifetimes = []
         for root, start in allocated.items():
@@ -378,6 +384,15 @@ def _regions_held(instr: isa.Instruction) -> list[tuple[str, Liveness, set[int]]
     return []
 
 
+def _immediate_constants(program: isa.Program) -> set[int]:
+    """One-element constants read only by streaming consumers: the fused kernel takes them
+    as immediates (XLA fuses a scalar constant into its consumers), never from HBM."""
+    readers = readers_of(program)
+    return {v for instr in program.instructions if isinstance(instr, isa.Constant)
+            for v in instr.outs if program.values[v].type.size == 1 and v in readers
+            and all(isinstance(r, STREAMING_CONSUMERS) for r in readers[v])}
+
+
 def _sunk_constants(program: isa.Program) -> set[int]:
     """Broadcasts of constants read only by fusing instructions and by loops that pass them
     through unchanged, and those loops' copies of them: values XLA never stores (see the
@@ -448,10 +463,41 @@ def _passed_through(instr: isa.Instruction):
                     if body.outputs[k] == body.inputs[k])
 
 
-def _in_place_pairs(instr: isa.Instruction):
-    """(result, operand) pairs of an instruction that may write its result in place."""
+def _stored_reads(program: isa.Program, on_chip: set[int]) -> tuple[list[tuple[int, ...]],
+                                                                    list[tuple[int, ...]]]:
+    """The stored values each instruction reads from HBM, and those of them it reads at
+    the index of the element it writes (which it may overwrite in place).
+
+    A value kept in SBUF (a fused elementwise chain's) is read from nowhere: the instruction
+    that consumes the chain reads the chain's stored inputs when it runs, as XLA's fusion
+    does, so they are held until then wherever the schedule puts the chain's own
+    instructions; those read nothing themselves."""
+    chains: dict[int, tuple[dict, dict]] = {}  # SBUF value -> its chain's (reads, aligned)
+    reads, aligned_reads = [], []
+    for instr in program.instructions:
+        every, aligned = {}, {}  # dicts as ordered sets
+        for v in instr.ins:
+            if v in chains:
+                every.update(chains[v][0])
+                aligned.update(chains[v][1])
+            elif v not in on_chip:
+                every[v] = aligned[v] = None
+        if not isinstance(instr, (isa.Elementwise, isa.ReducePrecision)):
+            aligned = {}  # a broadcast or reduction reads elements at other indices
+        if instr.outs and isinstance(instr, STREAMING_PRODUCERS) and \
+                all(v in on_chip for v in instr.outs):
+            chains.update((v, (every, aligned)) for v in instr.outs)
+            every, aligned = {}, {}
+        reads.append(tuple(every))
+        aligned_reads.append(tuple(aligned))
+    return reads, aligned_reads
+
+
+def _in_place_pairs(instr: isa.Instruction, aligned_reads: Sequence[int]):
+    """(result, operand) pairs of an instruction that may write its result in place;
+    `aligned_reads`: the stored values it reads at the index it writes (_stored_reads)."""
     if isinstance(instr, (isa.Elementwise, isa.ReducePrecision)):
-        yield from ((instr.outs[0], operand) for operand in dict.fromkeys(instr.ins))
+        yield from ((instr.outs[0], operand) for operand in aligned_reads)
     elif isinstance(instr, isa.DynamicUpdateSlice):
         yield instr.outs[0], instr.ins[0]
     elif isinstance(instr, isa.Scatter) and len(instr.outs) == 1:
