@@ -5,7 +5,11 @@ so every chip of the mesh holds the same bytes):
 
 - A value occupies its per-chip type's bytes. Replicated values count on every chip.
   Values the cost model keeps in SBUF (fused elementwise chains:
-  mesh.perf.cost.on_chip_values) take no HBM.
+  mesh.perf.cost.on_chip_values) take no HBM, and one-element constants only such chains
+  read are immediates. A chain is fused into the instruction that consumes it (XLA's
+  fusion), which reads the chain's stored inputs when it runs: they are held until then,
+  wherever the schedule puts the chain's own instructions (Adam's `b1 * m`, run early on an
+  idle engine, frees no `m` before the add that consumes it).
 - Global values of a shard_map or partitioned program (those outside the per-chip code)
   are stored in pieces, as jax stores a sharded jax.Array, when every use splits them the
   same way (a `Shard`, an output sharding) or they come from an `Unshard`; otherwise each
@@ -18,15 +22,19 @@ so every chip of the mesh holds the same bytes):
   in those pieces and `Unshard` into them are views. `DynamicUpdateSlice`, a one-operand
   `Scatter` and a loop's carried state write in place into an operand whose buffer dies
   there (XLA's in-place buffer reuse), so a loop-carried value counts once; so does an
-  elementwise op into an operand of its size that dies there.
+  elementwise op (with the chains fused into it) into a stored input of its size that it
+  reads at the index it writes and that dies there. Dying there means every other reader
+  has ended when the instruction starts; one buffer takes one result of an instruction (one
+  value passed as two loop-state slots is two buffers).
 - A broadcast of a constant that a loop only passes through unchanged (jax hoists such
   loop invariants, a scan's `jnp.where(mask, x, -1e9)` fill, out of the body) takes no
   HBM when every reader, in the loop and after it, is an elementwise op or reduction: XLA
   sinks it back into the body (its WhileLoopConstantSinking pass) and fuses it there.
 - A buffer is allocated when its producer starts and freed when the last instruction
-  reading it ends. Arguments are live from the start of the step and outputs to its end;
-  an argument lives the whole step unless it is donated (jit's donate_argnums), in which
-  case it is freed after its last use and an output can take its place.
+  reading it ends. Arguments are live from the start of the step (all at once, a donated
+  one nothing reads too) and outputs to its end; an argument lives the whole step unless
+  it is donated (jit's donate_argnums), in which case it is freed after its last use and
+  an output can take its place.
 - The step's outputs are buffers of their own (XLA's copy insertion): an output that is an
   argument not donated (or a view of one), or a value already returned at an earlier
   position, is copied into a new buffer that lives from when the value exists to the end.
@@ -242,8 +250,9 @@ class _Builder:
                 root = self.find(operand)
                 if self.find(out) != out or root in self.pinned or \
                         root in self.on_chip or out in self.on_chip or \
-                        self.stored_type(operand).nbytes != self.stored_type(out).nbytes:
-                    continue
+                        self.stored_type(operand).nbytes != self.stored_type(out).nbytes or \
+                        any(self.find(o) == root for o in instr.outs if o != out):
+                    continue  # (the last: one operand in two loop-state slots is two buffers)
                 others = {u for m in members[root] for u in self.users.get(m, ())} - {i}
                 if out != root and all(position[u] < position[i] and
                                        self.times[u][1] <= self.times[i][0] for u in others):

@@ -13,6 +13,7 @@ import pytest
 
 import jax_trn2
 from mesh import isa
+from mesh.isa import control
 from mesh.memory import liveness
 
 GIB = 2**30
@@ -164,3 +165,16 @@ def test_every_argument_is_held_when_the_step_starts():
                          {0: isa.TensorType((512, 256), "float32"), 1: F32, 2: F32}, (0, 1),
                          (2,), donated_inputs=((0, 0),))
     assert liveness(program).peak_bytes == 3 * F
+
+
+def test_one_value_in_two_loop_state_slots_is_two_buffers():
+    # while(x, x) { T(s0), T(s1) } with x = T(a) dying at the loop and only the second
+    # result used: the loop carries two states, one in x's buffer and one beside it, and
+    # its body writes a new state beside them: a, two states, a new state: 4 F.
+    cond = program_of([isa.Constant((12,), (), value=np.bool_(True))],
+                      {10: F32, 11: F32, 12: isa.TensorType((), "bool")}, (10, 11), (12,))
+    body = program_of([transpose(22, 20), transpose(23, 21)],
+                      {20: F32, 21: F32, 22: F32, 23: F32}, (20, 21), (22, 23))
+    instrs = [transpose(1, 0), control.While((2, 3), (1, 1), cond=cond, body=body, trip_count=4)]
+    program = program_of(instrs, {v: F32 for v in range(4)}, (0,), (3,))
+    assert liveness(program).peak_bytes == 4 * F
