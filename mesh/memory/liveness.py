@@ -131,33 +131,37 @@ def sequential_times(program: isa.Program) -> list[tuple[float, float]]:
 
 def liveness(program: isa.Program, times: Sequence[tuple[float, float]] | None = None,
              input_names: Sequence[str] | None = None, *,
-             owned_inputs: Iterable[int] = (), entry: bool = True) -> Liveness:
+             carried: Iterable[tuple[int, int]] = (), entry: bool = True) -> Liveness:
     """The buffers of one chip running `program`, instruction i from times[i][0] to
     times[i][1] (seconds of a schedule; program order when None).
 
-    Donated inputs (`program.donated_inputs`) are freed after their last use. For a
-    sub-program, the inputs at positions `owned_inputs` are treated the same way (a loop's
-    carried state, which the body may overwrite). `entry`: the step's own program, whose
-    outputs are copied where they would share a buffer (False for a region's program)."""
+    Donated inputs (`program.donated_inputs`) are freed after their last use. For a loop
+    body, `carried` pairs the (input, output) positions of the loop's state: the input is
+    freed after its last use too (the body may overwrite it), and the output is stored in
+    its buffer, the loop's state, when the input is dead by the time the output is made (as
+    XLA's while loops share it). `entry`: the step's own program, whose outputs are copied
+    where they would share a buffer (False for a region's program)."""
     times = list(times) if times is not None else sequential_times(program)
     if len(times) != len(program.instructions):
         raise ValueError(f"{len(times)} times for {len(program.instructions)} instructions")
     names = list(input_names) if input_names is not None else \
         [f"argument {i}" for i in range(len(program.inputs))]
-    return _Builder(program, times, names, owned_inputs, entry).run()
+    return _Builder(program, times, names, carried, entry).run()
 
 
 class _Builder:
     """One liveness computation: where each value is stored, then when each buffer lives."""
 
-    def __init__(self, program: isa.Program, times, names, owned_inputs: Iterable[int],
-                 entry: bool):
+    def __init__(self, program: isa.Program, times, names,
+                 carried: Iterable[tuple[int, int]], entry: bool):
         self.program = program
         self.entry = entry
         self.times = times
         self.names = names
-        donated = {i for i, _ in program.donated_inputs} | set(owned_inputs)
-        self.donated = {program.inputs[i] for i in donated}
+        carried = list(carried)
+        self.donated = {program.inputs[i] for i, _ in [*program.donated_inputs, *carried]}
+        # a carried output -> the input whose buffer (the loop's state) it is written into
+        self.aliases = {program.outputs[k]: program.inputs[i] for i, k in carried}
         self.piece_types = self._piece_types()
         self.on_chip = on_chip_values(program) | _sunk_constants(program) | \
             _immediate_constants(program)
@@ -237,23 +241,28 @@ class _Builder:
             self.stored_type(instr.ins[0]).size == self.stored_type(instr.outs[0]).size
 
     def _in_place(self, order: list[int]) -> None:
-        """Results written into an operand's buffer that dies at the instruction: every
-        other instruction reading that buffer comes before it and has ended when it starts
-        (a reader still running would read what it overwrites)."""
+        """Results written into an operand's buffer that dies at the instruction, and a
+        loop body's new state into its old state's buffer when that is dead by then: every
+        other instruction reading that buffer comes before and has ended when the
+        instruction starts (a reader still running would read what it overwrites)."""
         position = {i: p for p, i in enumerate(order)}
         members: dict[int, list[int]] = {}
         for v in self.program.values:
             members.setdefault(self.find(v), []).append(v)
         for i in order:
             instr = self.program.instructions[i]
-            for out, operand in _in_place_pairs(instr, self.aligned_reads[i]):
+            writes = [(out, operand, {i})  # the instruction reads what it overwrites
+                      for out, operand in _in_place_pairs(instr, self.aligned_reads[i])]
+            writes += [(out, self.aliases[out], set()) for out in instr.outs
+                       if out in self.aliases]
+            for out, operand, writer in writes:
                 root = self.find(operand)
                 if self.find(out) != out or root in self.pinned or \
                         root in self.on_chip or out in self.on_chip or \
                         self.stored_type(operand).nbytes != self.stored_type(out).nbytes or \
                         any(self.find(o) == root for o in instr.outs if o != out):
                     continue  # (the last: one operand in two loop-state slots is two buffers)
-                others = {u for m in members[root] for u in self.users.get(m, ())} - {i}
+                others = {u for m in members[root] for u in self.users.get(m, ())} - writer
                 if out != root and all(position[u] < position[i] and
                                        self.times[u][1] <= self.times[i][0] for u in others):
                     self.root[out] = root
@@ -311,9 +320,8 @@ class _Builder:
                 lifetimes.append(Lifetime(inside, inside.nbytes, (start, _ALLOCATE),
                                           (end, _FREE if end > start else _FREE_AFTER)))
         peak, when, samples = _sweep(lifetimes)
-        live = [l.buffer for l in lifetimes if l.nbytes and l.allocated <= when < l.freed]
-        live.sort(key=lambda b: -b.nbytes)
-        return Liveness(tuple(lifetimes), peak, when[0] if lifetimes else 0.0, tuple(live),
+        return Liveness(tuple(lifetimes), peak, when[0] if lifetimes else 0.0,
+                        _live_at(lifetimes, when),
                         samples, tuple(self.stored_type(v) for v in program.inputs),
                         tuple(self.stored_type(v) for v in program.outputs))
 
@@ -353,17 +361,19 @@ class _Builder:
 
     def _inside(self, instr: isa.Instruction) -> Buffer | None:
         """What a loop, scan, conditional or composite needs while it runs beyond its
-        operands and results: a pseudo-buffer of that many bytes, for its costliest region."""
+        operands and results: a pseudo-buffer of that many bytes, for its costliest region.
+        The enclosing program holds those operands and results while the instruction runs,
+        so a region needs the most its other buffers hold at once, which need not be at its
+        own peak (a loop body's state may die early)."""
         regions = _regions_held(instr)
         if not regions:
             return None
         best, label, inner = 0, regions[0][0], ()
         for name, region, counted in regions:
-            extra = region.peak_bytes - sum(
-                b.nbytes for b in region.live_at_peak if set(b.values) & counted)
+            beyond = [l for l in region.lifetimes if not set(l.buffer.values) & counted]
+            extra, when, _ = _sweep(beyond)
             if extra > best:
-                best, label = extra, name
-                inner = tuple(b for b in region.live_at_peak if not set(b.values) & counted)
+                best, label, inner = extra, name, _live_at(beyond, when)
         loc = next((b.loc for b in inner if b.loc), instr.loc)
         return Buffer((), None, best, INSIDE, loc, label, inner=inner)
 
@@ -375,15 +385,16 @@ def _regions_held(instr: isa.Instruction) -> list[tuple[str, Liveness, set[int]]
     scan's per-step outputs go into its stacked outputs, but a carry is its own buffer even
     where it is also a per-step output."""
     if isinstance(instr, control.While):
-        state = range(len(instr.outs))
+        state = [(k, k) for k in range(len(instr.outs))]
         return [("while cond", liveness(instr.cond, entry=False), set(instr.cond.inputs)),
-                ("while body", liveness(instr.body, owned_inputs=state, entry=False),
+                ("while body", liveness(instr.body, carried=state, entry=False),
                  set(instr.body.inputs))]
     if isinstance(instr, control.Scan):
         body, outputs = instr.body, len(instr.outs) - instr.num_carries
-        carries = range(instr.num_inputs, instr.num_inputs + instr.num_carries)
+        carries = [(instr.num_inputs + j, outputs + j) for j in range(instr.num_carries)]
         stacked = set(body.outputs[:outputs]) - set(body.outputs[outputs:])
-        return [("scan body", liveness(body, owned_inputs=carries, entry=False), set(body.inputs) | stacked)]
+        return [("scan body", liveness(body, carried=carries, entry=False),
+                 set(body.inputs) | stacked)]
     if isinstance(instr, control.Case):
         return [(f"case branch {k}", liveness(b, entry=False), set(b.inputs) | set(b.outputs))
                 for k, b in enumerate(instr.branches)]
@@ -516,6 +527,12 @@ def _in_place_pairs(instr: isa.Instruction, aligned_reads: Sequence[int]):
     elif isinstance(instr, control.Scan):  # final carries into the initial ones
         outputs = len(instr.outs) - instr.num_carries
         yield from zip(instr.outs[outputs:], instr.ins[instr.num_inputs:])
+
+
+def _live_at(lifetimes: Sequence[Lifetime], when: tuple[float, int]) -> tuple[Buffer, ...]:
+    """The buffers live at the (time, phase) `when`, largest first."""
+    live = [l.buffer for l in lifetimes if l.nbytes and l.allocated <= when < l.freed]
+    return tuple(sorted(live, key=lambda b: -b.nbytes))
 
 
 def _sweep(lifetimes: Sequence[Lifetime]):

@@ -170,11 +170,28 @@ def test_every_argument_is_held_when_the_step_starts():
 def test_one_value_in_two_loop_state_slots_is_two_buffers():
     # while(x, x) { T(s0), T(s1) } with x = T(a) dying at the loop and only the second
     # result used: the loop carries two states, one in x's buffer and one beside it, and
-    # its body writes a new state beside them: a, two states, a new state: 4 F.
+    # its body makes both new states beside them (T(s0) is held while T(s1) reads s1):
+    # a, two states, two new states: 5 F.
     cond = program_of([isa.Constant((12,), (), value=np.bool_(True))],
                       {10: F32, 11: F32, 12: isa.TensorType((), "bool")}, (10, 11), (12,))
     body = program_of([transpose(22, 20), transpose(23, 21)],
                       {20: F32, 21: F32, 22: F32, 23: F32}, (20, 21), (22, 23))
     instrs = [transpose(1, 0), control.While((2, 3), (1, 1), cond=cond, body=body, trip_count=4)]
     program = program_of(instrs, {v: F32 for v in range(4)}, (0,), (3,))
-    assert liveness(program).peak_bytes == 4 * F
+    assert liveness(program).peak_bytes == 5 * F
+
+
+def test_a_loop_body_adds_its_most_beyond_the_state_not_what_it_adds_at_its_own_peak():
+    # while(a) { T(T(T(T(s)))) } with a float32[1024, 256] (4 F) donated: the state lives
+    # in a's buffer through the loop. The body's peak is first reached with s beside T(s)
+    # (8 F, 4 F beyond the state); then s is dead and T(s) and T(T(s)) are 8 F beyond it
+    # (the last transpose writes the new state into the state's buffer): 12 F in all.
+    tall, wide = isa.TensorType((1024, 256), "float32"), isa.TensorType((256, 1024), "float32")
+    cond = program_of([isa.Constant((11,), (), value=np.bool_(True))],
+                      {10: tall, 11: isa.TensorType((), "bool")}, (10,), (11,))
+    body = program_of([transpose(21, 20), transpose(22, 21), transpose(23, 22),
+                       transpose(24, 23)],
+                      {20: tall, 21: wide, 22: tall, 23: wide, 24: tall}, (20,), (24,))
+    program = program_of([control.While((1,), (0,), cond=cond, body=body, trip_count=4)],
+                         {0: tall, 1: tall}, (0,), (1,), donated_inputs=((0, 0),))
+    assert liveness(program).peak_bytes == 12 * F
