@@ -5,7 +5,11 @@ so every chip of the mesh holds the same bytes):
 
 - A value occupies its per-chip type's bytes. Replicated values count on every chip.
   Values the cost model keeps in SBUF (fused elementwise chains:
-  mesh.perf.cost.on_chip_values) take no HBM.
+  mesh.perf.cost.on_chip_values) take no HBM, and one-element constants only such chains
+  read are immediates. A chain is fused into the instruction that consumes it (XLA's
+  fusion), which reads the chain's stored inputs when it runs: they are held until then,
+  wherever the schedule puts the chain's own instructions (Adam's `b1 * m`, run early on an
+  idle engine, frees no `m` before the add that consumes it).
 - Global values of a shard_map or partitioned program (those outside the per-chip code)
   are stored in pieces, as jax stores a sharded jax.Array, when every use splits them the
   same way (a `Shard`, an output sharding) or they come from an `Unshard`; otherwise each
@@ -18,15 +22,19 @@ so every chip of the mesh holds the same bytes):
   in those pieces and `Unshard` into them are views. `DynamicUpdateSlice`, a one-operand
   `Scatter` and a loop's carried state write in place into an operand whose buffer dies
   there (XLA's in-place buffer reuse), so a loop-carried value counts once; so does an
-  elementwise op into an operand of its size that dies there.
+  elementwise op (with the chains fused into it) into a stored input of its size that it
+  reads at the index it writes and that dies there. Dying there means every other reader
+  has ended when the instruction starts; one buffer takes one result of an instruction (one
+  value passed as two loop-state slots is two buffers).
 - A broadcast of a constant that a loop only passes through unchanged (jax hoists such
   loop invariants, a scan's `jnp.where(mask, x, -1e9)` fill, out of the body) takes no
   HBM when every reader, in the loop and after it, is an elementwise op or reduction: XLA
   sinks it back into the body (its WhileLoopConstantSinking pass) and fuses it there.
 - A buffer is allocated when its producer starts and freed when the last instruction
-  reading it ends. Arguments are live from the start of the step and outputs to its end;
-  an argument lives the whole step unless it is donated (jit's donate_argnums), in which
-  case it is freed after its last use and an output can take its place.
+  reading it ends. Arguments are live from the start of the step (all at once, a donated
+  one nothing reads too) and outputs to its end; an argument lives the whole step unless
+  it is donated (jit's donate_argnums), in which case it is freed after its last use and
+  an output can take its place.
 - The step's outputs are buffers of their own (XLA's copy insertion): an output that is an
   argument not donated (or a view of one), or a value already returned at an earlier
   position, is copied into a new buffer that lives from when the value exists to the end.
@@ -56,7 +64,8 @@ from typing import Iterable, Sequence
 
 from mesh import isa, sharding
 from mesh.isa import control
-from mesh.perf.cost import STREAMING_CONSUMERS, is_fused_kernel, on_chip_values, view_values
+from mesh.perf.cost import (STREAMING_CONSUMERS, STREAMING_PRODUCERS, is_fused_kernel,
+                            on_chip_values, readers_of, view_values)
 
 ARGUMENT = "argument"
 OUTPUT = "output"
@@ -67,6 +76,7 @@ INSIDE = "inside"  # what a loop or conditional needs while it runs, beyond its 
 # frees by instructions that take no time (after their own outputs exist).
 _FREE, _ALLOCATE, _FREE_AFTER = 0, 1, 2
 _BEFORE_STEP = (float("-inf"), _ALLOCATE)
+_ARGUMENTS_HELD = (float("-inf"), _FREE_AFTER)  # every argument is in HBM when the step starts
 _AFTER_STEP = (float("inf"), _FREE)
 
 
@@ -121,39 +131,45 @@ def sequential_times(program: isa.Program) -> list[tuple[float, float]]:
 
 def liveness(program: isa.Program, times: Sequence[tuple[float, float]] | None = None,
              input_names: Sequence[str] | None = None, *,
-             owned_inputs: Iterable[int] = (), entry: bool = True) -> Liveness:
+             carried: Iterable[tuple[int, int]] = (), entry: bool = True) -> Liveness:
     """The buffers of one chip running `program`, instruction i from times[i][0] to
     times[i][1] (seconds of a schedule; program order when None).
 
-    Donated inputs (`program.donated_inputs`) are freed after their last use. For a
-    sub-program, the inputs at positions `owned_inputs` are treated the same way (a loop's
-    carried state, which the body may overwrite). `entry`: the step's own program, whose
-    outputs are copied where they would share a buffer (False for a region's program)."""
+    Donated inputs (`program.donated_inputs`) are freed after their last use. For a loop
+    body, `carried` pairs the (input, output) positions of the loop's state: the input is
+    freed after its last use too (the body may overwrite it), and the output is stored in
+    its buffer, the loop's state, when the input is dead by the time the output is made (as
+    XLA's while loops share it). `entry`: the step's own program, whose outputs are copied
+    where they would share a buffer (False for a region's program)."""
     times = list(times) if times is not None else sequential_times(program)
     if len(times) != len(program.instructions):
         raise ValueError(f"{len(times)} times for {len(program.instructions)} instructions")
     names = list(input_names) if input_names is not None else \
         [f"argument {i}" for i in range(len(program.inputs))]
-    return _Builder(program, times, names, owned_inputs, entry).run()
+    return _Builder(program, times, names, carried, entry).run()
 
 
 class _Builder:
     """One liveness computation: where each value is stored, then when each buffer lives."""
 
-    def __init__(self, program: isa.Program, times, names, owned_inputs: Iterable[int],
-                 entry: bool):
+    def __init__(self, program: isa.Program, times, names,
+                 carried: Iterable[tuple[int, int]], entry: bool):
         self.program = program
         self.entry = entry
         self.times = times
         self.names = names
-        donated = {i for i, _ in program.donated_inputs} | set(owned_inputs)
-        self.donated = {program.inputs[i] for i in donated}
-        self.users: dict[int, list[int]] = {}
-        for i, instr in enumerate(program.instructions):
-            for v in dict.fromkeys(instr.ins):
-                self.users.setdefault(v, []).append(i)
+        carried = list(carried)
+        self.donated = {program.inputs[i] for i, _ in [*program.donated_inputs, *carried]}
+        # a carried output -> the input whose buffer (the loop's state) it is written into
+        self.aliases = {program.outputs[k]: program.inputs[i] for i, k in carried}
         self.piece_types = self._piece_types()
-        self.on_chip = on_chip_values(program) | _sunk_constants(program)
+        self.on_chip = on_chip_values(program) | _sunk_constants(program) | \
+            _immediate_constants(program)
+        self.reads, self.aligned_reads = _stored_reads(program, self.on_chip)
+        self.users: dict[int, list[int]] = {}  # stored value -> the instructions reading it
+        for i, values in enumerate(self.reads):
+            for v in values:
+                self.users.setdefault(v, []).append(i)
         self.root: dict[int, int] = {}  # value -> the value whose buffer it is stored in
         self.pinned: set[int] = set()  # buffers live the whole step (see _pin)
 
@@ -225,22 +241,30 @@ class _Builder:
             self.stored_type(instr.ins[0]).size == self.stored_type(instr.outs[0]).size
 
     def _in_place(self, order: list[int]) -> None:
-        """Results written into an operand's buffer that dies at the instruction."""
+        """Results written into an operand's buffer that dies at the instruction, and a
+        loop body's new state into its old state's buffer when that is dead by then: every
+        other instruction reading that buffer comes before and has ended when the
+        instruction starts (a reader still running would read what it overwrites)."""
         position = {i: p for p, i in enumerate(order)}
         members: dict[int, list[int]] = {}
         for v in self.program.values:
             members.setdefault(self.find(v), []).append(v)
         for i in order:
             instr = self.program.instructions[i]
-            for out, operand in _in_place_pairs(instr):
+            writes = [(out, operand, {i})  # the instruction reads what it overwrites
+                      for out, operand in _in_place_pairs(instr, self.aligned_reads[i])]
+            writes += [(out, self.aliases[out], set()) for out in instr.outs
+                       if out in self.aliases]
+            for out, operand, writer in writes:
                 root = self.find(operand)
                 if self.find(out) != out or root in self.pinned or \
                         root in self.on_chip or out in self.on_chip or \
-                        self.stored_type(operand).nbytes != self.stored_type(out).nbytes:
-                    continue
-                last = max((position[u] for m in members[root] for u in self.users.get(m, ())),
-                           default=-1)
-                if last == position[i] and out != root:
+                        self.stored_type(operand).nbytes != self.stored_type(out).nbytes or \
+                        any(self.find(o) == root for o in instr.outs if o != out):
+                    continue  # (the last: one operand in two loop-state slots is two buffers)
+                others = {u for m in members[root] for u in self.users.get(m, ())} - writer
+                if out != root and all(position[u] < position[i] and
+                                       self.times[u][1] <= self.times[i][0] for u in others):
                     self.root[out] = root
                     members[root] += members.pop(out, [out])
                     if out in self.pinned:  # an output now stored there: nothing overwrites it
@@ -273,13 +297,13 @@ class _Builder:
                 key = (start, _ALLOCATE)
                 allocated[root] = min(allocated.get(root, key), key)
                 freed[root] = max(freed.get(root, key), (end, free_phase))
-            for v in instr.ins:
+            for v in self.reads[i]:
                 root = self.find(v)
                 freed[root] = max(freed.get(root, (end, free_phase)), (end, free_phase))
         for root in self.pinned:
             freed[root] = _AFTER_STEP
-        for v in program.inputs:  # a donated argument nothing reads is released at once
-            freed.setdefault(self.find(v), _BEFORE_STEP)
+        for v in program.inputs:  # a donated argument nothing reads is released once the
+            freed.setdefault(self.find(v), _ARGUMENTS_HELD)  # step holds all arguments
 
         lifetimes = []
         for root, start in allocated.items():
@@ -296,9 +320,8 @@ class _Builder:
                 lifetimes.append(Lifetime(inside, inside.nbytes, (start, _ALLOCATE),
                                           (end, _FREE if end > start else _FREE_AFTER)))
         peak, when, samples = _sweep(lifetimes)
-        live = [l.buffer for l in lifetimes if l.nbytes and l.allocated <= when < l.freed]
-        live.sort(key=lambda b: -b.nbytes)
-        return Liveness(tuple(lifetimes), peak, when[0] if lifetimes else 0.0, tuple(live),
+        return Liveness(tuple(lifetimes), peak, when[0] if lifetimes else 0.0,
+                        _live_at(lifetimes, when),
                         samples, tuple(self.stored_type(v) for v in program.inputs),
                         tuple(self.stored_type(v) for v in program.outputs))
 
@@ -338,17 +361,19 @@ class _Builder:
 
     def _inside(self, instr: isa.Instruction) -> Buffer | None:
         """What a loop, scan, conditional or composite needs while it runs beyond its
-        operands and results: a pseudo-buffer of that many bytes, for its costliest region."""
+        operands and results: a pseudo-buffer of that many bytes, for its costliest region.
+        The enclosing program holds those operands and results while the instruction runs,
+        so a region needs the most its other buffers hold at once, which need not be at its
+        own peak (a loop body's state may die early)."""
         regions = _regions_held(instr)
         if not regions:
             return None
         best, label, inner = 0, regions[0][0], ()
         for name, region, counted in regions:
-            extra = region.peak_bytes - sum(
-                b.nbytes for b in region.live_at_peak if set(b.values) & counted)
+            beyond = [l for l in region.lifetimes if not set(l.buffer.values) & counted]
+            extra, when, _ = _sweep(beyond)
             if extra > best:
-                best, label = extra, name
-                inner = tuple(b for b in region.live_at_peak if not set(b.values) & counted)
+                best, label, inner = extra, name, _live_at(beyond, when)
         loc = next((b.loc for b in inner if b.loc), instr.loc)
         return Buffer((), None, best, INSIDE, loc, label, inner=inner)
 
@@ -360,15 +385,16 @@ def _regions_held(instr: isa.Instruction) -> list[tuple[str, Liveness, set[int]]
     scan's per-step outputs go into its stacked outputs, but a carry is its own buffer even
     where it is also a per-step output."""
     if isinstance(instr, control.While):
-        state = range(len(instr.outs))
+        state = [(k, k) for k in range(len(instr.outs))]
         return [("while cond", liveness(instr.cond, entry=False), set(instr.cond.inputs)),
-                ("while body", liveness(instr.body, owned_inputs=state, entry=False),
+                ("while body", liveness(instr.body, carried=state, entry=False),
                  set(instr.body.inputs))]
     if isinstance(instr, control.Scan):
         body, outputs = instr.body, len(instr.outs) - instr.num_carries
-        carries = range(instr.num_inputs, instr.num_inputs + instr.num_carries)
+        carries = [(instr.num_inputs + j, outputs + j) for j in range(instr.num_carries)]
         stacked = set(body.outputs[:outputs]) - set(body.outputs[outputs:])
-        return [("scan body", liveness(body, owned_inputs=carries, entry=False), set(body.inputs) | stacked)]
+        return [("scan body", liveness(body, carried=carries, entry=False),
+                 set(body.inputs) | stacked)]
     if isinstance(instr, control.Case):
         return [(f"case branch {k}", liveness(b, entry=False), set(b.inputs) | set(b.outputs))
                 for k, b in enumerate(instr.branches)]
@@ -376,6 +402,15 @@ def _regions_held(instr: isa.Instruction) -> list[tuple[str, Liveness, set[int]]
         sub = instr.decomposition
         return [(f"{instr.name} decomposition", liveness(sub, entry=False), set(sub.inputs) | set(sub.outputs))]
     return []
+
+
+def _immediate_constants(program: isa.Program) -> set[int]:
+    """One-element constants read only by streaming consumers: the fused kernel takes them
+    as immediates (XLA fuses a scalar constant into its consumers), never from HBM."""
+    readers = readers_of(program)
+    return {v for instr in program.instructions if isinstance(instr, isa.Constant)
+            for v in instr.outs if program.values[v].type.size == 1 and v in readers
+            and all(isinstance(r, STREAMING_CONSUMERS) for r in readers[v])}
 
 
 def _sunk_constants(program: isa.Program) -> set[int]:
@@ -448,10 +483,41 @@ def _passed_through(instr: isa.Instruction):
                     if body.outputs[k] == body.inputs[k])
 
 
-def _in_place_pairs(instr: isa.Instruction):
-    """(result, operand) pairs of an instruction that may write its result in place."""
+def _stored_reads(program: isa.Program, on_chip: set[int]) -> tuple[list[tuple[int, ...]],
+                                                                    list[tuple[int, ...]]]:
+    """The stored values each instruction reads from HBM, and those of them it reads at
+    the index of the element it writes (which it may overwrite in place).
+
+    A value kept in SBUF (a fused elementwise chain's) is read from nowhere: the instruction
+    that consumes the chain reads the chain's stored inputs when it runs, as XLA's fusion
+    does, so they are held until then wherever the schedule puts the chain's own
+    instructions; those read nothing themselves."""
+    chains: dict[int, tuple[dict, dict]] = {}  # SBUF value -> its chain's (reads, aligned)
+    reads, aligned_reads = [], []
+    for instr in program.instructions:
+        every, aligned = {}, {}  # dicts as ordered sets
+        for v in instr.ins:
+            if v in chains:
+                every.update(chains[v][0])
+                aligned.update(chains[v][1])
+            elif v not in on_chip:
+                every[v] = aligned[v] = None
+        if not isinstance(instr, (isa.Elementwise, isa.ReducePrecision)):
+            aligned = {}  # a broadcast or reduction reads elements at other indices
+        if instr.outs and isinstance(instr, STREAMING_PRODUCERS) and \
+                all(v in on_chip for v in instr.outs):
+            chains.update((v, (every, aligned)) for v in instr.outs)
+            every, aligned = {}, {}
+        reads.append(tuple(every))
+        aligned_reads.append(tuple(aligned))
+    return reads, aligned_reads
+
+
+def _in_place_pairs(instr: isa.Instruction, aligned_reads: Sequence[int]):
+    """(result, operand) pairs of an instruction that may write its result in place;
+    `aligned_reads`: the stored values it reads at the index it writes (_stored_reads)."""
     if isinstance(instr, (isa.Elementwise, isa.ReducePrecision)):
-        yield from ((instr.outs[0], operand) for operand in dict.fromkeys(instr.ins))
+        yield from ((instr.outs[0], operand) for operand in aligned_reads)
     elif isinstance(instr, isa.DynamicUpdateSlice):
         yield instr.outs[0], instr.ins[0]
     elif isinstance(instr, isa.Scatter) and len(instr.outs) == 1:
@@ -461,6 +527,12 @@ def _in_place_pairs(instr: isa.Instruction):
     elif isinstance(instr, control.Scan):  # final carries into the initial ones
         outputs = len(instr.outs) - instr.num_carries
         yield from zip(instr.outs[outputs:], instr.ins[instr.num_inputs:])
+
+
+def _live_at(lifetimes: Sequence[Lifetime], when: tuple[float, int]) -> tuple[Buffer, ...]:
+    """The buffers live at the (time, phase) `when`, largest first."""
+    live = [l.buffer for l in lifetimes if l.nbytes and l.allocated <= when < l.freed]
+    return tuple(sorted(live, key=lambda b: -b.nbytes))
 
 
 def _sweep(lifetimes: Sequence[Lifetime]):
