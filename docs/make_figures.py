@@ -1,4 +1,5 @@
-"""Render the figures under docs/ that README.md shows, from the estimate alone (nothing runs).
+"""Render the figures under docs/ that docs/cost_model.md shows, from the estimate alone
+(nothing runs).
 
     pip install -e '.[plot]' && python docs/make_figures.py
 

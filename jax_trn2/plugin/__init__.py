@@ -9,7 +9,7 @@ selects the simulator with `jax.devices("trn2")` or `JAX_PLATFORMS=trn2`.
 The client reports the platform name "neuron", AWS's name for Trainium, for which jax
 lowers programs, donates buffers and keeps its persistent compilation cache (it does
 neither for a platform it does not know); the simulator's devices are listed under the
-plugin's name, "trn2" (the README says what a user sees).
+plugin's name, "trn2" (docs/plugin.md says what a user sees).
 """
 
 from __future__ import annotations
@@ -48,6 +48,6 @@ def initialize() -> None:
     lowerings.register(PLATFORM_NAME)
     # jax starts every plugin's backend with its own, and warns for each one it does not
     # know ("Platform 'trn2' is experimental ..."): every program of a user who installed
-    # jax-trn2, on any backend, would print it. The README says what the simulator runs.
+    # jax-trn2, on any backend, would print it. docs/plugin.md says what the simulator runs.
     xla_bridge._nonexperimental_plugins.add(PLUGIN_NAME)
     xla_bridge.register_plugin(PLUGIN_NAME, priority=PRIORITY, library_path=path)

@@ -16,7 +16,7 @@ from jax_trn2.plugin.handles import Buffer, Device, Handles, Memory, Record
 from jax_trn2.plugin.options import ClientOptions
 from mesh import sharding
 
-PLATFORM_NAME = "neuron"  # what jax lowers for and keys donation and its cache by (README)
+PLATFORM_NAME = "neuron"  # what jax lowers for and keys donation and its cache by (docs/plugin.md)
 PLUGIN_NAME = "trn2"  # what jax.devices() and JAX_PLATFORMS select the plugin by
 DEVICE_MEMORY_KIND = "device"  # jax's name for a device's own memory: here its HBM
 # Host arrays whose latest copy buffer_from_host remembers (by a sample of elements): as

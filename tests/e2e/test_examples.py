@@ -60,6 +60,27 @@ def test_serve_llama_answers_a_serving_question(monkeypatch):
     assert eight.tokens_per_second > one.tokens_per_second
 
 
+def test_flax_lm_trains_on_trn2_with_cpu_jax_gradients(monkeypatch):
+    """A Flax linen LM under plain jax.jit on a mesh of jax.devices("trn2")."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    result = importlib.import_module("flax_lm").run(steps=3)
+    assert result["losses"][-1] < result["losses"][0]
+    assert result["cost"]["trn2.step_seconds"] > result["cost"]["trn2.ideal_step_seconds"] > 0
+    # FP32 gradients of order 1e-3: summed in another order than CPU JAX's they differ by
+    # at most ~3e-8 (a few ulps); a wrong gradient would differ by its own size.
+    assert max(leaf.max_abs_error for leaf in result["gradients"].leaves) < 1e-7
+
+
+def test_equinox_mlp_trains_on_trn2_as_on_cpu_jax(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    result = importlib.import_module("equinox_mlp").run(steps=10)
+    assert result["losses"][-1] < result["losses"][0]
+    assert result["losses"] == pytest.approx(result["cpu_losses"], rel=1e-5)
+    # 10 Adam steps apart only by FP32 summation order: a few ulps of each weight's scale.
+    assert max(leaf.max_ulp_error for leaf in result["weights"].leaves) <= 16
+    assert result["cost"]["trn2.step_seconds"] > 0
+
+
 def test_every_file_in_examples_is_an_example_that_runs():
     """Helpers live in examples/support/ (they print nothing when run): every .py file
     directly in examples/ is a script with something to do when run."""

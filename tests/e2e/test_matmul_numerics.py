@@ -139,7 +139,7 @@ def test_matmul_agrees_with_cpu_jax(name, rng):
 
 
 def test_one_pass_is_the_host_gemm_and_several_are_not(rng):
-    """benchmarks/pass_order.py's figures (README, Performance): at K = 128 the model sums
+    """benchmarks/pass_order.py's figures (docs/benchmarks.md): at K = 128 the model sums
     one pass, the host GEMM that CPU JAX runs, so no FP32 result differs (the README once
     said 49% did); at K = 512 four passes add in PSUM in another order than one GEMM's, and
     most do."""

@@ -26,7 +26,7 @@ def test_mesh_beyond_the_presets_goes_to_an_ultracluster():
 
 
 def test_a_psum_over_the_cross_server_axis_alone_is_a_flat_ring_over_efa():
-    """README (Topologies): over 'dp' alone each group holds one chip per UltraServer, so
+    """docs/cost_model.md (topologies): over 'dp' alone each group holds one chip per UltraServer, so
     the ring runs over EFA with the whole buffer; over both axes it is hierarchical."""
     mesh = jax_trn2.make_mesh((16, 64), ("dp", "fsdp"), topology="trn2-ultracluster-16")
     x = jax.ShapeDtypeStruct((4096, 4096), np.float32)  # 64 MiB on every chip

@@ -210,7 +210,7 @@ def test_cli_offers_an_origin_off_a_failed_chip_that_it_accepts(small_mesh_file,
 
 def test_cli_runs_a_module_on_make_meshs_default_topology(small_mesh_file, capsys):
     """An 8-device module and a (2, 4) make_mesh both meet trn2-ultra by default: the
-    README's `--fail-link 0,16` (trn2-ultra's chips) works on it without --topology."""
+    docs/cost_model.md's `--fail-link 0,16` (trn2-ultra's chips) works on it without --topology."""
     assert main(["inspect", str(small_mesh_file), "--fail-link", "0,16"]) == 0
     out = capsys.readouterr().out
     assert "target: trn2-ultra torus 4x4x4" in out and "faults: failed links 0->16" in out
