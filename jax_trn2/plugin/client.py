@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import threading
 import weakref
 from typing import Any, Sequence
@@ -15,6 +16,7 @@ from jax_trn2.plugin import abi
 from jax_trn2.plugin.handles import Buffer, Device, Handles, Memory, Record
 from jax_trn2.plugin.options import ClientOptions
 from mesh import sharding
+from mesh.machine import Topology, default_axis_names, device_order, place_mesh_within
 
 PLATFORM_NAME = "neuron"  # what jax lowers for and keys donation and its cache by (README)
 PLUGIN_NAME = "trn2"  # what jax.devices() and JAX_PLATFORMS select the plugin by
@@ -36,8 +38,13 @@ class Client:
         self._copies: collections.OrderedDict = collections.OrderedDict()  # buffer_from_host
         self._lock = threading.Lock()
         topology = options.topology
-        self.devices = [Device(i, topology.coords(i), DEVICE_KIND, topology.chip.hbm_bytes)
-                        for i in range(topology.num_chips)]
+        # Device ids number the chips with the fastest links innermost (jax lists devices
+        # by id): a reshape of jax.devices("trn2") puts a mesh's last axes on x and y,
+        # and its first n devices are a block of the torus.
+        self.devices = [Device(i, topology.coords(chip), DEVICE_KIND,
+                               topology.chip.hbm_bytes, chip)
+                        for i, chip in enumerate(device_order(topology))]
+        self._by_chip = {device.chip: device for device in self.devices}
         self.memories = []
         for device in self.devices:
             memory = Memory(device.id, DEVICE_MEMORY_KIND, device)
@@ -48,6 +55,7 @@ class Client:
         for memory in self.memories:
             kind, size = memory.owned.string(memory.kind)
             handles.add(memory, Record(vtable=memory_vtable, kind=kind, kind_size=size))
+        register_device_mesh(topology)
 
     @property
     def platform_version(self) -> str:
@@ -60,6 +68,10 @@ class Client:
             raise IndexError(f"no trn2 device {device_id}: the client has devices "
                              f"0..{len(self.devices) - 1} ({self.options.topology.name})")
         return self.devices[device_id]
+
+    def device_of_chip(self, chip: int) -> Device:
+        """The device of chip id `chip` (row-major over the torus coordinates)."""
+        return self._by_chip[chip]
 
     def buffer_from_host(self, address: int, dtype: np.dtype, dims: Sequence[int],
                          byte_strides: Sequence[int] | None, memory: Memory) -> Buffer:
@@ -89,6 +101,38 @@ class Client:
                 while len(self._copies) > _COPIES_KEPT:
                     self._copies.popitem(last=False)
         return Buffer(copy, memory.device, memory)
+
+
+def register_device_mesh(topology: Topology) -> None:
+    """Make jax.make_mesh and mesh_utils.create_device_mesh place a mesh of the plugin's
+    devices as jax_trn2.make_mesh places it on `topology` (jax keeps a mesh builder per
+    device kind, as it does for TPUs; the latest client's machine is the one jax uses)."""
+    from jax._src import mesh_utils
+    mesh_utils.device_kind_handler_dict[DEVICE_KIND] = functools.partial(device_mesh,
+                                                                         topology)
+
+
+def device_mesh(topology: Topology, mesh_shape: Sequence[int], devices: Sequence[Any], *,
+                contiguous_submeshes: bool = False) -> np.ndarray | None:
+    """`devices` (jax's, of the trn2 plugin) as an array of `mesh_shape`, each on the chip
+    place_mesh_within gives it: on all the chips, where jax_trn2.make_mesh places the mesh;
+    on a block of them (e.g. the first n of jax.devices("trn2"), which jax.make_mesh takes
+    for a mesh of n), laid out on that block by the same rules. None, for jax to reshape
+    the devices in the order given, when they form no block of the torus (or are not chips
+    of `topology`: another machine's)."""
+    del contiguous_submeshes  # one process holds every device: any mesh is contiguous
+    coords = [tuple(d.coords) for d in devices]
+    if not all(len(c) == topology.ndim and all(0 <= x < n for x, n in zip(c, topology.shape))
+               for c in coords):
+        return None
+    chips = [topology.chip_id(c) for c in coords]
+    placement = place_mesh_within(topology, mesh_shape, default_axis_names(len(mesh_shape)),
+                                  chips)
+    if placement is None:
+        return None
+    by_chip = dict(zip(chips, devices))
+    return np.array([by_chip[c] for c in placement.device_to_chip],
+                    dtype=object).reshape(mesh_shape)
 
 
 def _span(shape: tuple[int, ...], strides: tuple[int, ...] | None,

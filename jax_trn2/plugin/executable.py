@@ -53,7 +53,7 @@ class Executable:
         self.devices: list[Device] = [client.device(d) for row in self.assignment for d in row]
         self.loaded = LoadedExecutable.from_stablehlo(
             self.options.topology, self.code, rounding=self.options.rounding,
-            device_assignment=[d.id for d in self.devices],
+            device_assignment=[d.chip for d in self.devices],
             host_callbacks=lowerings.CALLBACKS)
         self.in_layouts, self.out_layouts = self.loaded.layouts
         program = self.loaded.program

@@ -200,8 +200,9 @@ def Client_DefaultDeviceAssignment(args):
     if count > len(client.devices):
         raise ValueError(f"{args.num_replicas} replicas x {args.num_partitions} partitions "
                          f"need {count} devices; the trn2 client has {len(client.devices)}")
+    # the first chips, as jax_trn2.jit runs an SPMD module's processes (place_first)
     ids = (ctypes.c_int * count).from_address(args.default_assignment)
-    ids[:] = list(range(count))
+    ids[:] = [client.device_of_chip(chip).id for chip in range(count)]
 
 
 @slot
