@@ -24,6 +24,7 @@ from jax_trn2.plugin import abi, lowerings, options, proto
 from jax_trn2.plugin.handles import Buffer, Device, Memory, Whole
 from lowering import protobuf
 from mesh import sharding
+from mesh.machine import Topology, device_order
 
 _SERIALIZED_MAGIC = b"jax-trn2 executable 1\n"
 _LIVE: "weakref.WeakValueDictionary[str, Executable]" = weakref.WeakValueDictionary()
@@ -53,7 +54,7 @@ class Executable:
         self.devices: list[Device] = [client.device(d) for row in self.assignment for d in row]
         self.loaded = LoadedExecutable.from_stablehlo(
             self.options.topology, self.code, rounding=self.options.rounding,
-            device_assignment=[d.chip for d in self.devices],
+            device_assignment=_chips(self.options.topology, self.devices),
             host_callbacks=lowerings.CALLBACKS)
         self.in_layouts, self.out_layouts = self.loaded.layouts
         program = self.loaded.program
@@ -200,6 +201,19 @@ class Executable:
         from them: the simulator's compile is its lowering)."""
         return _SERIALIZED_MAGIC + protobuf.field_bytes(1, self.code) + \
             protobuf.field_bytes(2, self.compile_options)
+
+
+def _chips(topology: Topology, devices: Sequence[Device]) -> list[int]:
+    """The chip of `topology` each device runs on: device i is the i-th chip with the
+    fastest links innermost (device_order), its own chip on the client's machine, and the
+    same position on the machine a program's trn2_topology names."""
+    order = device_order(topology)
+    outside = [d.id for d in devices if d.id >= len(order)]
+    if outside:
+        raise ValueError(f"devices {outside} have no chip on '{topology.name}' "
+                         f"({len(order)} chips): run the program on devices "
+                         f"0..{len(order) - 1} of jax.devices('trn2')")
+    return [order[d.id] for d in devices]
 
 
 def of(compiled: Any) -> Executable:
