@@ -55,7 +55,6 @@ class Client:
         for memory in self.memories:
             kind, size = memory.owned.string(memory.kind)
             handles.add(memory, Record(vtable=memory_vtable, kind=kind, kind_size=size))
-        register_device_mesh(topology)
 
     @property
     def platform_version(self) -> str:
@@ -69,9 +68,13 @@ class Client:
                              f"0..{len(self.devices) - 1} ({self.options.topology.name})")
         return self.devices[device_id]
 
-    def device_of_chip(self, chip: int) -> Device:
-        """The device of chip id `chip` (row-major over the torus coordinates)."""
-        return self._by_chip[chip]
+    def default_assignment(self, count: int) -> list[int]:
+        """PJRT's default device assignment of `count` processes: the device ids of chips
+        0..count-1, where jax_trn2.jit runs an SPMD module's processes (place_first)."""
+        if count > len(self.devices):
+            raise ValueError(f"{count} processes need {count} devices; the trn2 client has "
+                             f"{len(self.devices)}")
+        return [self._by_chip[chip].id for chip in range(count)]
 
     def buffer_from_host(self, address: int, dtype: np.dtype, dims: Sequence[int],
                          byte_strides: Sequence[int] | None, memory: Memory) -> Buffer:
@@ -106,7 +109,7 @@ class Client:
 def register_device_mesh(topology: Topology) -> None:
     """Make jax.make_mesh and mesh_utils.create_device_mesh place a mesh of the plugin's
     devices as jax_trn2.make_mesh places it on `topology` (jax keeps a mesh builder per
-    device kind, as it does for TPUs; the latest client's machine is the one jax uses)."""
+    device kind, as it does for TPUs; the latest client jax made is the one it uses)."""
     from jax._src import mesh_utils
     mesh_utils.device_kind_handler_dict[DEVICE_KIND] = functools.partial(device_mesh,
                                                                          topology)

@@ -44,10 +44,13 @@ class Executable:
         parsed = xla_client.CompileOptions.ParseFromString(self.compile_options)
         build = parsed.executable_build_options
         self.num_replicas, self.num_partitions = build.num_replicas, build.num_partitions
-        self.assignment = proto.read_device_assignment(build.device_assignment.serialize()) \
-            if build.device_assignment is not None else \
-            [[r * self.num_partitions + p for p in range(self.num_partitions)]
-             for r in range(self.num_replicas)]
+        if build.device_assignment is not None:
+            self.assignment = proto.read_device_assignment(
+                build.device_assignment.serialize())
+        else:
+            ids = client.default_assignment(self.num_replicas * self.num_partitions)
+            self.assignment = [ids[r * self.num_partitions:(r + 1) * self.num_partitions]
+                               for r in range(self.num_replicas)]
         self.options = options.program_options(
             list(parsed.env_option_overrides),
             options.ProgramOptions(client.options.rounding, topology=client.options.topology))
