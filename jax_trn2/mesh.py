@@ -12,11 +12,12 @@ from jax.sharding import AxisType, Mesh
 from jax_trn2.plugin.options import DEFAULT_TOPOLOGY
 from lowering.host import host_devices
 from mesh.machine import (TOPOLOGY_NAMES, ULTRACLUSTER_PREFIX, Placement, Topology,
-                          default_axis_names, get_topology, place_first, place_mesh)
+                          get_topology, place_first, place_mesh)
 
 # The mesh of an SPMD module's processes (lowering.replica_groups.ProcessGrid).
 PROCESS_GRID_AXES = ("replica", "partition")
 ULTRASERVER_CHIPS = 64
+SHORT_AXIS_NAMES = "xyzwuv"
 
 # Topology of each mesh shape make_mesh handed out, so that jit can find the machine a
 # shard_map's mesh was made for, and the block origin it was placed at (the lowered module
@@ -107,6 +108,12 @@ def _remember_machine(shapes: tuple[int, ...], names: tuple[str, ...], topo: Top
 def _machine_text(topo: Topology, origin: tuple[int, ...] | None) -> str:
     faults = f" ({topo.faults_text()})" if topo.has_faults else ""
     return f"'{topo.name}'{faults}" + (f" at origin {origin}" if origin is not None else "")
+
+
+def default_axis_names(rank: int) -> tuple[str, ...]:
+    """'x', 'y', 'z', 'w', 'u', 'v' for up to six axes; 'axis0', 'axis1', ... beyond."""
+    return tuple(SHORT_AXIS_NAMES[:rank]) if rank <= len(SHORT_AXIS_NAMES) else \
+        tuple(f"axis{i}" for i in range(rank))
 
 
 def topology_for(axis_sizes: tuple[int, ...], axis_names: tuple[str, ...],

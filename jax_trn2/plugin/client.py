@@ -16,7 +16,7 @@ from jax_trn2.plugin import abi
 from jax_trn2.plugin.handles import Buffer, Device, Handles, Memory, Record
 from jax_trn2.plugin.options import ClientOptions
 from mesh import sharding
-from mesh.machine import Topology, default_axis_names, device_order, place_mesh_within
+from mesh.machine import Topology, device_order, place_mesh_within
 
 PLATFORM_NAME = "neuron"  # what jax lowers for and keys donation and its cache by (README)
 PLUGIN_NAME = "trn2"  # what jax.devices() and JAX_PLATFORMS select the plugin by
@@ -124,13 +124,13 @@ def device_mesh(topology: Topology, mesh_shape: Sequence[int], devices: Sequence
     the devices in the order given, when they form no block of the torus (or are not chips
     of `topology`: another machine's)."""
     del contiguous_submeshes  # one process holds every device: any mesh is contiguous
-    coords = [tuple(d.coords) for d in devices]
+    coords = [tuple(getattr(d, "coords", ())) for d in devices]
     if not all(len(c) == topology.ndim and all(0 <= x < n for x, n in zip(c, topology.shape))
                for c in coords):
         return None
     chips = [topology.chip_id(c) for c in coords]
-    placement = place_mesh_within(topology, mesh_shape, default_axis_names(len(mesh_shape)),
-                                  chips)
+    names = tuple(f"axis{i}" for i in range(len(mesh_shape)))  # jax passes no names
+    placement = place_mesh_within(topology, mesh_shape, names, chips)
     if placement is None:
         return None
     by_chip = dict(zip(chips, devices))

@@ -10,8 +10,6 @@ import numpy as np
 
 from mesh.machine.topology import Topology, as_int
 
-SHORT_AXIS_NAMES = "xyzwuv"
-
 
 @dataclass(frozen=True)
 class Placement:
@@ -74,12 +72,6 @@ class Placement:
         name, size = physical_names[axes[0]], self.axis_sizes[logical_axis]
         return f"ring {name}" if self.is_torus_ring(logical_axis) else \
             f"segment {size} of {name}"
-
-
-def default_axis_names(rank: int) -> tuple[str, ...]:
-    """'x', 'y', 'z', 'w', 'u', 'v' for up to six axes; 'axis0', 'axis1', ... beyond."""
-    return tuple(SHORT_AXIS_NAMES[:rank]) if rank <= len(SHORT_AXIS_NAMES) else \
-        tuple(f"axis{i}" for i in range(rank))
 
 
 def chips_text(chips: Sequence[int]) -> str:
