@@ -75,3 +75,11 @@ def test_tp_matmul_estimate_is_the_same_through_both_front_doors():
     # (PJRT carries the plugin's figures as 32-bit floats)
     assert np.float32(plain.cost_analysis()["trn2.step_seconds"]) == \
         np.float32(ours.cost_analysis()["trn2"]["step_seconds"])
+
+
+def test_a_device_with_no_chip_on_the_programs_machine_is_named():
+    """Device i runs the i-th chip (fastest links innermost) of the machine a program's
+    trn2_topology names: trn2 has 16."""
+    x = jax.device_put(np.ones(4, np.float32), jax.devices("trn2")[20])
+    with pytest.raises(Exception, match=r"devices \[20\] have no chip on 'trn2' \(16 chips\)"):
+        jax.jit(lambda v: v + 1, compiler_options={"trn2_topology": "trn2"})(x)
