@@ -10,6 +10,11 @@ The client reports the platform name "neuron", AWS's name for Trainium, for whic
 lowers programs, donates buffers and keeps its persistent compilation cache (it does
 neither for a platform it does not know); the simulator's devices are listed under the
 plugin's name, "trn2" (docs/plugin.md says what a user sees).
+
+Device ids number the chips with the fastest links innermost (x, then y inside a server,
+then z across servers: mesh.machine.device_order), and jax.make_mesh places a mesh of the
+devices on the torus as jax_trn2.make_mesh does (client.device_mesh, jax's mesh builder
+for the Trainium2 device kind): both front doors run a program on the same chips.
 """
 
 from __future__ import annotations

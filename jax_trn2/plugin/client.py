@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import threading
 import weakref
 from typing import Any, Sequence
@@ -15,6 +16,7 @@ from jax_trn2.plugin import abi
 from jax_trn2.plugin.handles import Buffer, Device, Handles, Memory, Record
 from jax_trn2.plugin.options import ClientOptions
 from mesh import sharding
+from mesh.machine import Topology, device_order, place_mesh_within
 
 PLATFORM_NAME = "neuron"  # what jax lowers for and keys donation and its cache by (docs/plugin.md)
 PLUGIN_NAME = "trn2"  # what jax.devices() and JAX_PLATFORMS select the plugin by
@@ -36,10 +38,15 @@ class Client:
         self._copies: collections.OrderedDict = collections.OrderedDict()  # buffer_from_host
         self._lock = threading.Lock()
         topology = options.topology
-        self.devices = [Device(i, topology.coords(i), DEVICE_KIND, topology.chip.hbm_bytes,
-                               options.process_of(i),
+        # Device ids number the chips with the fastest links innermost (jax lists devices
+        # by id): a reshape of jax.devices("trn2") puts a mesh's last axes on x and y,
+        # and its first n devices are a block of the torus. Under jax.distributed, each
+        # process owns a block of consecutive ids.
+        self.devices = [Device(i, topology.coords(chip), DEVICE_KIND,
+                               topology.chip.hbm_bytes, chip, options.process_of(i),
                                options.process_of(i) == options.process_index)
-                        for i in range(topology.num_chips)]
+                        for i, chip in enumerate(device_order(topology))]
+        self._by_chip = {device.chip: device for device in self.devices}
         self.addressable_devices = [d for d in self.devices if d.addressable]
         # jax.distributed's processes by index: their state as jaxlib last reported it
         self.process_states: dict[int, int] = {}
@@ -65,6 +72,14 @@ class Client:
             raise IndexError(f"no trn2 device {device_id}: the client has devices "
                              f"0..{len(self.devices) - 1} ({self.options.topology.name})")
         return self.devices[device_id]
+
+    def default_assignment(self, count: int) -> list[int]:
+        """PJRT's default device assignment of `count` processes: the device ids of chips
+        0..count-1, where jax_trn2.jit runs an SPMD module's processes (place_first)."""
+        if count > len(self.devices):
+            raise ValueError(f"{count} processes need {count} devices; the trn2 client has "
+                             f"{len(self.devices)}")
+        return [self._by_chip[chip].id for chip in range(count)]
 
     def buffer_from_host(self, address: int, dtype: np.dtype, dims: Sequence[int],
                          byte_strides: Sequence[int] | None, memory: Memory) -> Buffer:
@@ -94,6 +109,38 @@ class Client:
                 while len(self._copies) > _COPIES_KEPT:
                     self._copies.popitem(last=False)
         return Buffer(copy, memory.device, memory)
+
+
+def register_device_mesh(topology: Topology) -> None:
+    """Make jax.make_mesh and mesh_utils.create_device_mesh place a mesh of the plugin's
+    devices as jax_trn2.make_mesh places it on `topology` (jax keeps a mesh builder per
+    device kind, as it does for TPUs; the latest client jax made is the one it uses)."""
+    from jax._src import mesh_utils
+    mesh_utils.device_kind_handler_dict[DEVICE_KIND] = functools.partial(device_mesh,
+                                                                         topology)
+
+
+def device_mesh(topology: Topology, mesh_shape: Sequence[int], devices: Sequence[Any], *,
+                contiguous_submeshes: bool = False) -> np.ndarray | None:
+    """`devices` (jax's, of the trn2 plugin) as an array of `mesh_shape`, each on the chip
+    place_mesh_within gives it: on all the chips, where jax_trn2.make_mesh places the mesh;
+    on a block of them (e.g. the first n of jax.devices("trn2"), which jax.make_mesh takes
+    for a mesh of n), laid out on that block by the same rules. None, for jax to reshape
+    the devices in the order given, when they form no block of the torus (or are not chips
+    of `topology`: another machine's)."""
+    del contiguous_submeshes  # one process holds every device: any mesh is contiguous
+    coords = [tuple(getattr(d, "coords", ())) for d in devices]
+    if not all(len(c) == topology.ndim and all(0 <= x < n for x, n in zip(c, topology.shape))
+               for c in coords):
+        return None
+    chips = [topology.chip_id(c) for c in coords]
+    names = tuple(f"axis{i}" for i in range(len(mesh_shape)))  # jax passes no names
+    placement = place_mesh_within(topology, mesh_shape, names, chips)
+    if placement is None:
+        return None
+    by_chip = dict(zip(chips, devices))
+    return np.array([by_chip[c] for c in placement.device_to_chip],
+                    dtype=object).reshape(mesh_shape)
 
 
 def _span(shape: tuple[int, ...], strides: tuple[int, ...] | None,

@@ -24,6 +24,7 @@ from jax_trn2.plugin import abi, lowerings, options, proto
 from jax_trn2.plugin.handles import Buffer, Device, Memory, Whole
 from lowering import protobuf
 from mesh import sharding
+from mesh.machine import Topology, device_order
 
 _SERIALIZED_MAGIC = b"jax-trn2 executable 1\n"
 _LIVE: "weakref.WeakValueDictionary[str, Executable]" = weakref.WeakValueDictionary()
@@ -43,10 +44,13 @@ class Executable:
         parsed = xla_client.CompileOptions.ParseFromString(self.compile_options)
         build = parsed.executable_build_options
         self.num_replicas, self.num_partitions = build.num_replicas, build.num_partitions
-        self.assignment = proto.read_device_assignment(build.device_assignment.serialize()) \
-            if build.device_assignment is not None else \
-            [[r * self.num_partitions + p for p in range(self.num_partitions)]
-             for r in range(self.num_replicas)]
+        if build.device_assignment is not None:
+            self.assignment = proto.read_device_assignment(
+                build.device_assignment.serialize())
+        else:
+            ids = client.default_assignment(self.num_replicas * self.num_partitions)
+            self.assignment = [ids[r * self.num_partitions:(r + 1) * self.num_partitions]
+                               for r in range(self.num_replicas)]
         self.options = options.program_options(
             list(parsed.env_option_overrides),
             options.ProgramOptions(client.options.rounding, topology=client.options.topology))
@@ -54,7 +58,7 @@ class Executable:
         _refuse_other_processes_devices(self.devices, client.options.process_index)
         self.loaded = LoadedExecutable.from_stablehlo(
             self.options.topology, self.code, rounding=self.options.rounding,
-            device_assignment=[d.id for d in self.devices],
+            device_assignment=_chips(self.options.topology, self.devices),
             host_callbacks=lowerings.CALLBACKS)
         self.in_layouts, self.out_layouts = self.loaded.layouts
         program = self.loaded.program
@@ -201,6 +205,19 @@ class Executable:
         from them: the simulator's compile is its lowering)."""
         return _SERIALIZED_MAGIC + protobuf.field_bytes(1, self.code) + \
             protobuf.field_bytes(2, self.compile_options)
+
+
+def _chips(topology: Topology, devices: Sequence[Device]) -> list[int]:
+    """The chip of `topology` each device runs on: device i is the i-th chip with the
+    fastest links innermost (device_order), its own chip on the client's machine, and the
+    same position on the machine a program's trn2_topology names."""
+    order = device_order(topology)
+    outside = [d.id for d in devices if d.id >= len(order)]
+    if outside:
+        raise ValueError(f"devices {outside} have no chip on '{topology.name}' "
+                         f"({len(order)} chips): run the program on devices "
+                         f"0..{len(order) - 1} of jax.devices('trn2')")
+    return [order[d.id] for d in devices]
 
 
 def of(compiled: Any) -> Executable:

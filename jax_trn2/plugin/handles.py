@@ -114,7 +114,7 @@ class Memory:
     KIND_ID = 0  # one kind of memory per device
 
     def description(self) -> str:
-        return f"HBM of Trainium2 chip {self.device.id} (memory kind {self.kind!r})"
+        return f"HBM of Trainium2 chip {self.device.chip} (memory kind {self.kind!r})"
 
 
 @dataclass(eq=False)
@@ -122,10 +122,11 @@ class Device:
     """One simulated chip, as a PJRT_Device and its PJRT_DeviceDescription (one object:
     jaxlib never frees either)."""
 
-    id: int
+    id: int  # the device id jax sees (jax.devices("trn2") is in id order)
     coords: tuple[int, ...]
     kind: str
     hbm_bytes: int  # capacity, from the chip spec
+    chip: int  # the chip id on the torus (mesh.machine: row-major over coords)
     process_index: int = 0  # the jax.distributed process that owns it
     addressable: bool = True  # owned by this process
     memories: list[Memory] = field(default_factory=list)
@@ -214,4 +215,4 @@ class Buffer:
         return self.array
 
     def __repr__(self) -> str:
-        return f"Buffer({self.dtype}{list(self.shape)} on chip {self.device.id})"
+        return f"Buffer({self.dtype}{list(self.shape)} on chip {self.device.chip})"

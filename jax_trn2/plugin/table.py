@@ -110,9 +110,11 @@ def Plugin_Attributes(args):
 @slot
 def Client_Create(args):
     from jax_trn2.plugin.options import client_options
+    from jax_trn2.plugin.client import Client, register_device_mesh
     given = abi.read_named_values(args.create_options, args.num_options)
-    args.client = HANDLES.add(_client()(client_options(given), HANDLES,
-                                        MEMORY_VTABLE.address))
+    client = Client(client_options(given), HANDLES, MEMORY_VTABLE.address)
+    register_device_mesh(client.options.topology)  # for jax.make_mesh of its devices
+    args.client = HANDLES.add(client)
 
 
 @slot
@@ -195,13 +197,9 @@ def Client_Compile(args):
 
 @slot
 def Client_DefaultDeviceAssignment(args):
-    client = _the_client(args.client)
     count = args.num_replicas * args.num_partitions
-    if count > len(client.devices):
-        raise ValueError(f"{args.num_replicas} replicas x {args.num_partitions} partitions "
-                         f"need {count} devices; the trn2 client has {len(client.devices)}")
     ids = (ctypes.c_int * count).from_address(args.default_assignment)
-    ids[:] = list(range(count))
+    ids[:] = _the_client(args.client).default_assignment(count)
 
 
 @slot

@@ -3,10 +3,11 @@ sits on it."""
 
 from mesh.machine.chip import ChipSpec
 from mesh.machine.runtime import RuntimeSpec
-from mesh.machine.placement import Placement, chips_text, place_first, place_mesh, place_on
+from mesh.machine.placement import (Placement, chips_text, device_order, place_first,
+                                    place_mesh, place_mesh_within, place_on)
 from mesh.machine.topology import (TOPOLOGY_NAMES, ULTRACLUSTER_PREFIX, Link, Topology,
                                    get_topology, ultracluster)
 
 __all__ = ["ChipSpec", "Link", "Placement", "RuntimeSpec", "TOPOLOGY_NAMES", "Topology", "ULTRACLUSTER_PREFIX",
-           "chips_text", "get_topology", "place_first", "place_mesh", "place_on",
-           "ultracluster"]
+           "chips_text", "device_order", "get_topology", "place_first", "place_mesh",
+           "place_mesh_within", "place_on", "ultracluster"]

@@ -112,15 +112,7 @@ def place_mesh(topology: Topology, axis_sizes: Sequence[int], axis_names: Sequen
     block there, wrapping around the torus: the way to keep a mesh off failed chips.
     """
     sizes, names = _check_mesh(topology, axis_sizes, axis_names)
-    whole = _match_whole_axes(sizes, topology.shape)
-    layouts = (_segments(sizes, topology.shape, whole), {})
-    for segments in layouts:
-        physical = _block_coordinates(sizes, topology.shape, {**whole, **segments})
-        if physical is not None:
-            break
-    else:
-        physical = np.array(np.unravel_index(np.arange(math.prod(sizes)), topology.shape))
-    physical = _moved(topology, physical, origin)
+    physical = _moved(topology, _mesh_coordinates(sizes, topology.shape), origin)
     chips = np.ravel_multi_index(tuple(physical), topology.shape)
     _check_failed_chips(topology, sizes, names, chips, physical)
     return Placement(
@@ -131,6 +123,80 @@ def place_mesh(topology: Topology, axis_sizes: Sequence[int], axis_names: Sequen
         device_to_chip=tuple(int(c) for c in chips),
         physical_axes=_varying_axes(physical, sizes),
     )
+
+
+def place_mesh_within(topology: Topology, axis_sizes: Sequence[int],
+                      axis_names: Sequence[str], chips: Sequence[int]) -> Placement | None:
+    """Place a logical mesh on the given chips by place_mesh's rules, or None when the
+    chips are no block of the torus.
+
+    A block is a box of the torus (each side a whole ring or a run of consecutive
+    coordinates of one, wrapping around) holding exactly `chips`. When the block is the
+    one place_mesh picks for the mesh (moved to the block's corner), as it is for every
+    chip of the topology, the placement is place_mesh's; on another block the mesh is laid
+    out as place_mesh lays it out on a torus of the block's shape, from its corner. Chips
+    that form no block (scattered, or an L shape) have no such layout: the caller keeps its
+    own order of them.
+    """
+    sizes, names = _check_mesh(topology, axis_sizes, axis_names)
+    chips = _check_chips(topology, sizes, chips)
+    block = _block_of(topology, chips)
+    if block is None:
+        return None
+    corner, sides = block
+    placed = _chips_at(topology, _mesh_coordinates(sizes, topology.shape), corner)
+    if set(placed) != set(chips):  # not place_mesh's block: the layout on this one
+        placed = _chips_at(topology, _mesh_coordinates(sizes, sides), corner)
+    return place_on(topology, sizes, names, placed)
+
+
+def _chips_at(topology: Topology, physical: np.ndarray, corner: Sequence[int]) -> list[int]:
+    """The chip ids of torus coordinates [physical axis, device] moved to `corner`."""
+    return np.ravel_multi_index(tuple(_moved(topology, physical, corner)),
+                                topology.shape).tolist()
+
+
+def _mesh_coordinates(sizes: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
+    """Torus coordinates [physical axis, device] of a mesh of `sizes` on a torus of
+    `shape`, from its origin (place_mesh's rules 1-4)."""
+    whole = _match_whole_axes(sizes, shape)
+    for segments in (_segments(sizes, shape, whole), {}):
+        physical = _block_coordinates(sizes, shape, {**whole, **segments})
+        if physical is not None:
+            return physical
+    return np.array(np.unravel_index(np.arange(math.prod(sizes)), shape))
+
+
+def _block_of(topology: Topology,
+              chips: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(corner, sides) of the box of the torus that holds exactly `chips`: per physical
+    axis the run of coordinates they use, which may wrap around; None if they fill none."""
+    physical = np.array(np.unravel_index(np.array(chips, dtype=np.int64), topology.shape))
+    corner, sides = [], []
+    for used, size in zip(physical, topology.shape):
+        used = set(used.tolist())
+        # the run starts where the coordinate before is unused (a whole ring: at 0)
+        starts = [c for c in sorted(used) if (c - 1) % size not in used] or [0]
+        if len(starts) != 1:
+            return None
+        corner.append(starts[0])
+        sides.append(len(used))
+    if math.prod(sides) != len(chips):  # chips in each run, but not every chip of the box
+        return None
+    return tuple(corner), tuple(sides)
+
+
+def device_order(topology: Topology) -> tuple[int, ...]:
+    """The chip ids with the fastest links innermost: consecutive chips one link apart on
+    the fastest axis (x, then y: NeuronLink inside a server, 128 GB/s per direction), the
+    slower axes outermost (z across servers at 64 GB/s, then an UltraCluster's EFA axis).
+    A mesh reshaped from chips in this order puts its last axes on the fastest links, and
+    its first n chips are a block filled x first, then y, then z, as place_mesh fills one
+    on an UltraServer."""
+    outer_first = sorted(range(topology.ndim),
+                         key=lambda p: (topology.link_bandwidth[p], -p))
+    grid = np.arange(topology.num_chips).reshape(topology.shape)
+    return tuple(int(c) for c in grid.transpose(outer_first).reshape(-1))
 
 
 def place_first(topology: Topology, axis_sizes: Sequence[int], axis_names: Sequence[str],
@@ -149,18 +215,26 @@ def place_on(topology: Topology, axis_sizes: Sequence[int], axis_names: Sequence
     """Logical device d (row-major over `axis_sizes`) on chip `chips[d]`: a device
     assignment the caller chose."""
     sizes, names = _check_mesh(topology, axis_sizes, axis_names)
-    chips = np.array([as_int(c, "device assignment") for c in chips], dtype=np.int64)
-    if len(chips) != math.prod(sizes) or len(set(chips.tolist())) != len(chips) or \
-            not all(0 <= c < topology.num_chips for c in chips):
-        raise ValueError(f"a device assignment for mesh {sizes} needs {math.prod(sizes)} "
-                         f"distinct chip ids of '{topology.name}' (0..{topology.num_chips - 1}), "
-                         f"got {chips.tolist()}")
+    chips = np.array(_check_chips(topology, sizes, chips), dtype=np.int64)
     physical = np.array(np.unravel_index(chips, topology.shape))
     _check_failed_chips(topology, sizes, names, chips, physical)
     return Placement(topology_name=topology.name, topology_shape=topology.shape,
                      axis_sizes=sizes, axis_names=names,
                      device_to_chip=tuple(int(c) for c in chips),
                      physical_axes=_varying_axes(physical, sizes))
+
+
+def _check_chips(topology: Topology, sizes: tuple[int, ...],
+                 chips: Sequence[int]) -> list[int]:
+    """The chip ids of a device assignment for a mesh of `sizes`: one distinct chip of
+    `topology` per device, else an error saying what is wrong."""
+    chips = [as_int(c, "device assignment") for c in chips]
+    if len(chips) != math.prod(sizes) or len(set(chips)) != len(chips) or \
+            not all(0 <= c < topology.num_chips for c in chips):
+        raise ValueError(f"a device assignment for mesh {sizes} needs {math.prod(sizes)} "
+                         f"distinct chip ids of '{topology.name}' (0..{topology.num_chips - 1}), "
+                         f"got {chips}")
+    return chips
 
 
 def _check_mesh(

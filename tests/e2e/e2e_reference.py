@@ -12,7 +12,7 @@ from jax.sharding import AxisType
 
 import jax_trn2
 from mesh.executor import EXACT_PRECISION
-from mesh.machine import get_topology, place_mesh
+from mesh.machine import device_order, get_topology, place_mesh
 
 # Tolerances, relative to the largest reference magnitude, where the two runs may add in a
 # different order: FP32 re-association changes a sum of n terms by up to ~n*eps*sum|x|
@@ -41,10 +41,11 @@ def cpu_mesh(shape: tuple[int, ...], names: tuple[str, ...]):
 def trn2_mesh(shape: tuple[int, ...], names: tuple[str, ...], topology: str = "trn2-ultra"):
     """A mesh of the trn2 plugin's devices (jax.devices('trn2')), placed on the torus as
     jax_trn2.make_mesh places it."""
-    placement = place_mesh(get_topology(topology), tuple(shape), tuple(names), None)
-    devices = jax.devices("trn2")
+    topo = get_topology(topology)
+    placement = place_mesh(topo, tuple(shape), tuple(names), None)
+    order, devices = device_order(topo), jax.devices("trn2")  # device i: chip order[i]
     return jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape),
-                         devices=[devices[c] for c in placement.device_to_chip])
+                         devices=[devices[order.index(c)] for c in placement.device_to_chip])
 
 
 def run_both(body, shape, names, in_specs, out_specs, *args, topology="trn2-ultra",

@@ -8,7 +8,11 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_trn2
 from jax_trn2.plugin import executable as plugin_executable, table
+from jax_trn2.plugin.client import Client
+from jax_trn2.plugin.handles import Handles
+from jax_trn2.plugin.options import ClientOptions
 from mesh.executor import EXACT_PRECISION
+from mesh.machine import get_topology
 from tests.e2e.e2e_reference import cpu_mesh, trn2_mesh
 
 
@@ -25,7 +29,11 @@ def mesh(devices):
 def test_devices_are_the_chips(devices):
     assert len(devices) == 64
     assert [d.id for d in devices] == list(range(64))
-    assert devices[21].coords == [1, 1, 1]  # chip 21 of the 4x4x4 torus, row-major
+    # numbered with the fastest links innermost: x, then y (in a server), then z
+    assert [tuple(d.coords) for d in devices[:5]] == \
+        [(0, 0, 0), (1, 0, 0), (2, 0, 0), (3, 0, 0), (0, 1, 0)]
+    assert devices[16].coords == [0, 0, 1]  # the next server
+    assert "HBM of Trainium2 chip 16" in str(devices[1].default_memory())  # chip (1, 0, 0)
     assert devices[0].device_kind == "Trainium2"
     assert devices[0].platform == "neuron"
     assert jax.default_backend() == "cpu"  # installing the plugin leaves jax's default
@@ -33,6 +41,15 @@ def test_devices_are_the_chips(devices):
     assert memory.kind == "device" and "HBM" in str(memory)
     stats = devices[0].memory_stats()
     assert stats["bytes_limit"] == 96 * 2 ** 30
+
+
+def test_default_assignment_runs_processes_on_the_first_chips():
+    """An SPMD module's processes run on chips 0..n-1 (torus (0, 0, z) first), as
+    jax_trn2.jit runs them (place_first), whatever the devices' ids."""
+    client = Client(ClientOptions(get_topology("trn2-ultra")), Handles(), memory_vtable=0)
+    assert [client.device(i).chip for i in client.default_assignment(4)] == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="65 processes need 65 devices; the trn2 client has 64"):
+        client.default_assignment(65)
 
 
 def test_sharded_program_matches_cpu(mesh, rng):

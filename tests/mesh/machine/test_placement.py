@@ -5,7 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from mesh.machine import chips_text, get_topology, place_first, place_mesh
+from mesh.machine import (chips_text, device_order, get_topology, place_first, place_mesh,
+                          place_mesh_within)
 
 ULTRA = get_topology("trn2-ultra")
 
@@ -97,3 +98,48 @@ def test_origin_moves_the_block():
     placement = place_mesh(ULTRA, (2, 4), ("a", "b"), origin=(0, 3, 2))
     assert sorted(map(tuple, coords(placement))) == \
         sorted((x, y % 4, 2) for x in range(4) for y in (3, 4))
+
+
+def test_device_order_puts_the_fastest_links_innermost():
+    order = device_order(ULTRA)
+    # x, then y (128 GB/s inside a server), then z (64 GB/s across servers)
+    assert [ULTRA.coords(c) for c in order[:5]] == \
+        [(0, 0, 0), (1, 0, 0), (2, 0, 0), (3, 0, 0), (0, 1, 0)]
+    assert {ULTRA.coords(c)[2] for c in order[:16]} == {0}  # the first server
+    cluster = get_topology("trn2-ultracluster-2")  # EFA between UltraServers: outermost
+    assert {cluster.coords(c)[0] for c in device_order(cluster)[:64]} == {0}
+    assert sorted(order) == list(range(64))
+
+
+@pytest.mark.parametrize("shape", [(16, 4), (4, 16), (8, 8), (64,), (4, 4, 4), (2, 32),
+                                   (8,), (2, 4), (2, 2, 2), (2, 2, 8), (16, 2)])
+def test_mesh_within_the_chips_place_mesh_picks_is_place_mesh(shape):
+    names = tuple("abc"[:len(shape)])
+    placed = place_mesh(ULTRA, shape, names)
+    given = sorted(placed.device_to_chip, reverse=True)  # any order of the same chips
+    assert place_mesh_within(ULTRA, shape, names, given) == placed
+
+
+def test_mesh_within_a_block_elsewhere_is_place_mesh_there():
+    server = [c for c in range(64) if ULTRA.coords(c)[2] == 2]
+    assert place_mesh_within(ULTRA, (4, 4), ("a", "b"), server) == \
+        place_mesh(ULTRA, (4, 4), ("a", "b"), origin=(0, 0, 2))
+
+
+def test_mesh_within_another_block_is_laid_out_on_it():
+    # the first 32 devices (x, y, z < 2): the 16-device axis on x*y, the 2 on z
+    block = [c for c in range(64) if ULTRA.coords(c)[2] < 2]
+    placement = place_mesh_within(ULTRA, (2, 16), ("pipe", "model"), block)
+    assert placement.physical_axes == ((2,), (0, 1))
+    # a block wrapping around the z ring: z in {3, 0}
+    wrapped = [c for c in range(64) if ULTRA.coords(c)[2] in (3, 0)]
+    placement = place_mesh_within(ULTRA, (2, 16), ("pipe", "model"), wrapped)
+    assert [ULTRA.coords(c)[2] for c in placement.device_to_chip[::16]] == [3, 0]
+
+
+def test_chips_that_form_no_block_have_no_placement():
+    l_shape = [0, 16, 32, 4]  # (0,0,0), (1,0,0), (2,0,0), (0,1,0)
+    assert place_mesh_within(ULTRA, (4,), ("a",), l_shape) is None
+    assert place_mesh_within(ULTRA, (2,), ("a",), [0, 2]) is None  # a gap on z
+    with pytest.raises(ValueError, match="needs 4 distinct chip ids"):
+        place_mesh_within(ULTRA, (4,), ("a",), [0, 1, 2, 2])
