@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -115,20 +115,22 @@ class ProgramOptions:
 def program_options(given: Mapping[str, Any] | Iterable[tuple[str, Any]],
                     defaults: ProgramOptions = ProgramOptions()) -> ProgramOptions:
     """A program's options from compiler options (`trn2_*`, a mapping or the compile
-    options' env_option_overrides), each not given as in `defaults`. Any other option is
-    XLA's, which does not compile the program here: ValueError naming it."""
+    options' env_option_overrides), each not given as in `defaults`. Any other option must
+    be one of XLA's, as on every backend (XLA's own parser checks it: "No such compile
+    option" otherwise), and changes nothing: XLA does not compile the program here."""
     if isinstance(given, (str, bytes)):
         raise TypeError(f"compiler_options: expected a mapping of option names to values, "
                         f"got {given!r}")
-    options = {}
+    options, xla_options = {}, []
     for key, value in (given.items() if isinstance(given, Mapping) else given):
-        if not isinstance(key, str) or not key.startswith(PREFIX) or \
-                key[len(PREFIX):] not in _PROGRAM_KEYS:
-            raise ValueError(
-                f"compiler option {key!r} is not one the trn2 simulator knows (XLA's options "
-                "do not apply: the program is lowered to Trainium2 instructions, not compiled "
-                f"by XLA); known: {[PREFIX + k for k in _PROGRAM_KEYS]}")
-        options[key[len(PREFIX):]] = value
+        if isinstance(key, str) and key.startswith(PREFIX):
+            if key[len(PREFIX):] not in _PROGRAM_KEYS:
+                raise ValueError(f"No such compile option: {key!r}; the trn2 simulator's are "
+                                 f"{[PREFIX + k for k in _PROGRAM_KEYS]}")
+            options[key[len(PREFIX):]] = value
+        else:
+            xla_options.append((key, value))
+    check_xla_options(xla_options)
     topology = options.get("topology", defaults.topology)
     if topology is not None and not isinstance(topology, Topology):
         topology = get_topology(str(topology))
@@ -136,6 +138,31 @@ def program_options(given: Mapping[str, Any] | Iterable[tuple[str, Any]],
                         _int(options.get("seed", defaults.rounding.seed), "trn2_seed"))
     return ProgramOptions(rounding, _bool(options.get("check_memory", defaults.check_memory)),
                           topology)
+
+
+def check_xla_options(given: Sequence[tuple[Any, Any]]) -> None:
+    """ValueError with XLA's own message unless XLA takes each option and value (its
+    DebugOptions fields), checked by compiling an empty program with them on a host CPU
+    client, once per set of options."""
+    key = tuple(sorted((str(name), repr(value)) for name, value in given))
+    if not key or key in _XLA_OPTIONS_TAKEN:
+        return
+    from jax._src.lib import xla_client
+    from lowering.host import host_client
+    client = host_client(1)
+    options = xla_client.CompileOptions()
+    options.env_option_overrides = list(given)
+    try:
+        client.compile_and_load(_EMPTY_PROGRAM, xla_client.DeviceList(tuple(client.devices())),
+                                options)
+    except Exception as e:  # jaxlib's own error type
+        raise ValueError(f"compiler options: {str(e).removeprefix('INVALID_ARGUMENT: ')}") \
+            from None
+    _XLA_OPTIONS_TAKEN.add(key)
+
+
+_XLA_OPTIONS_TAKEN: set[tuple] = set()
+_EMPTY_PROGRAM = b"module { func.func @main() { return } }"
 
 
 def _items(text: Any) -> list[str]:
