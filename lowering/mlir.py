@@ -492,7 +492,7 @@ def _location(text: str, module_name: str) -> Location:
 
 _SCOPE = re.compile(r'^loc\("([^"]+)"(?!:)')
 # Names jax itself puts on the name stack: its control flow's (lax.cond, lax.while_loop and
-# scan) and jax.checkpoint's; and `jit(f)`, a jitted function's boundary.
+# scan) and jax.checkpoint's. (`jit(f)`, a jitted function's boundary, is not a scope either.)
 _JAX_SCOPES = re.compile(r"while|body|body_pred|cond|branch_\d+_fun|checkpoint|"
                          r"rematted_computation")
 _WRAPPED = re.compile(r"(\w+)\((.*)\)")  # a transform of a name: `transpose(jvp(block0))`
@@ -502,9 +502,11 @@ def user_scope(name_stack: str) -> str:
     """The user's name scopes in a jax name stack, outermost first: the Flax module path
     `Model/block0/attn/q` (or jax.named_scope names) of
     `jit(step)/transpose(jvp(Model))/block0/attn/q/dot_general`, without the jitted
-    function, the transforms, jax's own scopes and the primitive; '' when there are none."""
+    function, the transforms, jax's own scopes and the primitive; '' when there are none.
+    An op XLA made of several (`.../mul;jit(step)/.../broadcast_in_dim`) is in the scopes
+    of the first."""
     names: list[str] = []
-    for name in name_stack.split("/")[:-1]:  # the last one is the primitive
+    for name in name_stack.split(";")[0].split("/")[:-1]:  # the last one is the primitive
         while (wrapped := _WRAPPED.fullmatch(name)) and wrapped.group(1) != "jit":
             name = wrapped.group(2)
         if not name or name.startswith("jit(") or _JAX_SCOPES.fullmatch(name):

@@ -495,10 +495,10 @@ class Walker:
 
     def _decode(self, operation, env) -> Op:
         location = mlir.location(operation.location, self.module_name)
-        caller = next((c for c in reversed(self.callers) if c.loc), None)
+        caller = self.callers[-1] if self.callers else None
         loc, via = (location.source, location.via) if location.source or caller is None else \
             (caller.loc, caller.via)
-        user_scope = "/".join(s for s in (self.callers[-1].user_scope if self.callers else "",
+        user_scope = "/".join(s for s in (caller.user_scope if caller else "",
                                           mlir.user_scope(location.name_stack)) if s)
         try:
             return Op(name=operation.name,

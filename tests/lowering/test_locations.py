@@ -56,6 +56,8 @@ def test_an_op_with_only_library_frames_is_at_the_librarys_line():
     ("jit(f)/jvp(myscope)/jit(inner)", "myscope"),  # a call of a jitted function
     ("jit(f)/transpose(jvp(vmap(mlp)))/neg", "mlp"),
     ("layers/mlp/dot_general", "layers/mlp"),  # a function jax lowered out of line
+    # an op XLA's partitioning passes merged from two: their names joined by ';'
+    ("jit(f)/transpose(jvp(Model))/mul;jit(f)/transpose(jvp(Model))/broadcast_in_dim", "Model"),
     ("jit(f)", ""),
     ("", ""),
 ])
