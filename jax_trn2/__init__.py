@@ -28,6 +28,7 @@ _EXPORTS = {
     "HostMemoryError": "jax_trn2.executable", "LoadedExecutable": "jax_trn2.executable",
     "jit": "jax_trn2.jit", "Compiled": "jax_trn2.jit", "Jitted": "jax_trn2.jit",
     "Lowered": "jax_trn2.jit", "listing": "jax_trn2.plugin.executable",
+    "inspect": "jax_trn2.plugin.executable",
     "flash_attention": "jax_trn2.attention",
     "make_mesh": "jax_trn2.mesh",
     "LoweringError": "lowering", "UnsupportedOpError": "lowering",

@@ -511,6 +511,42 @@ class Compiled(_StageInfo):
         save_plot(self.executable.estimate, path)
 
 
+class PluginCompiled(Compiled):
+    """A program jax.jit compiled for the plugin's devices (`jax.devices("trn2")`), as
+    jax_trn2.inspect gives it: jax_trn2.Compiled's listing, estimates, memory analysis,
+    trace and plot, of the executable the plugin runs it with. Called, or asked for its
+    shardings and formats, it is jax's Compiled."""
+
+    def __init__(self, jax_compiled: Any, executable: LoadedExecutable):
+        self.executable = executable
+        self._jax_stage = jax_compiled
+        self.in_tree = jax_compiled.in_tree
+        self.out_tree = jax_compiled.out_tree
+
+    def __call__(self, *args, **kwargs) -> Any:
+        return self._jax_stage(*args, **kwargs)
+
+    def call_flat(self, leaves: Sequence[Any]) -> Any:
+        args, kwargs = tree_util.tree_unflatten(self.in_tree, leaves)
+        return self._jax_stage(*args, **kwargs)
+
+    @property
+    def input_shardings(self) -> Any:
+        return self._jax_stage.input_shardings
+
+    @property
+    def output_shardings(self) -> Any:
+        return self._jax_stage.output_shardings
+
+    @property
+    def input_formats(self) -> Any:
+        return self._jax_stage.input_formats
+
+    @property
+    def output_formats(self) -> Any:
+        return self._jax_stage.output_formats
+
+
 class Lowered(_StageInfo):
     """A function lowered to StableHLO and then to a Trn2 program."""
 

@@ -11,10 +11,10 @@ collective gets a `why`: its kind, the mesh axes, the sharding change (`w1: P('f
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 
 from mesh import isa
+from mesh.isa.sites import line_text
 
 # jax primitives whose lowering is a collective: what a user writes (jax.lax.psum, ...).
 USER_COLLECTIVES = frozenset({
@@ -62,7 +62,7 @@ def _why(builder, instr: isa.Instruction, served: str, loc: str,
     axes = getattr(instr, "groups", None)
     axes = axes.axes if axes is not None else None
     over = f" over {', '.join(mesh.axis_names[a] for a in axes)}" if axes else ""
-    where = f" for the {served or 'op'}" + (f" at {_short(loc)}" if loc else "")
+    where = f" for the {served or 'op'}" + (f" at {line_text(loc)}" if loc else "")
     change = _sharding_change(builder, instr, axes, argument_names)
     return f"inserted by XLA's SPMD partitioner: {_KIND[type(instr)]}{change}{over}{where}"
 
@@ -106,9 +106,3 @@ def _spec(dim_axes, names) -> str:
         else:
             parts.append("(" + ", ".join(repr(names[a]) for a in axes) + ")")
     return f"P({', '.join(parts)})"
-
-
-def _short(loc: str) -> str:
-    """`model.py:41` from `/path/to/model.py:41:17`."""
-    path, line, _ = loc.rsplit(":", 2)
-    return f"{os.path.basename(path)}:{line}"

@@ -7,13 +7,15 @@ see an MLIR object.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import linecache
 import os
 import re
+import sysconfig
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 from jax._src.interpreters import mlir as jax_mlir
@@ -412,6 +414,25 @@ _FILE_LOC = re.compile(r'"([^"]+)":(\d+):(\d+)')
 # that user files under a folder named jax_trn2, such as tests/jax_trn2, still count).
 _INTERNAL = ("/jax/", "/jaxlib/", "site-packages/jax", "<frozen",
              str(Path(__file__).resolve().parents[1] / "jax_trn2") + os.sep)
+# Libraries the user's code calls (a flax Dense makes its matmul in flax/linen/linear.py):
+# installed packages, Python's standard library, and the neural-network libraries wherever
+# they are installed from (an editable install of flax is not under site-packages).
+_LIBRARY_MARKS = ("/site-packages/", "/dist-packages/")
+_LIBRARY_PACKAGES = ("flax", "optax", "equinox")
+
+
+@functools.cache
+def _library_dirs() -> tuple[str, ...]:
+    dirs = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib")}
+    for name in _LIBRARY_PACKAGES:
+        spec = importlib.util.find_spec(name)  # finds the package without importing it
+        if spec is not None and spec.submodule_search_locations:
+            dirs.update(spec.submodule_search_locations)
+    return tuple(os.path.join(d, "") for d in dirs)
+
+
+def _is_library(path: str) -> bool:
+    return any(mark in path for mark in _LIBRARY_MARKS) or path.startswith(_library_dirs())
 
 
 # The file name MLIR's parser gives positions in text it parsed from a string: the ops of a
@@ -420,39 +441,81 @@ _PARSED_TEXT = "-"
 MODULE_TEXT = "<module>"  # the name of such text when the caller has no file name for it
 
 
+class Location(NamedTuple):
+    """Where an op comes from, read from its MLIR location.
+
+    `source`: the innermost frame of the user's own code, `file:line:col` (a library's when
+    no user frame made the op, '' when the op has no source position); `via`: the library
+    frame inside that call which made the op (`.../flax/linen/linear.py:287:8`), or '';
+    `name_stack`: jax's name stack (`jit(step)/jvp(Model)/block0/attn/q/dot_general`)."""
+
+    source: str
+    via: str
+    name_stack: str
+
+
 def scope_name(loc: ir.Location) -> str:
     """The jax name stack an op's location starts with (`jit(f)/transpose(jvp(dot_general))`),
     or ''."""
-    return location_parts(loc)[1]
+    return location(loc).name_stack
 
 
-def location_parts(loc: ir.Location, module_name: str = MODULE_TEXT) -> tuple[str, str]:
-    """The user's source line of an op, `file:line:col`, and its scope name, from its MLIR
-    location (printed once: a large module's locations are long, and many ops share one).
+def location(loc: ir.Location, module_name: str = MODULE_TEXT) -> Location:
+    """The user's source line of an op, the library line it went through, and its name
+    stack, from its MLIR location (printed once: a large module's locations are long, and
+    many ops share one).
 
     The bindings expose no accessors for file and call-site locations, so the location's
-    printed form is searched for its first file position outside jax's own code (jax prints
-    the innermost user frame first); "" when the op has no source position. An op of a
-    module without debug locations is at its line of the module text: `module_name:line:col`.
+    printed form is searched, innermost frame first (as jax prints them), for the first
+    position outside jax's own code and outside libraries. An op of a module without debug
+    locations is at its line of the module text: `module_name:line:col`.
     """
-    return _location_parts(str(loc), module_name)
+    return _location(str(loc), module_name)
 
 
 @functools.lru_cache(maxsize=4096)
-def _location_parts(text: str, module_name: str) -> tuple[str, str]:
-    source = ""
+def _location(text: str, module_name: str) -> Location:
+    user = via = ""
     for path, line, col in _FILE_LOC.findall(text):
         if path == _PARSED_TEXT:
-            source = f"{module_name}:{line}:{col}"
+            user = f"{module_name}:{line}:{col}"
             break
-        if not any(mark in path for mark in _INTERNAL):
-            source = f"{path}:{line}:{col}"
+        if any(mark in path for mark in _INTERNAL):
+            continue
+        if not _is_library(path):
+            user = f"{path}:{line}:{col}"
             break
-    scope = _SCOPE.match(text)
-    return source, scope.group(1) if scope else ""
+        via = via or f"{path}:{line}:{col}"
+    name_stack = _SCOPE.match(text)
+    return Location(user or via, via if user else "", name_stack.group(1) if name_stack else "")
 
 
 _SCOPE = re.compile(r'^loc\("([^"]+)"(?!:)')
+# Names jax itself puts on the name stack: its control flow's (lax.cond, lax.while_loop and
+# scan) and jax.checkpoint's. (`jit(f)`, a jitted function's boundary, is not a scope either.)
+_JAX_SCOPES = re.compile(r"while|body|body_pred|cond|branch_\d+_fun|checkpoint|"
+                         r"rematted_computation")
+_WRAPPED = re.compile(r"(\w+)\((.*)\)")  # a transform of a name: `transpose(jvp(block0))`
+
+
+def user_scope(name_stack: str) -> str:
+    """The user's name scopes in a jax name stack, outermost first: the Flax module path
+    `Model/block0/attn/q` (or jax.named_scope names) of
+    `jit(step)/transpose(jvp(Model))/block0/attn/q/dot_general`, without the jitted
+    function, the transforms, jax's own scopes and the primitive; '' when there are none.
+    An op XLA made of several (`.../mul;jit(step)/.../broadcast_in_dim`) is in the scopes
+    of the first."""
+    names: list[str] = []
+    for name in name_stack.split(";")[0].split("/")[:-1]:  # the last one is the primitive
+        while (wrapped := _WRAPPED.fullmatch(name)) and wrapped.group(1) != "jit":
+            name = wrapped.group(2)
+        if not name or name.startswith("jit(") or _JAX_SCOPES.fullmatch(name):
+            continue
+        # the backward pass of a rematerialized scope re-enters it (`transpose(jvp(Model))/
+        # jvp(Model)/...`): one scope, not a child of itself
+        if not names or names[-1] != name:
+            names.append(name)
+    return "/".join(names)
 
 
 def argument_name(argument) -> str:

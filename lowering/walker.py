@@ -59,6 +59,8 @@ class Op:
     regions: tuple[Region, ...]
     loc: str
     scope: str = ""  # jax's name stack: `jit(step)/dot_general`
+    user_scope: str = ""  # the user's scopes in it, callers' first: `Model/block0/attn/q`
+    via: str = ""  # the library line inside the user's line `loc` that made the op
 
     @property
     def short_name(self) -> str:
@@ -140,36 +142,38 @@ class LoweringContext:
             varying = frozenset().union(*(self.varying(v) for v in ins))
         layouts = [varying] * len(out_types) if out_layouts is None else list(out_layouts)
         outs = tuple(self.builder.new_value(t, v) for t, v in zip(out_types, layouts, strict=True))
-        self.builder.instructions.append(cls(outs, ins, loc=op.loc,
-                                             recomputed=REMAT_SCOPE in op.scope, **params))
+        self.builder.instructions.append(cls(outs, ins, loc=op.loc, scope=op.user_scope,
+                                             via=op.via, recomputed=REMAT_SCOPE in op.scope,
+                                             **params))
         return outs
 
     def inline_region(self, region: Region, args: Sequence[int]) -> list[int]:
         """Lower a region's block in place, its arguments bound to `args`."""
         return self.walker.lower_block(region.block, args, self.builder)
 
-    def call(self, function: str, args: Sequence[int], loc: str = "") -> list[int]:
-        """Inline a function; its ops without a user source line are reported at `loc`."""
-        self.walker.call_locations.append(loc)
+    def call(self, function: str, args: Sequence[int], caller: Op) -> list[int]:
+        """Inline a function called by op `caller`: its ops are in the caller's scope, and
+        those without a user source line are reported at the caller's."""
+        self.walker.callers.append(caller)
         try:
             return self.walker.lower_block(self.walker.function_block(function), args,
                                            self.builder)
         finally:
-            self.walker.call_locations.pop()
+            self.walker.callers.pop()
 
     def function_program(self, function: str, args: Sequence[int], name: str,
-                         loc: str = "") -> isa.Program:
+                         caller: Op) -> isa.Program:
         """A function as a sub-program over this program's mesh whose inputs have the
-        types and layouts of `args` (a composite's decomposition); its ops without a user
-        source line are reported at `loc`."""
+        types and layouts of `args` (a composite's decomposition), called by op `caller`
+        (as in `call`)."""
         builder = self.builder.child()
         inputs = [builder.new_value(self.type(a), self.varying(a)) for a in args]
-        self.walker.call_locations.append(loc)
+        self.walker.callers.append(caller)
         try:
             outputs = self.walker.lower_block(self.walker.function_block(function), inputs,
                                               builder)
         finally:
-            self.walker.call_locations.pop()
+            self.walker.callers.pop()
         return builder.program(inputs, outputs, name)
 
     def scalar_program(self, region: Region, name: str) -> isa.Program:
@@ -249,7 +253,9 @@ class Walker:
         self.module_name = module_name
         self.host_callbacks = host_callbacks
         self.functions: dict[str, Any] = {}
-        self.call_locations: list[str] = []  # user source lines of the func.calls being inlined
+        # The ops of the functions being inlined (func.call), outermost first: jax names the
+        # ops of a function it lowers out of line without its callers' scopes.
+        self.callers: list[Op] = []
         meshes: dict[str, isa.MeshSpec] = {}
         for op in module.body.operations:
             op = op.operation  # the generic op (a FuncOp view's .name is its symbol)
@@ -488,8 +494,12 @@ class Walker:
         raise LoweringError("a block has no terminator")
 
     def _decode(self, operation, env) -> Op:
-        source, scope = mlir.location_parts(operation.location, self.module_name)
-        loc = source or next((c for c in reversed(self.call_locations) if c), "")
+        location = mlir.location(operation.location, self.module_name)
+        caller = self.callers[-1] if self.callers else None
+        loc, via = (location.source, location.via) if location.source or caller is None else \
+            (caller.loc, caller.via)
+        user_scope = "/".join(s for s in (caller.user_scope if caller else "",
+                                          mlir.user_scope(location.name_stack)) if s)
         try:
             return Op(name=operation.name,
                       operands=tuple(env[v] for v in operation.operands),
@@ -497,7 +507,7 @@ class Walker:
                       result_types=tuple(mlir.value_type(r.type) for r in operation.results),
                       attrs=mlir.Attributes(operation),
                       regions=tuple(Region(r) for r in operation.regions),
-                      loc=loc, scope=scope)
+                      loc=loc, scope=location.name_stack, user_scope=user_scope, via=via)
         except mlir.UnsupportedTypeError as e:
             message = str(e)
             if operation.name in SHAPE_OPERANDS:

@@ -64,7 +64,7 @@ def call(ctx: LoweringContext, op: Op):
     if partition.KERNEL_NAME in kernel:
         return _composite(ctx, op, kernel[partition.KERNEL_NAME], 0,
                           kernel[partition.KERNEL_ATTRIBUTES], op.attrs["callee"])
-    return ctx.call(op.attrs["callee"], op.operands, op.loc)
+    return ctx.call(op.attrs["callee"], op.operands, op)
 
 
 @rule("stablehlo.composite")
@@ -83,7 +83,7 @@ def composite(ctx: LoweringContext, op: Op):
 
 def _composite(ctx: LoweringContext, op: Op, name: str, version: int, attributes: str,
                function: str):
-    program = ctx.function_program(function, op.operands, f"@{function}", op.loc)
+    program = ctx.function_program(function, op.operands, f"@{function}", op)
     return ctx.emit(Composite, op, out_layouts=[program.info(v).varying
                                                 for v in program.outputs],
                     name=name, version=version, attributes=attributes, decomposition=program)

@@ -137,16 +137,22 @@ class Plan:
 class Instruction:
     """One instruction: reads values `ins`, defines values `outs`.
 
-    `loc` is the user's source location of the StableHLO op it came from; `why` says why
-    a compiler put it there when the user did not write it (a collective XLA's SPMD
-    partitioner inserted, with the sharding change that needed it); `recomputed` marks the
+    `loc` is the user's source location (`path:line:col`, the innermost frame of the
+    user's own code) of the StableHLO op it came from; `via` the library line inside that
+    call which made the op (a flax Dense's matmul: `.../flax/linen/linear.py:287:8`), or
+    ''; `scope` the user's name scopes the op was made in, outermost first (a Flax module
+    path `Model/block0/attn/q`, jax.named_scope names), or ''; `why` says why a compiler
+    put it there when the user did not write it (a collective XLA's SPMD partitioner
+    inserted, with the sharding change that needed it); `recomputed` marks the
     recomputation of a value jax.checkpoint did not keep for the backward pass (jax names
-    such ops `rematted_computation`).
+    such ops `rematted_computation`). mesh.isa.sites shows them.
     """
 
     outs: tuple[int, ...]
     ins: tuple[int, ...]
     loc: str = field(default="", kw_only=True)
+    via: str = field(default="", kw_only=True)
+    scope: str = field(default="", kw_only=True)
     why: str = field(default="", kw_only=True)
     recomputed: bool = field(default=False, kw_only=True)
 
@@ -158,7 +164,7 @@ class Instruction:
 
     def params(self) -> dict:
         """The instruction's own parameters, for the listing."""
-        skip = {"outs", "ins", "loc", "why", "recomputed"}
+        skip = {"outs", "ins", "loc", "via", "scope", "why", "recomputed"}
         return {k: v for k, v in self.__dict__.items() if k not in skip}
 
 

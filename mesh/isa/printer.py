@@ -8,6 +8,7 @@ import numpy as np
 
 from mesh import isa
 from mesh.isa import control as isa_control
+from mesh.isa.sites import site_text
 
 
 def value_text(program: isa.Program, value: int) -> str:
@@ -48,7 +49,8 @@ def instruction_text(program: isa.Program, instr: isa.Instruction) -> str:
     outs = ", ".join(value_text(program, v) for v in instr.outs)
     ins = ", ".join(f"%{v}" for v in instr.ins)
     params = params_text(instr)
-    loc = f"  # {instr.loc}" if instr.loc else ""
+    site = site_text(instr)
+    loc = f"  # {site}" if site else ""
     assigned = f"{outs} = " if outs else ""  # an instruction run for its side effect only
     return (f"{assigned}{instr.engine}.{instr.mnemonic}({ins})"
             f"{' ' + params if params else ''}{loc}")

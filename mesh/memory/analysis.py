@@ -14,12 +14,12 @@ mesh does not use hold nothing of it.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Sequence
 
 from mesh import isa
+from mesh.isa.sites import line_text
 from mesh.machine.chip import GIB, ChipSpec
 from mesh.memory.liveness import (ARGUMENT, INSIDE, OUTPUT, TEMPORARY, Buffer, Liveness,
                                   liveness)
@@ -184,11 +184,8 @@ def describe(buffer: Buffer) -> str:
 
 
 def _from(loc: str) -> str:
-    """` from model.py:88`: the file's name and line of a `path:line:col` location."""
-    parts = loc.rsplit(":", 2)
-    if len(parts) == 3 and parts[1].isdigit():
-        return f" from {os.path.basename(parts[0])}:{parts[1]}"
-    return f" from {loc}" if loc else ""
+    """` from model.py:88`: the short path and line of a `path:line:col` location."""
+    return f" from {line_text(loc)}" if loc else ""
 
 
 def _gib_pair(peak: int, capacity: int) -> tuple[str, str]:

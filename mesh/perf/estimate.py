@@ -16,13 +16,13 @@ of which the slowest is counted.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Sequence
 
 from mesh import isa
 from mesh.isa import printer
+from mesh.isa.sites import line_text
 from mesh.perf import schedule
 from mesh.perf.cost import Cost, has_rule, instruction_cost, queue
 from mesh.machine import Placement, Topology, chips_text
@@ -174,6 +174,7 @@ class ProgramEstimate:
             "instructions": len(self.program.instructions),
             "critical_path_seconds": self.critical_path_by_engine(),
             "critical_path_by_source": self.critical_path_by_source(),
+            "critical_path_by_scope": self.critical_path_by_scope(),
             "loops_of_unknown_trip_count": self.unknown_trip_counts,
             "runtime": dict(self.runtime.items()),
         }
@@ -237,14 +238,12 @@ class ProgramEstimate:
             "critical path: " + "  ".join(f"{e} {seconds_text(s)}" for e, s in
                                           info["critical_path_seconds"].items() if s),
         ]
-        by_source = sorted(info["critical_path_by_source"].items(), key=lambda kv: -kv[1])
-        if by_source and step:
-            shown = by_source[:SOURCE_LINES_SHOWN]
-            lines.append("critical path by source line: " + "  ".join(
-                f"{os.path.basename(line) or '(no source line)'} {s / step:.0%}"
-                for line, s in shown)
-                + (f"  ... {len(by_source) - len(shown)} more" if len(by_source) > len(shown)
-                   else ""))
+        if step:
+            lines += _largest_shares("critical path by source line",
+                                     info["critical_path_by_source"], step, "(no source line)")
+        if step and any(info["critical_path_by_scope"]):
+            lines += _largest_shares("critical path by scope", info["critical_path_by_scope"],
+                                     step, "(no scope)")
         if self.unknown_trip_counts:
             lines.append(f"{self.unknown_trip_counts} loop(s) of unknown trip count are "
                          "counted as running once")
@@ -293,12 +292,25 @@ class ProgramEstimate:
         return shares
 
     def critical_path_by_source(self) -> dict[str, float]:
-        """Seconds of the critical path at each user source line (`file:line`), loops
-        split among the lines inside them: where a step's time goes, layer by layer."""
+        """Seconds of the critical path at each line of the user's code (`model.py:41`, its
+        path relative to the working directory, or its file name; '' for instructions
+        without one), loops split among the lines inside them: where a step's time goes,
+        line by line. A library's op (a flax Dense's matmul) counts at the user's line
+        that called the library."""
         shares: dict[str, float] = {}
         for instr, engine, seconds in self._critical_leaves():
-            line = instr.loc.rsplit(":", 1)[0] if instr.loc.count(":") >= 2 else instr.loc
+            line = line_text(instr.loc)
             shares[line] = shares.get(line, 0.0) + seconds
+        return shares
+
+    def critical_path_by_scope(self) -> dict[str, float]:
+        """Seconds of the critical path in each of the user's name scopes (a Flax module
+        path `Model/block0/attn/q`, jax.named_scope names; '' for instructions in none),
+        loops split among the scopes inside them: where a step's time goes, layer by
+        layer."""
+        shares: dict[str, float] = {}
+        for instr, engine, seconds in self._critical_leaves():
+            shares[instr.scope] = shares.get(instr.scope, 0.0) + seconds
         return shares
 
     def _critical_leaves(self, scale: float = 1.0):
@@ -348,8 +360,22 @@ class ProgramEstimate:
         return schedule.Task(engine, cost.seconds, hbm)
 
 
-# The summary names the source lines that take the largest shares of the critical path.
+# The summary names the source lines (and scopes) that take the largest shares of the
+# critical path.
 SOURCE_LINES_SHOWN = 5
+
+
+def _largest_shares(title: str, shares: dict[str, float], step: float,
+                    unnamed: str) -> list[str]:
+    """`title: model.py:41 40%  model.py:12 30%  ... 3 more`: the largest shares of the step
+    time `step` (seconds), as one line; no line when `shares` is empty."""
+    ranked = sorted(shares.items(), key=lambda kv: -kv[1])
+    if not ranked:
+        return []
+    shown = ranked[:SOURCE_LINES_SHOWN]
+    more = f"  ... {len(ranked) - len(shown)} more" if len(ranked) > len(shown) else ""
+    return [f"{title}: " + "  ".join(f"{name or unnamed} {s / step:.0%}" for name, s in shown)
+            + more]
 
 
 def target_text(topology: Topology, placement: Placement | None) -> str:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 from mesh import isa
 from mesh.isa import printer
+from mesh.isa.sites import line_text
 from mesh.perf.schedule import ALL, ENGINES
 from mesh.machine import Placement, Topology
 from mesh.machine.chip import GIB
@@ -123,11 +124,13 @@ def _instruction_events(timeline: Sequence[TimelineEvent]):
         }
         if event.iteration:
             args["iteration"] = list(event.iteration)
-        if instr.loc:
-            args["loc"] = instr.loc
+        args.update({key: value for key, value in (
+            ("scope", instr.scope), ("source", line_text(instr.loc)),
+            ("via", line_text(instr.via))) if value})
         args.update({name: value.describe() for name, value in instr.params().items()
                      if isinstance(value, isa.Plan)})
-        yield {"ph": "X", "tid": THREADS.index(event.engine), "name": instr.mnemonic,
+        name = f"{instr.scope} {instr.mnemonic}" if instr.scope else instr.mnemonic
+        yield {"ph": "X", "tid": THREADS.index(event.engine), "name": name,
                "cat": event.engine, "ts": event.start * US, "dur": event.seconds * US,
                "args": args}
         if event.hbm_seconds and event.engine not in (isa.DMA, ALL):

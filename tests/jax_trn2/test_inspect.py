@@ -246,8 +246,8 @@ def test_cli_locates_ops_of_a_module_without_debug_locations_in_the_file(stableh
     # jax's as_text() has no debug locations: an op's place is its line of the .mlir file.
     assert main(["inspect", str(stablehlo_file)]) == 0
     out = capsys.readouterr().out
-    line = re.search(rf"Collective\.AllReduce.*# {re.escape(str(stablehlo_file))}:(\d+):\d+$",
-                     out, re.M)
+    line = re.search(rf"Collective\.AllReduce.*# {re.escape(stablehlo_file.name)}:(\d+)$", out,
+                     re.M)
     assert line is not None
     assert "all_reduce" in stablehlo_file.read_text().splitlines()[int(line.group(1)) - 1]
     assert re.search(r" from step\.mlir:\d+$", out, re.M)
@@ -257,4 +257,4 @@ def test_cli_locates_ops_of_a_module_without_debug_locations_in_the_file(stableh
 def test_module_text_without_a_file_names_its_lines_as_the_modules():
     text = jax.jit(jnp.sin).lower(jax.ShapeDtypeStruct((4,), jnp.float32)).as_text()
     executable = jax_trn2.client().compile(text)
-    assert re.search(r"Scalar\.sin.*# <module>:\d+:\d+$", executable.as_text(), re.M)
+    assert re.search(r"Scalar\.sin.*# <module>:\d+$", executable.as_text(), re.M)
