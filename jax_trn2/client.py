@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from jax_trn2.device import PLATFORM_NAME, Buffer, Device
+from jax_trn2.device import Buffer, Device
+from jax_trn2.platform import PLUGIN_NAME
 from jax_trn2.executable import LoadedExecutable
 from jax_trn2.mesh import DEFAULT_TOPOLOGY
 from mesh import numerics
@@ -13,7 +14,7 @@ from mesh.machine import Topology, get_topology
 class Client:
     """A simulated Trainium2 machine (PJRT client): its devices, compiler and buffers."""
 
-    platform_name = PLATFORM_NAME
+    platform_name = PLUGIN_NAME
 
     def __init__(self, topology: str | Topology = DEFAULT_TOPOLOGY):
         self.topology = topology if isinstance(topology, Topology) else get_topology(topology)
@@ -56,7 +57,7 @@ class Client:
         return Buffer(array, device)
 
     def __repr__(self) -> str:
-        return f"Client(platform={PLATFORM_NAME!r}, topology={self.topology.name!r}, " \
+        return f"Client(platform={PLUGIN_NAME!r}, topology={self.topology.name!r}, " \
                f"devices={len(self._devices)})"
 
 

@@ -10,10 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_trn2.platform import DEVICE_KIND, PLUGIN_NAME
 from mesh.emulated_floats import is_emulated
 
-PLATFORM_NAME = "trn2"
-DEVICE_KIND = "Trainium2"
 
 
 @dataclass(frozen=True)
@@ -23,7 +22,7 @@ class Device:
     id: int
     coords: tuple[int, ...]
     device_kind: str = DEVICE_KIND
-    platform: str = PLATFORM_NAME
+    platform: str = PLUGIN_NAME
 
     def __repr__(self) -> str:
         return f"Trn2Device(id={self.id}, coords={self.coords})"

@@ -23,6 +23,8 @@ from jax.experimental.layout import Format, Layout
 from jax_trn2 import compose
 from jax_trn2.chip_pieces import ChipPieces, pieces_of_output
 from jax_trn2.executable import LoadedExecutable
+from jax_trn2.platform import PLATFORM_NAME
+from jax_trn2.plugin import lowerings
 from jax_trn2.plugin.options import PREFIX, ProgramOptions, program_options
 from jax_trn2.plot import save_plot
 from lowering import partition
@@ -274,9 +276,15 @@ def _refuse_unreduced(program: isa.Program) -> None:
 
 def _host_callbacks(jax_lowered) -> list:
     """The Python functions of the lowered module's host callbacks (jax.debug.print,
-    pure_callback, ...), by the index their custom calls carry. jax keeps them in its
-    lowering's compile arguments; there is no public accessor."""
-    return list(_compile_args(jax_lowered).get("host_callbacks", ()))
+    pure_callback, ...), by the index their custom calls carry: jax keeps them in its
+    lowering's compile arguments (there is no public accessor), but a module lowered for
+    the plugin's platform (arguments on trn2 devices) numbers them by their global ids
+    (jax_trn2.plugin.lowerings)."""
+    compile_args = _compile_args(jax_lowered)
+    backend = compile_args.get("backend")
+    if backend is not None and backend.platform == PLATFORM_NAME:
+        return lowerings.CALLBACKS
+    return list(compile_args.get("host_callbacks", ()))
 
 
 def _compile_args(jax_lowered) -> dict:

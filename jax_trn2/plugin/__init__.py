@@ -42,7 +42,7 @@ def initialize() -> None:
     from jax._src import xla_bridge
 
     from jax_trn2.plugin import lowerings, table
-    from jax_trn2.plugin.client import PLATFORM_NAME, PLUGIN_NAME
+    from jax_trn2.platform import PLATFORM_NAME, PLUGIN_NAME
 
     path = library_path()
     shim = ctypes.CDLL(path)

@@ -11,15 +11,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jax_trn2.device import DEVICE_KIND
+from jax_trn2.platform import DEVICE_KIND
 from jax_trn2.plugin import abi
 from jax_trn2.plugin.handles import Buffer, Device, Handles, Memory, Record
 from jax_trn2.plugin.options import ClientOptions
 from mesh import sharding
 from mesh.machine import Topology, device_order, place_mesh_within
 
-PLATFORM_NAME = "neuron"  # what jax lowers for and keys donation and its cache by (docs/plugin.md)
-PLUGIN_NAME = "trn2"  # what jax.devices() and JAX_PLATFORMS select the plugin by
 DEVICE_MEMORY_KIND = "device"  # jax's name for a device's own memory: here its HBM
 # Host arrays whose latest copy buffer_from_host remembers (by a sample of elements): as
 # many as the pieces of a sharded array (each replicated over some devices) jax puts one

@@ -128,7 +128,7 @@ def _the_client(pointer: int):
 
 @slot
 def Client_PlatformName(args):
-    from jax_trn2.plugin.client import PLATFORM_NAME
+    from jax_trn2.platform import PLATFORM_NAME
     client = _the_client(args.client)
     args.platform_name, args.platform_name_size = client.owned.string(PLATFORM_NAME)
 

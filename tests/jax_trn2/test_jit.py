@@ -444,3 +444,17 @@ def test_a_donated_array_on_the_default_device_is_deleted_as_jax_deletes_it():
             assert x.sharding == jax.sharding.SingleDeviceSharding(device)
             J(lambda a: a * 2, donate_argnums=0)(x)
             assert x.is_deleted()
+
+
+def test_host_callbacks_of_a_program_lowered_for_the_plugins_devices():
+    """An argument on a trn2 device makes jax lower for the plugin's platform, whose host
+    callbacks are numbered across the process (jax_trn2.plugin.lowerings): jax_trn2.jit
+    finds its callback after jax.jit has lowered others for trn2."""
+    on_trn2 = jax.device_put(X, jax.devices("trn2")[0])
+    for offset in (1.0, 2.0):  # callbacks lowered for trn2 before: ids 0, 1, ... taken
+        bumped = jax.jit(lambda a, offset=offset: jax.pure_callback(
+            lambda v: v + offset, jax.ShapeDtypeStruct(a.shape, a.dtype), a))(on_trn2)
+        np.testing.assert_array_equal(np.asarray(bumped), X + offset)
+    tripled = jax_trn2.jit(lambda a: jax.pure_callback(
+        lambda v: v * 3, jax.ShapeDtypeStruct(a.shape, a.dtype), a))(on_trn2)
+    np.testing.assert_array_equal(np.asarray(tripled), X * 3)

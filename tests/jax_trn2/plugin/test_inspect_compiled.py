@@ -51,9 +51,11 @@ def test_inspected_program_draws_its_plot_and_writes_its_trace(compiled, tmp_pat
     study = jax_trn2.inspect(compiled)
     study.plot(tmp_path / "step.png")
     assert (tmp_path / "step.png").read_bytes().startswith(b"\x89PNG")
-    study.save_trace(tmp_path / "step.json", chips=[0, 1])
+    # the chips of the mesh's first two devices (device ids put the x ring innermost:
+    # device 1 is chip 16, at (1, 0, 0))
+    study.save_trace(tmp_path / "step.json", chips=[0, 16])
     events = json.loads((tmp_path / "step.json").read_text())["traceEvents"]
-    assert {e["pid"] for e in events if e["ph"] == "X"} == {0, 1}
+    assert {e["pid"] for e in events if e["ph"] == "X"} == {0, 16}
     assert any(e["name"] == "Matmul" for e in events)
 
 
