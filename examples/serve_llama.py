@@ -18,7 +18,7 @@ import argparse
 
 from support import llama
 from jax_trn2 import serving
-from jax_trn2.layout import Layout
+from jax_trn2.planner.layout import Layout
 
 MODEL = llama.LLAMA_3_8B
 TOPOLOGY = "trn2"  # a trn2.48xlarge: 16 chips on a 4x4 torus

@@ -1,15 +1,25 @@
-"""The package's import graph: imports go one way (jax_trn2 -> lowering -> mesh), and no
-module imports itself back through others, at module level or inside a function."""
+"""The package's import graph: imports go one way (jax_trn2 -> lowering -> mesh), the rooms
+of jax_trn2 import only the rooms below them (the compile core neither front door; the
+plugin and jax_trn2.jit not each other), and no module imports itself back through others,
+at module level or inside a function."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 LAYERS = ("jax_trn2", "lowering", "mesh")  # each may import the ones after it only
+# jax_trn2's rooms, and the rooms each may import besides itself ("" is the package's
+# __init__, which exports names lazily)
+ROOMS = {
+    "core": set(),
+    "plugin": {"core"},
+    "frontend": {"core"},
+    "planner": {"core", "frontend"},
+    "reports": {"core", "frontend", "plugin"},
+    "cli": {"core", "frontend", "plugin", "planner", "reports"},
+}
 
 
 def module_name(path: Path) -> str:
@@ -50,11 +60,27 @@ def test_imports_go_one_way_between_layers():
     assert not upward
 
 
+def room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "jax_trn2" and len(parts) > 2 else None
+
+
+def test_rooms_import_only_the_rooms_below_them():
+    found = modules()
+    loose = sorted(name for name in found if name.count(".") == 1 and name != "jax_trn2"
+                   and found[name].parent.name == "jax_trn2" and name.split(".")[1] not in ROOMS)
+    assert loose == ["jax_trn2.__main__"], "a module outside the rooms"
+    crossing = [f"{a} imports {b}" for a, targets in graph().items() for b in targets
+                if room(a) in ROOMS and room(b) in ROOMS and room(b) != room(a)
+                and room(b) not in ROOMS[room(a)]]
+    assert not crossing
+
+
 def test_no_import_circles():
     edges = graph()
     circles = []
     for start in sorted(edges):
-        path, stack = [], [(start, iter(sorted(edges[start])))]
+        stack = [(start, iter(sorted(edges[start])))]
         seen = {start}
         while stack:
             node, children = stack[-1]

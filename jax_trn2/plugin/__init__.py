@@ -41,8 +41,9 @@ def initialize() -> None:
     global _api
     from jax._src import xla_bridge
 
-    from jax_trn2.plugin import lowerings, table
-    from jax_trn2.platform import PLATFORM_NAME, PLUGIN_NAME
+    from jax_trn2.core import lowerings
+    from jax_trn2.plugin import table
+    from jax_trn2.core.platform import PLATFORM_NAME, PLUGIN_NAME
 
     path = library_path()
     shim = ctypes.CDLL(path)

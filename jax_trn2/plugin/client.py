@@ -11,10 +11,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jax_trn2.platform import DEVICE_KIND
+from jax_trn2.core.platform import DEVICE_KIND
 from jax_trn2.plugin import abi
 from jax_trn2.plugin.handles import Buffer, Device, Handles, Memory, Record
-from jax_trn2.plugin.options import ClientOptions
+from jax_trn2.core.options import ClientOptions
 from mesh import sharding
 from mesh.machine import Topology, device_order, place_mesh_within
 

@@ -20,7 +20,8 @@ from typing import Any, Sequence
 import numpy as np
 from jax._src.lib import xla_client
 
-from jax_trn2.plugin import abi, lowerings, options, proto
+from jax_trn2.core import lowerings, options
+from jax_trn2.plugin import abi, proto
 from jax_trn2.plugin.handles import Buffer, Device, Memory, Whole
 from lowering import protobuf
 from mesh import sharding
@@ -35,7 +36,7 @@ class Executable:
     asks of it (output shardings through the optimized program, costs, HBM use)."""
 
     def __init__(self, client: Any, code: bytes, compile_options: bytes):
-        from jax_trn2.executable import LoadedExecutable  # the simulator: loaded when used
+        from jax_trn2.core.executable import LoadedExecutable  # the simulator: loaded when used
         from lowering import partition
         from mesh.executor import output_unshard
 
@@ -239,34 +240,6 @@ def _platforms_text(compiled: Any) -> str:
     shardings = jax.tree.leaves((compiled.input_shardings, compiled.output_shardings))
     platforms = sorted({d.platform for s in shardings for d in s.device_set})
     return f"the {' and '.join(platforms)} platform" if platforms else "no device"
-
-
-def inspect(compiled: Any) -> Any:
-    """A program jax.jit compiled for the trn2 devices (`jax.jit(f).lower(*args).compile()`
-    with its arguments on `jax.devices("trn2")`), as the jax_trn2.Compiled that
-    `jax_trn2.jit(f).lower(*args).compile()` gives: `.as_text()` (the listing with
-    estimated times), `.cost_analysis()`, `.memory_analysis()`, `.save_trace(path)` and
-    `.plot(path)` of the program the plugin runs. A jax_trn2.Compiled is returned as it is.
-
-        compiled = jax.jit(step).lower(params, batch).compile()
-        jax_trn2.inspect(compiled).plot("step.png")
-    """
-    from jax_trn2.jit import Compiled, PluginCompiled
-    if isinstance(compiled, Compiled):
-        return compiled
-    if not callable(getattr(compiled, "runtime_executable", None)):
-        stage = "a lowered program: compile it first (.compile())" \
-            if callable(getattr(compiled, "compile", None)) else f"a {type(compiled).__name__}"
-        raise TypeError(f"jax_trn2.inspect takes a compiled program, "
-                        f"jax.jit(f).lower(*args).compile(); got {stage}")
-    return PluginCompiled(compiled, of(compiled).loaded)
-
-
-def listing(compiled: Any) -> str:
-    """The Trn2 program of a jax `Compiled` for the trn2 platform, with an estimated start
-    and duration on every instruction and the step's summary (what
-    `jax_trn2.jit(f).lower(...).compile().as_text()` prints)."""
-    return inspect(compiled).as_text()
 
 
 class View:

@@ -109,7 +109,7 @@ def Plugin_Attributes(args):
 
 @slot
 def Client_Create(args):
-    from jax_trn2.plugin.options import client_options
+    from jax_trn2.core.options import client_options
     from jax_trn2.plugin.client import Client, register_device_mesh
     given = abi.read_named_values(args.create_options, args.num_options)
     client = Client(client_options(given), HANDLES, MEMORY_VTABLE.address)
@@ -128,7 +128,7 @@ def _the_client(pointer: int):
 
 @slot
 def Client_PlatformName(args):
-    from jax_trn2.platform import PLATFORM_NAME
+    from jax_trn2.core.platform import PLATFORM_NAME
     client = _the_client(args.client)
     args.platform_name, args.platform_name_size = client.owned.string(PLATFORM_NAME)
 

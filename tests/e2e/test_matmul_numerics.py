@@ -21,7 +21,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jax_trn2
-from jax_trn2.numerics import ulp
+from jax_trn2.reports.numerics import ulp
 
 U = 2.0 ** -24  # FP32 unit roundoff
 PASS = 128  # contraction rows of one Tensor Engine pass

@@ -124,7 +124,7 @@ def test_sub_mesh_runs_on_its_chips_only(rng):
 
 
 def test_a_mesh_make_mesh_did_not_make_runs_on_its_default_topology_if_it_fits():
-    from jax_trn2.mesh import topology_for
+    from jax_trn2.core.machines import topology_for
     assert topology_for((2, 4), ("p", "q"), None).name == "trn2-ultra"  # as make_mesh's
     assert topology_for((4, 16), ("p", "q"), None).name == "trn2-ultra"
     assert topology_for((8, 16), ("p", "q"), None).name == "trn2-ultra-max"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jax_trn2 import plan
-from jax_trn2.layout import Layout
+from jax_trn2.planner.layout import Layout
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
 from support import pipeline  # noqa: E402

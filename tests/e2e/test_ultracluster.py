@@ -21,7 +21,7 @@ def test_two_ultraservers_run_a_step_across_efa(rng):
 
 
 def test_mesh_beyond_the_presets_goes_to_an_ultracluster():
-    from jax_trn2.mesh import topology_for
+    from jax_trn2.core.machines import topology_for
     assert topology_for((16, 64), ("dp", "fsdp"), None).name == "trn2-ultracluster-16"
 
 

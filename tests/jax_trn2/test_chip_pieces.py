@@ -1,4 +1,4 @@
-"""jax_trn2.jit's sharded results are made of their chips' pieces (jax_trn2.chip_pieces):
+"""jax_trn2.jit's sharded results are made of their chips' pieces (jax_trn2.core.chip_pieces):
 each device's buffer a view of its chip's piece in the executor's array, with the values,
 sharding and block order of the global array the Unshard would have assembled."""
 

@@ -8,7 +8,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_trn2
-from jax_trn2.executable import LoadedExecutable
+from jax_trn2.core.executable import LoadedExecutable
 
 # FP32 matmuls and tanh: the simulator's and XLA:CPU's results differ by the order of a few
 # FP32 roundings of sums over K = 16, well inside 1e-5 relative.

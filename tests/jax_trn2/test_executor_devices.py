@@ -60,9 +60,9 @@ for a, b in zip(one, pinned(x, w)):
                           np.atleast_1d(np.asarray(b)).view(np.uint8))
 print("pinned to", last)
 # Under a transformation the call is evaluated on the executor devices it was given too
-# (jax_trn2.compose makes a jax_trn2.jit function of the transformed one: it is told them).
+# (jax_trn2.frontend.compose makes a jax_trn2.jit function of the transformed one: it is told them).
 import sys
-jit_module = sys.modules["jax_trn2.jit"]  # the module (jax_trn2.jit is the function)
+jit_module = sys.modules["jax_trn2.frontend.jit"]  # the module of the function jax_trn2.jit
 square_grad = jax_trn2.jit(jax.grad(lambda x: jnp.sum(x * x)), executor_devices=[last])
 given = []
 class Recording(jit_module.Jitted):

@@ -216,7 +216,7 @@ def test_cli_runs_a_module_on_make_meshs_default_topology(small_mesh_file, capsy
     assert "target: trn2-ultra torus 4x4x4" in out and "faults: failed links 0->16" in out
     mesh = jax_trn2.make_mesh((2, 4), ("a", "b"))
     assert len(mesh.devices.flat) == 8 and mesh.devices.flat[7].id == 7
-    from jax_trn2.mesh import topology_for
+    from jax_trn2.core.machines import topology_for
     assert topology_for((2, 4), ("p", "q"), None).name == "trn2-ultra"
 
 

@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import AxisType, PartitionSpec as P
 
 import jax_trn2
-from jax_trn2.executable import LoadedExecutable
+from jax_trn2.core.executable import LoadedExecutable
 
 MESH = jax_trn2.make_mesh()
 RNG = np.random.default_rng(0)
@@ -245,7 +245,7 @@ def test_lower_and_listing_do_not_compile_for_the_host(monkeypatch):
     def no_compile(*args, **kwargs):
         raise AssertionError("the host computation was compiled")
 
-    monkeypatch.setattr("jax_trn2.executable.compile_program", no_compile)
+    monkeypatch.setattr("jax_trn2.core.executable.compile_program", no_compile)
     lowered = jax_trn2.jit(lambda a: a * 2).lower(np.ones(4, np.float32))
     assert "multiply" in lowered.as_text()
     with pytest.raises(AssertionError, match="compiled"):
@@ -448,7 +448,7 @@ def test_a_donated_array_on_the_default_device_is_deleted_as_jax_deletes_it():
 
 def test_host_callbacks_of_a_program_lowered_for_the_plugins_devices():
     """An argument on a trn2 device makes jax lower for the plugin's platform, whose host
-    callbacks are numbered across the process (jax_trn2.plugin.lowerings): jax_trn2.jit
+    callbacks are numbered across the process (jax_trn2.core.lowerings): jax_trn2.jit
     finds its callback after jax.jit has lowered others for trn2."""
     on_trn2 = jax.device_put(X, jax.devices("trn2")[0])
     for offset in (1.0, 2.0):  # callbacks lowered for trn2 before: ids 0, 1, ... taken

@@ -13,6 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_trn2
 from jax_trn2 import cli, numerics
+from jax_trn2.cli import commands
 
 
 # --- ulp ---------------------------------------------------------------------------------
@@ -260,16 +261,16 @@ def test_compare_command_names_what_is_missing(tmp_path):
     args = argparse.Namespace(target=f"{script}:f", args_function="example_args",
                               rounding=None, seed=0)
     with pytest.raises(ValueError, match="define example_args"):
-        cli.compare_command(args)
+        commands.compare_command(args)
     args.target = f"{script}:g"
     with pytest.raises(ValueError, match="no function 'g'"):
-        cli.compare_command(args)
+        commands.compare_command(args)
     # The arguments as a value rather than a function that returns them.
     script.write_text("def f(x):\n    return x\nexample_args = (1.0,)\n")
     args.target = f"{script}:f"
     with pytest.raises(ValueError, match=r"example_args in .*model.py is a tuple, not a "
                                          r"function: define example_args\(\)"):
-        cli.compare_command(args)
+        commands.compare_command(args)
 
 
 # --- rounding options --------------------------------------------------------------------

@@ -14,8 +14,8 @@ from jax.sharding import PartitionSpec as P
 import jax_trn2
 from jax_trn2 import plan
 from jax_trn2.cli import main
-from jax_trn2.layout import Layout, grid
-from jax_trn2.training import price_per_chip_hour, training_run
+from jax_trn2.planner.layout import Layout, grid
+from jax_trn2.planner.training import price_per_chip_hour, training_run
 from mesh.machine import get_topology
 
 N, M = 4096, 8192  # the update's arrays: float32, 128 MiB each

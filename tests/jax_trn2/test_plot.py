@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jax_trn2
-from jax_trn2 import plot
+from jax_trn2.core import plot
 from jax_trn2.cli import main
 from mesh import isa
 from mesh.machine import get_topology

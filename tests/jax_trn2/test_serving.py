@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from jax_trn2 import plan, serving
-from jax_trn2.layout import Layout
+from jax_trn2.planner.layout import Layout
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
 from support import llama  # noqa: E402

@@ -26,7 +26,7 @@ RSS_SCRIPT = """
 import sys
 sys.path.insert(0, {tests!r})
 from test_splat_constants import splat_module
-from jax_trn2.executable import LoadedExecutable
+from jax_trn2.core.executable import LoadedExecutable
 
 def rss_mib():
     with open("/proc/self/status") as status:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jax_trn2.plugin.options import client_options
+from jax_trn2.core.options import client_options
 
 REPO = Path(__file__).resolve().parents[3]
 

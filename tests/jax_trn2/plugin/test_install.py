@@ -96,9 +96,13 @@ def test_persistent_compilation_cache_hits(tmp_path):
 
 
 def test_package_names_survive_importing_their_submodules_first(tmp_path):
-    """jax_trn2's names load lazily (jax imports the plugin at backend start-up); importing
-    the submodule jax_trn2.jit first must not make `jax_trn2.jit` that module."""
-    out = run("from jax_trn2.jit import Jitted; import jax_trn2.client; import jax_trn2; "
+    """jax_trn2's names load lazily (jax imports the plugin at backend start-up): importing
+    the modules behind them first leaves them as they are, and the public modules import
+    by their public names too."""
+    out = run("from jax_trn2.frontend.jit import Jitted; import jax_trn2.core.client; "
+              "import jax_trn2.plan; from jax_trn2.serving import serve; import jax_trn2; "
               "print(callable(jax_trn2.jit), callable(jax_trn2.client), "
-              "jax_trn2.numerics.__name__)", ROOT)
-    assert "True True jax_trn2.numerics" in out
+              "jax_trn2.numerics.__name__, jax_trn2.plan.sweep.__module__, serve.__module__)",
+              ROOT)
+    assert "True True jax_trn2.reports.numerics jax_trn2.planner.plan " \
+           "jax_trn2.planner.serving" in out

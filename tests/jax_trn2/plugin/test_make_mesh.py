@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_trn2
-from jax_trn2.mesh import placement_for
+from jax_trn2.core.machines import placement_for
 from jax_trn2.plugin import executable as plugin_executable
 from mesh.machine import get_topology
 

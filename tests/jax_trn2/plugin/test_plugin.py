@@ -10,7 +10,7 @@ import jax_trn2
 from jax_trn2.plugin import executable as plugin_executable, table
 from jax_trn2.plugin.client import Client
 from jax_trn2.plugin.handles import Handles
-from jax_trn2.plugin.options import ClientOptions
+from jax_trn2.core.options import ClientOptions
 from mesh.executor import EXACT_PRECISION
 from mesh.machine import get_topology
 from tests.e2e.e2e_reference import cpu_mesh, trn2_mesh

@@ -17,8 +17,8 @@ from jax._src import core
 from jax.sharding import SingleDeviceSharding
 
 import lowering
-from jax_trn2.device import Buffer, Device
-from jax_trn2.mesh import PROCESS_GRID_AXES, placement_for, topology_for
+from jax_trn2.core.device import Buffer, Device
+from jax_trn2.core.machines import PROCESS_GRID_AXES, placement_for, topology_for
 from lowering import partition
 from lowering.host import host_devices
 from lowering.plan import plan_program

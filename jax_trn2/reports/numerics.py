@@ -28,7 +28,7 @@ from jax import tree_util
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from jax._src.sharding_impls import GSPMDSharding
 
-from jax_trn2.jit import Jitted, jit
+from jax_trn2.frontend.jit import Jitted, jit
 from lowering.host import host_devices
 from mesh import dtypes
 

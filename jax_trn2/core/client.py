@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from jax_trn2.device import Buffer, Device
-from jax_trn2.platform import PLUGIN_NAME
-from jax_trn2.executable import LoadedExecutable
-from jax_trn2.mesh import DEFAULT_TOPOLOGY
+from jax_trn2.core.device import Buffer, Device
+from jax_trn2.core.platform import PLUGIN_NAME
+from jax_trn2.core.executable import LoadedExecutable
+from jax_trn2.core.platform import DEFAULT_TOPOLOGY
 from mesh import numerics
 from mesh.machine import Topology, get_topology
 

@@ -16,10 +16,10 @@ import argparse
 import json
 from pathlib import Path
 
-from jax_trn2 import plan
-from jax_trn2.layout import KINDS, Layout, grid
-from jax_trn2.mesh import DEFAULT_TOPOLOGY
-from jax_trn2.scripts import load_target
+from jax_trn2.planner import plan
+from jax_trn2.planner.layout import KINDS, Layout, grid
+from jax_trn2.core.platform import DEFAULT_TOPOLOGY
+from jax_trn2.cli.scripts import load_target
 
 
 def add_plan(subparsers) -> None:

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_trn2.platform import DEVICE_KIND, PLUGIN_NAME
+from jax_trn2.core.platform import DEVICE_KIND, PLUGIN_NAME
 from mesh.emulated_floats import is_emulated
 
 

@@ -32,10 +32,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from jax_trn2.core.platform import DEFAULT_TOPOLOGY
 from mesh.machine import Topology, get_topology
 from mesh.numerics import NEAREST, Rounding
 
-DEFAULT_TOPOLOGY = "trn2-ultra"  # the plugin client's machine, and make_mesh's
 PREFIX = "trn2_"
 _ENV = {"topology": "JAX_TRN2_TOPOLOGY", "failed_links": "JAX_TRN2_FAILED_LINKS",
         "failed_chips": "JAX_TRN2_FAILED_CHIPS", "rounding": "JAX_TRN2_ROUNDING",

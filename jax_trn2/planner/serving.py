@@ -27,9 +27,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from jax_trn2.layout import Layout
-from jax_trn2.plan import StepEstimate, plan_jobs, progress_line
-from jax_trn2.tables import serving_table
+from jax_trn2.planner.layout import Layout
+from jax_trn2.planner.plan import StepEstimate, plan_jobs, progress_line
+from jax_trn2.planner.tables import serving_table
 
 PREFILL, DECODE = "prefill", "decode"
 MAX_SEARCH_PLANS = 8  # decode plans the largest-batch search may add per layout

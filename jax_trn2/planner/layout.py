@@ -31,7 +31,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jax_trn2.mesh import DEFAULT_TOPOLOGY, make_mesh
+from jax_trn2.core.platform import DEFAULT_TOPOLOGY
+from jax_trn2.frontend.meshes import make_mesh
 from mesh.machine import Topology, get_topology
 
 KINDS = ("dp", "fsdp", "tp", "pp", "ep", "cp")

@@ -20,13 +20,13 @@ from jax._src.literals import TypedNdArray
 from jax._src.sharding_impls import parse_flatten_op_sharding
 from jax.experimental.layout import Format, Layout
 
-from jax_trn2 import compose
-from jax_trn2.chip_pieces import ChipPieces, pieces_of_output
-from jax_trn2.executable import LoadedExecutable
-from jax_trn2.platform import PLATFORM_NAME
-from jax_trn2.plugin import lowerings
-from jax_trn2.plugin.options import PREFIX, ProgramOptions, program_options
-from jax_trn2.plot import save_plot
+from jax_trn2.frontend import compose
+from jax_trn2.core.chip_pieces import ChipPieces, pieces_of_output
+from jax_trn2.core.executable import LoadedExecutable
+from jax_trn2.core.platform import PLATFORM_NAME
+from jax_trn2.core import lowerings
+from jax_trn2.core.options import PREFIX, ProgramOptions, program_options
+from jax_trn2.core.plot import save_plot
 from lowering import partition
 from mesh import isa, numerics
 from mesh.machine import Topology
@@ -252,7 +252,7 @@ def _placed(result: Any, sharding: Sharding | None) -> Any:
 def _pieces_of_results(program: isa.Program, avals: Sequence[Any],
                        shardings: Sequence[Sharding | None]) -> list[ChipPieces | None]:
     """Per result leaf, how its devices' buffers are made of its chips' pieces
-    (jax_trn2.chip_pieces), where they can be: not for a PRNG key or a zero tangent."""
+    (jax_trn2.core.chip_pieces), where they can be: not for a PRNG key or a zero tangent."""
     return [None if _is_key(aval.dtype) or aval.dtype == jax.dtypes.float0 else
             pieces_of_output(program, i, sharding)
             for i, (aval, sharding) in enumerate(zip(avals, shardings, strict=True))]
@@ -279,7 +279,7 @@ def _host_callbacks(jax_lowered) -> list:
     pure_callback, ...), by the index their custom calls carry: jax keeps them in its
     lowering's compile arguments (there is no public accessor), but a module lowered for
     the plugin's platform (arguments on trn2 devices) numbers them by their global ids
-    (jax_trn2.plugin.lowerings)."""
+    (jax_trn2.core.lowerings)."""
     compile_args = _compile_args(jax_lowered)
     backend = compile_args.get("backend")
     if backend is not None and backend.platform == PLATFORM_NAME:
@@ -517,42 +517,6 @@ class Compiled(_StageInfo):
         over time, HBM in use with its peak, and the bytes on each torus link
         (jax_trn2.plot; needs matplotlib: pip install 'jax-trn2[plot]')."""
         save_plot(self.executable.estimate, path)
-
-
-class PluginCompiled(Compiled):
-    """A program jax.jit compiled for the plugin's devices (`jax.devices("trn2")`), as
-    jax_trn2.inspect gives it: jax_trn2.Compiled's listing, estimates, memory analysis,
-    trace and plot, of the executable the plugin runs it with. Called, or asked for its
-    shardings and formats, it is jax's Compiled."""
-
-    def __init__(self, jax_compiled: Any, executable: LoadedExecutable):
-        self.executable = executable
-        self._jax_stage = jax_compiled
-        self.in_tree = jax_compiled.in_tree
-        self.out_tree = jax_compiled.out_tree
-
-    def __call__(self, *args, **kwargs) -> Any:
-        return self._jax_stage(*args, **kwargs)
-
-    def call_flat(self, leaves: Sequence[Any]) -> Any:
-        args, kwargs = tree_util.tree_unflatten(self.in_tree, leaves)
-        return self._jax_stage(*args, **kwargs)
-
-    @property
-    def input_shardings(self) -> Any:
-        return self._jax_stage.input_shardings
-
-    @property
-    def output_shardings(self) -> Any:
-        return self._jax_stage.output_shardings
-
-    @property
-    def input_formats(self) -> Any:
-        return self._jax_stage.input_formats
-
-    @property
-    def output_formats(self) -> Any:
-        return self._jax_stage.output_formats
 
 
 class Lowered(_StageInfo):
@@ -826,7 +790,7 @@ class Jitted:
         _check_hashable(static)
         leaves, tree = tree_util.tree_flatten((dyn_args, dyn_kwargs))
         _check_values(leaves)
-        if compose.is_traced(leaves):  # under a JAX transformation (jax_trn2.compose)
+        if compose.is_traced(leaves):  # under a JAX transformation (jax_trn2.frontend.compose)
             # the function called is jax.jit's, so that its in/out shardings and their
             # checks hold in the transformed computation too (which XLA then partitions)
             return compose.call_traced(self._jax_jit, dict(static), leaves, tree,
@@ -914,7 +878,7 @@ def jit(fun: Callable | None = None, *, in_shardings: Any = UNSPECIFIED,
     after call). See mesh.numerics for the arithmetic model.
 
     `compiler_options` are those of jax.jit on the trn2 plugin's devices, read by the same
-    code (jax_trn2.plugin.options): `trn2_topology`, `trn2_rounding` and `trn2_seed` say
+    code (jax_trn2.core.options): `trn2_topology`, `trn2_rounding` and `trn2_seed` say
     what the keywords above say (give each one way only), `trn2_check_memory=False`
     compiles a program that does not fit a chip's HBM; XLA's options raise ValueError (XLA
     does not compile the program here).
@@ -952,7 +916,7 @@ def _run_on_mesh(fun: Any, *args, name: str, options: ProgramOptions,
     # Under `jax.vmap` with an `axis_name` the call is evaluated inside the vmap's axis
     # environment: the function is traced in it (its collectives over the vmapped axis
     # name it), and the program, which names no outer axis, runs as every program does,
-    # at jax's top level (jax_trn2.executable._executor_context).
+    # at jax's top level (jax_trn2.core.executable._executor_context).
     return Jitted(flat, options=options,
                   executor_devices=executor_devices).lower(*args).compile()(*args)
 

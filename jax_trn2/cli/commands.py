@@ -15,7 +15,7 @@ prints the listing with estimated times and the cost summary; `--plot` draws the
 
     jax-trn2 plan script.py:build --grid 64 [--axes dp,fsdp,tp] [--remat none,full] ...
 
-`plan` plans a step under many layouts and prints them ranked (jax_trn2.plan_command).
+`plan` plans a step under many layouts and prints them ranked (jax_trn2.cli.plan_command).
 
 A subcommand is a function in COMMANDS that adds its parser to the subparsers and sets
 `run` (called with the parsed arguments, returning the exit status).
@@ -33,13 +33,14 @@ import jax
 
 import lowering
 from jax_trn2 import __version__
-from jax_trn2.executable import LoadedExecutable
-from jax_trn2.mesh import DEFAULT_TOPOLOGY, default_topology, placement_for
-from jax_trn2.jit import Jitted, jit
-from jax_trn2.numerics import compare
-from jax_trn2.plan_command import add_plan
-from jax_trn2.plot import save_plot
-from jax_trn2.scripts import example_arguments, load_target
+from jax_trn2.core.executable import LoadedExecutable
+from jax_trn2.core.machines import default_topology, placement_for
+from jax_trn2.core.platform import DEFAULT_TOPOLOGY
+from jax_trn2.frontend.jit import Jitted, jit
+from jax_trn2.reports.numerics import compare
+from jax_trn2.cli.plan_command import add_plan
+from jax_trn2.core.plot import save_plot
+from jax_trn2.cli.scripts import example_arguments, load_target
 from mesh.perf import trace
 from mesh.machine import TOPOLOGY_NAMES, ULTRACLUSTER_PREFIX, Topology, get_topology
 

@@ -32,7 +32,7 @@ from jax._src import linear_util as lu
 from jax._src.interpreters import ad, mlir
 from jax._src.interpreters import partial_eval as pe
 
-from jax_trn2.plugin.options import ProgramOptions
+from jax_trn2.core.options import ProgramOptions
 
 
 class Trn2CallPrimitive(core.CallPrimitive):

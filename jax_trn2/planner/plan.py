@@ -40,9 +40,9 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from jax_trn2.layout import DEFAULT_RULES, KINDS, Layout, grid
-from jax_trn2.tables import duration_text, sweep_table
-from jax_trn2.training import TrainingRun, training_run
+from jax_trn2.planner.layout import DEFAULT_RULES, KINDS, Layout, grid
+from jax_trn2.planner.tables import duration_text, sweep_table
+from jax_trn2.planner.training import TrainingRun, training_run
 from mesh.machine import Topology, get_topology
 from mesh.perf.schedule import ENGINES
 from mesh.units import bytes_text
@@ -258,7 +258,7 @@ class Sweep:
     def plot(self, path: str | os.PathLike) -> None:
         """Draw expected step time against peak HBM per chip, one point per planned
         layout, the HBM capacity marked (jax_trn2.plot; needs matplotlib)."""
-        from jax_trn2.plot import save_sweep_plot
+        from jax_trn2.core.plot import save_sweep_plot
         save_sweep_plot(self, path)
 
     def __repr__(self) -> str:

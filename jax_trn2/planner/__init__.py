@@ -1,0 +1,2 @@
+"""Planning a deployment from shapes alone: layouts, sweeps, training and serving figures,
+and their tables."""
