@@ -151,6 +151,9 @@ class CollectivePlan(isa.Plan):
         return (self.hbm_bytes + self.on_chip.hbm_bytes) / ranks
 
     def _torus_text(self) -> str:
+        """The stage between chips (the whole collective on a whole-chip machine)."""
+        ideal = self.latency_seconds + self.bandwidth_seconds
+        expected = self.fixed_seconds + self.expected_latency_seconds + self.transfer_seconds
         axes = ",".join(self.logical_axes) if self.logical_axes is not None else \
             f"groups of {self.group_size}"
         torus = ",".join(self.torus_axes) or "-"
@@ -161,11 +164,11 @@ class CollectivePlan(isa.Plan):
         runner_up = f" (next: {others[0][1]} {seconds_text(others[0][0])})" if others else ""
         if self.healthy_seconds is not None:
             detours = f"{self.detours} transfers detoured, " if self.detours else ""
-            slowdown = self.seconds / self.healthy_seconds if self.healthy_seconds else 1.0
+            slowdown = ideal / self.healthy_seconds if self.healthy_seconds else 1.0
             runner_up += (f"; faults: {detours}{slowdown:.2f}x the healthy "
                           f"{seconds_text(self.healthy_seconds)}")
         expected = (f"\nexpected (Neuron runtime): {self.expected_algorithm}, "
-                    f"{seconds_text(self.expected_seconds)} = {seconds_text(self.fixed_seconds)} "
+                    f"{seconds_text(expected)} = {seconds_text(self.fixed_seconds)} "
                     f"fixed + {seconds_text(self.expected_latency_seconds)} latency + "
                     f"{seconds_text(self.transfer_seconds)} transfer (bound by "
                     f"{self.transfer_bound}); HBM {bytes_text(self.hbm_bytes)} per chip"
@@ -174,7 +177,7 @@ class CollectivePlan(isa.Plan):
                 f"-> torus {torus}{rings}{routed}\n"
                 f"ideal: {self.algorithm}, {self.steps} steps, "
                 f"busiest link {bytes_text(self.link_bytes)}/direction; "
-                f"{seconds_text(self.seconds)} = {seconds_text(self.latency_seconds)} latency + "
+                f"{seconds_text(ideal)} = {seconds_text(self.latency_seconds)} latency + "
                 f"{seconds_text(self.bandwidth_seconds)} transfer{runner_up}{expected}")
 
 
