@@ -31,13 +31,13 @@ def _plan(instr: isa.Instruction, program: isa.Program, topology: Topology,
         lhs, rhs = (program.values[v].type for v in instr.ins)
         batch, m, n, k = tensor_engine.matmul_shape(instr, lhs, rhs)
         tiling = tensor_engine.tile_matmul(batch, m, n, k, lhs.dtype, rhs.dtype,
-                                           instr.out_dtype, topology.chip)
+                                           instr.out_dtype, topology.device)
         return dataclasses.replace(instr, tiling=tiling, pass_size=tiling.k_pass)
     if isinstance(instr, isa.RaggedMatmul):
         lhs, rhs, sizes = (program.values[v].type for v in instr.ins)
         batch, m, n, k = tensor_engine.ragged_matmul_shape(instr, lhs, rhs, sizes)
         tiling = tensor_engine.tile_matmul(batch, m, n, k, lhs.dtype, rhs.dtype,
-                                           instr.out_dtype, topology.chip)
+                                           instr.out_dtype, topology.device)
         return dataclasses.replace(instr, tiling=tiling, pass_size=tiling.k_pass)
     if type(instr) in KINDS:
         moved = instr.outs if isinstance(instr, isa.AllGather) else \

@@ -42,11 +42,13 @@ from jax_trn2.cli.plan_command import add_plan
 from jax_trn2.core.plot import save_plot
 from jax_trn2.cli.scripts import example_arguments, load_target
 from mesh.perf import trace
-from mesh.machine import TOPOLOGY_NAMES, ULTRACLUSTER_PREFIX, Topology, get_topology
+from mesh.machine import (INSTANCE_NAMES, TOPOLOGY_NAMES, ULTRACLUSTER_PREFIX,
+                          ULTRASERVER_CLUSTER_PREFIX, Topology, get_topology)
 
 MLIR_BYTECODE_MAGIC = b"ML\xefR"
-# CPU devices `jax-trn2 compare` asks CPU JAX for: one per chip of the largest topology.
-CLI_CPU_DEVICES = max(get_topology(name).num_chips for name in TOPOLOGY_NAMES)
+# CPU devices `jax-trn2 compare` asks CPU JAX for: one per device of the largest preset.
+CLI_CPU_DEVICES = max(get_topology(name).num_devices
+                      for name in TOPOLOGY_NAMES + INSTANCE_NAMES)
 
 
 def add_inspect(subparsers) -> None:
@@ -61,7 +63,9 @@ def add_inspect(subparsers) -> None:
                              "jax.jit(f).lower(...).as_text()")
     parser.add_argument("--topology", type=topology_name, default=None,
                         help=f"the machine: {', '.join(TOPOLOGY_NAMES)} or "
-                             f"{ULTRACLUSTER_PREFIX}N (default: {DEFAULT_TOPOLOGY}, as "
+                             f"{ULTRACLUSTER_PREFIX}N (a device per chip), "
+                             f"{', '.join(INSTANCE_NAMES)} or {ULTRASERVER_CLUSTER_PREFIX}N "
+                             f"(a device per LNC=2 logical core) (default: {DEFAULT_TOPOLOGY}, as "
                              "make_mesh's, or the smallest that holds a larger mesh)")
     parser.add_argument("--trace", type=Path, metavar="OUT.json",
                         help="also write the timeline as Chrome trace-event JSON "
@@ -152,7 +156,7 @@ def machine(program: str | bytes, args: argparse.Namespace
         raise ValueError(f"{e} (no --topology given: {topology.name} is the default for "
                          f"the module's {mesh.num_devices}-device mesh; choose another with "
                          "--topology NAME)") from None
-    return topology, placement.device_to_chip
+    return topology, placement.device_ids
 
 
 def read_program(path: Path) -> str | bytes:

@@ -18,11 +18,12 @@ class Client:
 
     def __init__(self, topology: str | Topology = DEFAULT_TOPOLOGY):
         self.topology = topology if isinstance(topology, Topology) else get_topology(topology)
-        self._devices = tuple(Device(i, self.topology.coords(i))
-                              for i in range(self.topology.num_chips))
+        self._devices = tuple(Device(i, self.topology.device_coords(i))
+                              for i in range(self.topology.num_devices))
 
     def devices(self) -> list[Device]:
-        """All chips, by chip id (row-major over the torus)."""
+        """All devices by id: the chips (row-major over the torus), or on a machine of
+        logical NeuronCores each chip's cores in turn (Topology.device_coords)."""
         return list(self._devices)
 
     def device_count(self) -> int:

@@ -111,10 +111,11 @@ def _placement(topology: Topology, mesh: isa.MeshSpec,
         return placement_for(topology, mesh.axis_sizes, mesh.axis_names)
     if mesh.axis_sizes:
         return place_on(topology, mesh.axis_sizes, mesh.axis_names, device_assignment)
-    outside = [c for c in device_assignment if not 0 <= c < topology.num_chips]
+    outside = [c for c in device_assignment if not 0 <= c < topology.num_devices]
     if outside:
-        raise ValueError(f"chips {outside} are not chips of '{topology.name}' (chip ids "
-                         f"0..{topology.num_chips - 1}): run the program on one of those")
+        what = "chip" if topology.lnc is None else "device"
+        raise ValueError(f"{what}s {outside} are not {what}s of '{topology.name}' ({what} ids "
+                         f"0..{topology.num_devices - 1}): run the program on one of those")
     return None
 
 
@@ -348,13 +349,13 @@ class LoadedExecutable:
         if not isinstance(topology, Topology):
             topology = topology_for(program.mesh.axis_sizes, program.mesh.axis_names, topology)
         if program.mesh.axis_names == PROCESS_GRID_AXES and \
-                program.mesh.num_devices > topology.num_chips:
+                program.mesh.num_devices > topology.num_devices:
             replicas, partitions = program.mesh.axis_sizes
             raise ValueError(
                 f"the module has {replicas} replicas x {partitions} partitions = "
                 f"{program.mesh.num_devices} processes, but topology '{topology.name}' has "
-                f"only {topology.num_chips} chips (one process runs on each chip; trn2: 16, "
-                "trn2-ultra: 64, trn2-ultra-max: 256)")
+                f"only {topology.num_devices} devices (one process runs on each device; trn2: "
+                "16, trn2-ultra: 64, trn2-ultra-max: 256, trn2.48xlarge: 64 logical cores)")
         return cls(program, topology, arg_names, rounding, executor_devices, device_assignment,
                    module)
 
@@ -365,9 +366,10 @@ class LoadedExecutable:
         return partition.layouts(self.module, self.program)
 
     def devices(self) -> list[Device]:
-        """The chips the program runs on, in logical device order (row-major over the mesh)."""
-        chips = self.placement.device_to_chip if self.placement else (0,)
-        return [Device(c, self.topology.coords(c)) for c in chips]
+        """The machine devices (chips, or logical cores) the program runs on, in logical
+        device order (row-major over the mesh)."""
+        devices = self.placement.device_ids if self.placement else (0,)
+        return [Device(d, self.topology.device_coords(d)) for d in devices]
 
     def as_text(self) -> str:
         """The Trn2 program listing, headed by the machine it was planned for."""

@@ -63,7 +63,7 @@ def default_topology(axis_sizes: tuple[int, ...]) -> Topology:
     (trn2-ultra-max: 256 chips, then UltraClusters of as many 64-chip UltraServers as it
     takes): a module's mesh and make_mesh's meet the same machine by default."""
     count = math.prod(axis_sizes)
-    holding = [t for t in TOPOLOGY_NAMES if get_topology(t).num_chips >= count]
+    holding = [t for t in TOPOLOGY_NAMES if get_topology(t).num_devices >= count]
     if DEFAULT_TOPOLOGY in holding:
         return get_topology(DEFAULT_TOPOLOGY)
     return get_topology(min(holding, key=lambda t: get_topology(t).num_chips) if holding
@@ -72,8 +72,8 @@ def default_topology(axis_sizes: tuple[int, ...]) -> Topology:
 
 def placement_for(topo: Topology, axis_sizes: tuple[int, ...], axis_names: tuple[str, ...],
                   origin: Sequence[int] | None = None) -> Placement | None:
-    """Where each logical device sits; a program without a mesh runs on chip 0. An SPMD
-    module's processes (mesh ('replica', 'partition')) take the first chips, as PJRT's
+    """Where each logical device sits; a program without a mesh runs on device 0. An SPMD
+    module's processes (mesh ('replica', 'partition')) take the first devices, as PJRT's
     default device assignment; a jax mesh is placed on the torus (place_mesh). `origin`
     (torus coordinates) moves either block there; by default a jax mesh sits where
     make_mesh placed it."""

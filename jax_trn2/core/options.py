@@ -6,8 +6,14 @@ Client options come from `jax.config.update("jax_pjrt_client_create_options",
 "topology:trn2;failed_chips:5")` (or a dict), which jax passes to PJRT_Client_Create, or
 else from the environment:
 
-    JAX_TRN2_TOPOLOGY      a preset: trn2 (16 chips), trn2-ultra (64, the default),
-                           trn2-ultra-max (256) or trn2-ultracluster-N (64 N)
+    JAX_TRN2_TOPOLOGY      a preset with a device per chip: trn2 (16 chips), trn2-ultra
+                           (64, the default), trn2-ultra-max (256) or trn2-ultracluster-N
+                           (64 N); or a machine as AWS rents it, a device per logical
+                           NeuronCore (4 per chip at LNC=2): trn2.3xlarge (1 chip),
+                           trn2.48xlarge or trn2u.48xlarge (16 chips: 64 devices),
+                           trn2-ultraserver (64 chips) or trn2-ultraserver-cluster-N
+    JAX_TRN2_LNC           the logical-core setting of those machines: 2 (default) or 1
+                           (8 devices per chip)
     JAX_TRN2_FAILED_LINKS  failed cables, "a-b,c-d" (chip ids of neighbours, both ways)
     JAX_TRN2_FAILED_CHIPS  failed chips, "5,6"
     JAX_TRN2_ROUNDING      "nearest" (default) or "stochastic"
@@ -21,7 +27,8 @@ NeuronCores are, each process addressing its own block.
 Program options are `compiler_options` with a `trn2_` prefix, of jax.jit (jax passes them
 to PJRT_Client_Compile) and of jax_trn2.jit alike: `trn2_rounding`, `trn2_seed`,
 `trn2_check_memory`, `trn2_topology` (a preset name; jax_trn2.jit also takes a Topology
-object, with its own faults or numbers: jax.jit's options carry only scalars).
+object, with its own faults or numbers: jax.jit's options carry only scalars), `trn2_lnc`
+(the logical-core setting of that machine).
 """
 
 from __future__ import annotations
@@ -37,12 +44,13 @@ from mesh.machine import Topology, get_topology
 from mesh.numerics import NEAREST, Rounding
 
 PREFIX = "trn2_"
-_ENV = {"topology": "JAX_TRN2_TOPOLOGY", "failed_links": "JAX_TRN2_FAILED_LINKS",
+_ENV = {"topology": "JAX_TRN2_TOPOLOGY", "lnc": "JAX_TRN2_LNC",
+        "failed_links": "JAX_TRN2_FAILED_LINKS",
         "failed_chips": "JAX_TRN2_FAILED_CHIPS", "rounding": "JAX_TRN2_ROUNDING",
         "seed": "JAX_TRN2_SEED"}
 # What jax passes to every plugin's client under jax.distributed (xla_bridge)
 _DISTRIBUTED = ("node_id", "num_nodes", "partition_index")
-_PROGRAM_KEYS = ("rounding", "seed", "check_memory", "topology")
+_PROGRAM_KEYS = ("rounding", "seed", "check_memory", "topology", "lnc")
 
 
 @dataclass(frozen=True)
@@ -59,15 +67,15 @@ class ClientOptions:
         if not 0 <= self.process_index < self.process_count:
             raise ValueError(f"node_id {self.process_index} is not one of the job's "
                              f"{self.process_count} processes (num_nodes)")
-        if self.process_count > self.topology.num_chips:
+        if self.process_count > self.topology.num_devices:
             raise ValueError(f"{self.process_count} processes (num_nodes) for the "
-                             f"{self.topology.num_chips} devices of {self.topology.name}: "
+                             f"{self.topology.num_devices} devices of {self.topology.name}: "
                              "each process needs at least one")
 
     def process_of(self, device_id: int) -> int:
         """The process that owns device `device_id`: blocks of consecutive ids, as even as
         the count allows."""
-        return device_id * self.process_count // self.topology.num_chips
+        return device_id * self.process_count // self.topology.num_devices
 
 
 def client_options(given: Mapping[str, Any]) -> ClientOptions:
@@ -79,7 +87,7 @@ def client_options(given: Mapping[str, Any]) -> ClientOptions:
         raise ValueError(f"unknown trn2 client option(s) {unknown}; known: {sorted(known)} "
                          "(jax_pjrt_client_create_options, 'key:value;key:value')")
     value = {k: given[k] if k in given else os.environ.get(env) for k, env in _ENV.items()}
-    topology = get_topology(str(value["topology"] or DEFAULT_TOPOLOGY))
+    topology = machine(str(value["topology"] or DEFAULT_TOPOLOGY), value["lnc"])
     overrides = {}
     if value["failed_links"]:
         links = set()
@@ -133,7 +141,13 @@ def program_options(given: Mapping[str, Any] | Iterable[tuple[str, Any]],
     check_xla_options(xla_options)
     topology = options.get("topology", defaults.topology)
     if topology is not None and not isinstance(topology, Topology):
-        topology = get_topology(str(topology))
+        topology = machine(str(topology), options.get("lnc"))
+    elif options.get("lnc") is not None:
+        if topology is None:
+            raise ValueError("trn2_lnc sets the logical-core setting of the machine "
+                             "trn2_topology names: give that too (e.g. trn2_topology="
+                             "'trn2.48xlarge', trn2_lnc=1)")
+        topology = topology.with_overrides(lnc=_int(options["lnc"], "trn2_lnc"))
     rounding = Rounding(options.get("rounding", defaults.rounding.mode),
                         _int(options.get("seed", defaults.rounding.seed), "trn2_seed"))
     return ProgramOptions(rounding, _bool(options.get("check_memory", defaults.check_memory)),
@@ -163,6 +177,14 @@ def check_xla_options(given: Sequence[tuple[Any, Any]]) -> None:
 
 _XLA_OPTIONS_TAKEN: set[tuple] = set()
 _EMPTY_PROGRAM = b"module { func.func @main() { return } }"
+
+
+def machine(name: str, lnc: Any = None) -> Topology:
+    """The preset `name` at logical-core setting `lnc` (None: its own, LNC=2 for the
+    machines as rented); ValueError for an LNC a whole-chip preset cannot take."""
+    if lnc is None or lnc == "":
+        return get_topology(name)
+    return get_topology(name, lnc=_int(lnc, "lnc"))
 
 
 def _items(text: Any) -> list[str]:

@@ -23,11 +23,20 @@ def make_mesh(axis_shapes: Sequence[int] | None = None,
               axis_types: Sequence[AxisType] | None = None, *,
               topology: str | Topology = DEFAULT_TOPOLOGY,
               origin: Sequence[int] | None = None) -> Mesh:
-    """A mesh of the chips of `topology`, for `jax.shard_map`, `NamedSharding`s and
+    """A mesh of the devices of `topology`, for `jax.shard_map`, `NamedSharding`s and
     `jax.set_mesh`, as jax.make_mesh's.
 
-    Defaults to the torus itself: ('x','y','z') = (4,4,4) on trn2-ultra. Any logical shape
-    of at most the chip count works: (2, 4), (8,) and (16, 4) on trn2-ultra, (4,) on trn2.
+    A device is a chip on the presets trn2, trn2-ultra, trn2-ultra-max and
+    trn2-ultracluster-N, and a logical NeuronCore on the machines as AWS rents them
+    (trn2.3xlarge, trn2.48xlarge, trn2u.48xlarge, trn2-ultraserver,
+    trn2-ultraserver-cluster-N: 4 per chip at LNC=2, 8 with
+    get_topology(name, lnc=1)), as JAX sees a real instance: a program written for a
+    trn2.48xlarge's 64 devices runs on make_mesh((16, 4), ("fsdp", "tp"),
+    topology="trn2.48xlarge"), its axis of 4 on the cores of each chip.
+
+    Defaults to the torus itself: ('x','y','z') = (4,4,4) on trn2-ultra (with a 'core'
+    axis last on a machine of logical cores). Any logical shape of at most the device
+    count works: (2, 4), (8,) and (16, 4) on trn2-ultra, (4,) on trn2.
     Its devices are placed on a compact block of the torus, a logical axis as long as a
     torus axis on a physical ring and a shorter one on a segment of one, so that
     neighbours are one link apart (mesh.machine.placement.place_mesh); the chips outside
@@ -41,15 +50,15 @@ def make_mesh(axis_shapes: Sequence[int] | None = None,
     needed.
     """
     topo = topology if isinstance(topology, Topology) else get_topology(topology)
-    shapes = topo.shape if axis_shapes is None else _axis_sizes(axis_shapes)
+    shapes = topo.device_shape if axis_shapes is None else _axis_sizes(axis_shapes)
     names = _axis_names(axis_names) if axis_names is not None \
-        else topo.axis_names if axis_shapes is None else default_axis_names(len(shapes))
+        else topo.device_axis_names if axis_shapes is None else default_axis_names(len(shapes))
     if len(names) != len(shapes):
         raise ValueError(f"axis_names {names} and axis_shapes {shapes} differ in length")
     place_mesh(topo, shapes, names, origin)  # the mesh fits the topology, or an error says so
     remember_machine(shapes, names, topo, None if origin is None else tuple(origin))
     types = tuple(axis_types) if axis_types is not None else (AxisType.Auto,) * len(shapes)
-    devices = np.array(host_devices(topo.num_chips)[:math.prod(shapes)],
+    devices = np.array(host_devices(topo.num_devices)[:math.prod(shapes)],
                        dtype=object).reshape(shapes)
     return Mesh(devices, names, axis_types=types)
 

@@ -105,7 +105,7 @@ def estimate(jitted: Any, args: Sequence[Any],
         mfu=info["mfu"], hfu=info["hfu"], ideal_mfu=info["ideal_mfu"],
         exposed_communication_seconds=info["exposed_communication_seconds"],
         busiest_engine=engine, busiest_seconds=busy[engine],
-        peak_flops=topology.chip.peak_flops_for("bfloat16"),
+        peak_flops=topology.device.peak_flops_for("bfloat16"),
         donated_bytes=memory.alias_size_in_bytes)
 
 

@@ -27,7 +27,8 @@ _SAMPLES = 64
 
 
 class Client:
-    """A simulated machine as a PJRT_Client: one device per chip of the topology."""
+    """A simulated machine as a PJRT_Client: one device per device of the topology (a
+    chip, or a logical NeuronCore: Topology.lnc)."""
 
     def __init__(self, options: ClientOptions, handles: Handles, memory_vtable: int):
         self.options = options
@@ -36,15 +37,17 @@ class Client:
         self._copies: collections.OrderedDict = collections.OrderedDict()  # buffer_from_host
         self._lock = threading.Lock()
         topology = options.topology
-        # Device ids number the chips with the fastest links innermost (jax lists devices
-        # by id): a reshape of jax.devices("trn2") puts a mesh's last axes on x and y,
+        # Device ids number a chip's logical cores consecutively, then the chips with the
+        # fastest links innermost (jax lists devices by id): a reshape of
+        # jax.devices("trn2") puts a mesh's last axes on a chip's cores, then x and y,
         # and its first n devices are a block of the torus. Under jax.distributed, each
         # process owns a block of consecutive ids.
-        self.devices = [Device(i, topology.coords(chip), DEVICE_KIND,
-                               topology.chip.hbm_bytes, chip, options.process_of(i),
-                               options.process_of(i) == options.process_index)
-                        for i, chip in enumerate(device_order(topology))]
-        self._by_chip = {device.chip: device for device in self.devices}
+        self.devices = [Device(i, topology.device_coords(d), DEVICE_KIND,
+                               topology.device.hbm_bytes, d, options.process_of(i),
+                               options.process_of(i) == options.process_index,
+                               kind_has_cores=topology.lnc is not None)
+                        for i, d in enumerate(device_order(topology))]
+        self._by_machine_device = {device.machine_device: device for device in self.devices}
         self.addressable_devices = [d for d in self.devices if d.addressable]
         # jax.distributed's processes by index: their state as jaxlib last reported it
         self.process_states: dict[int, int] = {}
@@ -63,7 +66,9 @@ class Client:
     def platform_version(self) -> str:
         topology = self.options.topology
         faults = f" ({topology.faults_text()})" if topology.has_faults else ""
-        return f"jax-trn2 simulator of {topology.name}{faults}, {topology.num_chips} chips"
+        cores = "" if topology.lnc is None else \
+            f", {topology.num_devices} LNC={topology.lnc} logical cores"
+        return f"jax-trn2 simulator of {topology.name}{faults}, {topology.num_chips} chips{cores}"
 
     def device(self, device_id: int) -> Device:
         if not 0 <= device_id < len(self.devices):
@@ -72,12 +77,13 @@ class Client:
         return self.devices[device_id]
 
     def default_assignment(self, count: int) -> list[int]:
-        """PJRT's default device assignment of `count` processes: the device ids of chips
-        0..count-1, where jax_trn2.jit runs an SPMD module's processes (place_first)."""
+        """PJRT's default device assignment of `count` processes: the device ids of machine
+        devices 0..count-1, where jax_trn2.jit runs an SPMD module's processes
+        (place_first)."""
         if count > len(self.devices):
             raise ValueError(f"{count} processes need {count} devices; the trn2 client has "
                              f"{len(self.devices)}")
-        return [self._by_chip[chip].id for chip in range(count)]
+        return [self._by_machine_device[d].id for d in range(count)]
 
     def buffer_from_host(self, address: int, dtype: np.dtype, dims: Sequence[int],
                          byte_strides: Sequence[int] | None, memory: Memory) -> Buffer:
@@ -120,24 +126,26 @@ def register_device_mesh(topology: Topology) -> None:
 
 def device_mesh(topology: Topology, mesh_shape: Sequence[int], devices: Sequence[Any], *,
                 contiguous_submeshes: bool = False) -> np.ndarray | None:
-    """`devices` (jax's, of the trn2 plugin) as an array of `mesh_shape`, each on the chip
-    place_mesh_within gives it: on all the chips, where jax_trn2.make_mesh places the mesh;
-    on a block of them (e.g. the first n of jax.devices("trn2"), which jax.make_mesh takes
-    for a mesh of n), laid out on that block by the same rules. None, for jax to reshape
-    the devices in the order given, when they form no block of the torus (or are not chips
-    of `topology`: another machine's)."""
+    """`devices` (jax's, of the trn2 plugin) as an array of `mesh_shape`, each on the
+    machine device place_mesh_within gives it: on all the devices, where
+    jax_trn2.make_mesh places the mesh; on a block of chips (e.g. the first n of
+    jax.devices("trn2"), which jax.make_mesh takes for a mesh of n), laid out on that
+    block by the same rules. None, for jax to reshape the devices in the order given, when
+    they form no block of the torus (or are not devices of `topology`: another
+    machine's)."""
     del contiguous_submeshes  # one process holds every device: any mesh is contiguous
     coords = [tuple(getattr(d, "coords", ())) for d in devices]
-    if not all(len(c) == topology.ndim and all(0 <= x < n for x, n in zip(c, topology.shape))
+    shape = topology.device_shape
+    if not all(len(c) == len(shape) and all(0 <= x < n for x, n in zip(c, shape))
                for c in coords):
         return None
-    chips = [topology.chip_id(c) for c in coords]
+    ids = [topology.device_id(c) for c in coords]
     names = tuple(f"axis{i}" for i in range(len(mesh_shape)))  # jax passes no names
-    placement = place_mesh_within(topology, mesh_shape, names, chips)
+    placement = place_mesh_within(topology, mesh_shape, names, ids)
     if placement is None:
         return None
-    by_chip = dict(zip(chips, devices))
-    return np.array([by_chip[c] for c in placement.device_to_chip],
+    by_id = dict(zip(ids, devices))
+    return np.array([by_id[d] for d in placement.device_ids],
                     dtype=object).reshape(mesh_shape)
 
 

@@ -209,15 +209,16 @@ class Executable:
 
 
 def _chips(topology: Topology, devices: Sequence[Device]) -> list[int]:
-    """The chip of `topology` each device runs on: device i is the i-th chip with the
-    fastest links innermost (device_order), its own chip on the client's machine, and the
-    same position on the machine a program's trn2_topology names."""
+    """The machine device (chip, or logical core) of `topology` each device runs on:
+    device i is the i-th in device_order (a chip's cores consecutive, then the chips with
+    the fastest links innermost), its own on the client's machine, and the same position
+    on the machine a program's trn2_topology names."""
     order = device_order(topology)
     outside = [d.id for d in devices if d.id >= len(order)]
     if outside:
-        raise ValueError(f"devices {outside} have no chip on '{topology.name}' "
-                         f"({len(order)} chips): run the program on devices "
-                         f"0..{len(order) - 1} of jax.devices('trn2')")
+        raise ValueError(f"devices {outside} have no {topology.device_kind} on "
+                         f"'{topology.name}' ({len(order)} {topology.device_kind}s): run the "
+                         f"program on devices 0..{len(order) - 1} of jax.devices('trn2')")
     return [order[d.id] for d in devices]
 
 

@@ -114,7 +114,10 @@ class Memory:
     KIND_ID = 0  # one kind of memory per device
 
     def description(self) -> str:
-        return f"HBM of Trainium2 chip {self.device.chip} (memory kind {self.kind!r})"
+        device = self.device
+        where = f"chip {device.machine_device}" if not device.kind_has_cores else \
+            f"the chip at {device.coords[:-1]}, logical core {device.core_on_chip}'s share"
+        return f"HBM of Trainium2 {where} (memory kind {self.kind!r})"
 
 
 @dataclass(eq=False)
@@ -125,19 +128,28 @@ class Device:
     id: int  # the device id jax sees (jax.devices("trn2") is in id order)
     coords: tuple[int, ...]
     kind: str
-    hbm_bytes: int  # capacity, from the chip spec
-    chip: int  # the chip id on the torus (mesh.machine: row-major over coords)
+    hbm_bytes: int  # capacity: the chip's, or its logical core's share (Topology.device)
+    # the machine device id (mesh.machine): the chip id on the torus (row-major over
+    # coords), or on a machine of logical NeuronCores chip * cores per chip + core
+    machine_device: int
     process_index: int = 0  # the jax.distributed process that owns it
     addressable: bool = True  # owned by this process
     memories: list[Memory] = field(default_factory=list)
     owned: abi.Owned = field(default_factory=abi.Owned)
+    kind_has_cores: bool = False  # coords end with the core on the chip
     bytes_in_use: int = 0  # of the buffers on this chip now
     peak_bytes_in_use: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def attributes(self) -> dict[str, Any]:
         """PJRT_DeviceDescription_Attributes: jax reads `coords` as TPU devices have it."""
-        return {"coords": list(self.coords), "core_on_chip": 0}
+        return {"coords": list(self.coords), "core_on_chip": self.core_on_chip}
+
+    @property
+    def core_on_chip(self) -> int:
+        """The logical core's index on its chip (coords' last entry on a machine of
+        logical cores, whose coords have one more entry than the torus has axes)."""
+        return self.coords[-1] if self.kind_has_cores else 0
 
     def to_string(self) -> str:
         return f"Trn2Device(id={self.id}, coords={self.coords})"
@@ -215,4 +227,4 @@ class Buffer:
         return self.array
 
     def __repr__(self) -> str:
-        return f"Buffer({self.dtype}{list(self.shape)} on chip {self.device.chip})"
+        return f"Buffer({self.dtype}{list(self.shape)} on {self.device.to_string()})"

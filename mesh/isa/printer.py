@@ -90,7 +90,7 @@ def program_text(program: isa.Program,
     width = len(prefix(program, 0)) if prefix and program.instructions else 0
     pad = " " * width
     lines = [f"trn2.program @{program.name} mesh={program.mesh} "
-             f"({program.mesh.num_devices} chips)"]
+             f"({program.mesh.num_devices} devices)"]
     lines.append(pad + "  inputs: " + ", ".join(value_text(program, v) for v in program.inputs))
     for i, instr in enumerate(program.instructions):
         lines.append((prefix(program, i) if prefix else "") + "  " + instruction_text(program, instr))

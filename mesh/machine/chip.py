@@ -6,6 +6,7 @@ not a law, and any field can be overridden: ``ChipSpec(tensor_clock_hz=2.0e9)``.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 MIB = 2**20
@@ -119,6 +120,21 @@ class ChipSpec:
                 f"ChipSpec.matmul_rates must give {REFERENCE_DTYPE!r} (the rate reference) the "
                 f"rate 1.0, got {self.matmul_rates}"
             )
+
+    def logical_core(self, lnc: int) -> ChipSpec:
+        """One logical NeuronCore of this chip at logical-core setting `lnc` (Neuron's
+        "Logical NeuronCore configuration": LNC=2, Trn2's default, pairs the 8 physical
+        cores into 4 devices; LNC=1 makes each core a device): `lnc` cores' engines, SBUF
+        and PSUM, and an equal share of the chip's HBM capacity and bandwidth, so its peak
+        FLOP/s are `lnc / neuron_cores` of the chip's."""
+        if isinstance(lnc, bool) or not isinstance(lnc, int) or lnc < 1 or \
+                self.neuron_cores % lnc:
+            raise ValueError(f"LNC={lnc!r}: a logical NeuronCore must group a whole divisor of "
+                             f"the chip's {self.neuron_cores} NeuronCores (Trn2: 1 or 2)")
+        share = self.neuron_cores // lnc
+        return dataclasses.replace(self, name=f"{self.name} logical NeuronCore (LNC={lnc})",
+                                   neuron_cores=lnc, hbm_bytes=self.hbm_bytes // share,
+                                   hbm_bandwidth=self.hbm_bandwidth / share)
 
     @property
     def matmul_dtypes(self) -> frozenset[str]:

@@ -13,26 +13,31 @@ from mesh.machine.topology import Topology, as_int
 
 @dataclass(frozen=True)
 class Placement:
-    """Where each device of a logical mesh sits on the torus (made by ``place_mesh``).
+    """Where each device of a logical mesh sits on the machine (made by ``place_mesh``).
 
     Logical device ids are row-major over ``axis_sizes``, as in JAX's ``replica_groups``.
-    ``physical_axes[i]`` lists the physical torus axes logical axis ``i`` varies along.
+    ``device_ids[d]`` is the machine device of logical device d: a chip id on a whole-chip
+    machine, else chip * devices_per_chip + the core index on the chip
+    (Topology.device_coords). ``topology_shape`` is the machine's device grid (the torus,
+    then the cores of a chip: Topology.device_shape) and ``physical_axes[i]`` lists the
+    axes of it logical axis ``i`` varies along.
     """
 
     topology_name: str
     topology_shape: tuple[int, ...]
     axis_sizes: tuple[int, ...]
     axis_names: tuple[str, ...]
-    device_to_chip: tuple[int, ...]  # logical device id -> chip id
+    device_ids: tuple[int, ...]  # logical device id -> machine device id
     physical_axes: tuple[tuple[int, ...], ...]  # per logical axis
+    devices_per_chip: int = 1
 
     def __post_init__(self) -> None:
-        n, chips = math.prod(self.axis_sizes), math.prod(self.topology_shape)
-        if len(self.device_to_chip) != n or len(set(self.device_to_chip)) != n or \
-                not all(0 <= c < chips for c in self.device_to_chip):
+        n, devices = math.prod(self.axis_sizes), math.prod(self.topology_shape)
+        if len(self.device_ids) != n or len(set(self.device_ids)) != n or \
+                not all(0 <= c < devices for c in self.device_ids):
             raise ValueError(
-                f"Placement.device_to_chip must give each of the {n} devices its own chip "
-                f"in range({chips}), got {self.device_to_chip}"
+                f"Placement.device_ids must give each of the {n} devices its own machine "
+                f"device in range({devices}), got {self.device_ids}"
             )
         if not len(self.axis_names) == len(self.physical_axes) == len(self.axis_sizes):
             raise ValueError(
@@ -40,36 +45,62 @@ class Placement:
                 f"{self.axis_sizes}, got {self.axis_names} and {self.physical_axes}"
             )
 
+    @property
+    def device_to_chip(self) -> tuple[int, ...]:
+        """The chip of each logical device (several devices share a chip on a machine of
+        logical NeuronCores)."""
+        return tuple(d // self.devices_per_chip for d in self.device_ids)
+
+    @property
+    def chips(self) -> tuple[int, ...]:
+        """The chips the mesh runs on, sorted."""
+        return tuple(sorted(set(self.device_to_chip)))
+
     def chip_of(self, device_id: int) -> int:
         """Chip id of logical device ``device_id``."""
-        if not 0 <= device_id < len(self.device_to_chip):
-            raise ValueError(f"device id {device_id} is out of range [0, {len(self.device_to_chip)})")
-        return self.device_to_chip[device_id]
+        return self.machine_device(device_id) // self.devices_per_chip
 
-    def device_of(self, chip_id: int) -> int:
-        """Logical device id placed on chip ``chip_id``."""
-        if chip_id not in self.device_to_chip:
-            raise ValueError(f"chip {chip_id} runs no device of this mesh (it occupies chips "
-                             f"{chips_text(self.device_to_chip)})")
-        return self.device_to_chip.index(chip_id)
+    def machine_device(self, device_id: int) -> int:
+        """Machine device id of logical device ``device_id``."""
+        if not 0 <= device_id < len(self.device_ids):
+            raise ValueError(f"device id {device_id} is out of range [0, {len(self.device_ids)})")
+        return self.device_ids[device_id]
+
+    def device_of(self, machine_device: int) -> int:
+        """Logical device id placed on machine device ``machine_device`` (a chip id on a
+        whole-chip machine)."""
+        if machine_device not in self.device_ids:
+            what = "chip" if self.devices_per_chip == 1 else "device"
+            raise ValueError(f"{what} {machine_device} runs no device of this mesh (it "
+                             f"occupies {what}s {chips_text(self.device_ids)})")
+        return self.device_ids.index(machine_device)
 
     def is_torus_ring(self, logical_axis: int) -> bool:
-        """True when logical axis ``logical_axis`` is exactly one whole physical axis.
+        """True when logical axis ``logical_axis`` is exactly one whole physical torus axis.
 
         Its consecutive devices, including last -> first, are then torus neighbours.
         """
         axes = self.physical_axes[logical_axis]
-        return len(axes) == 1 and self.topology_shape[axes[0]] == self.axis_sizes[logical_axis]
+        return len(axes) == 1 and axes[0] != self._core_axis and \
+            self.topology_shape[axes[0]] == self.axis_sizes[logical_axis]
+
+    @property
+    def _core_axis(self) -> int | None:
+        return len(self.topology_shape) - 1 if self.devices_per_chip > 1 else None
 
     def axis_text(self, logical_axis: int, physical_names: Sequence[str]) -> str:
-        """How logical axis `logical_axis` lies on the torus: 'ring x', 'segment 2 of y'
-        (a line, no wraparound link) or 'spans x*y' (routed hop by hop)."""
+        """How logical axis `logical_axis` lies on the machine: 'ring x', 'segment 2 of y'
+        (a line, no wraparound link), 'spans x*y' (routed hop by hop) or '4 cores of a
+        chip'. `physical_names` names the torus axes (Topology.axis_names)."""
         axes = self.physical_axes[logical_axis]
+        names = tuple(physical_names) + ("core",)
         if not axes:
             return "-"
+        if axes == (self._core_axis,):
+            return f"{self.axis_sizes[logical_axis]} cores of a chip"
         if len(axes) > 1:
-            return "spans " + "*".join(physical_names[p] for p in axes)
-        name, size = physical_names[axes[0]], self.axis_sizes[logical_axis]
+            return "spans " + "*".join(names[p] for p in axes)
+        name, size = names[axes[0]], self.axis_sizes[logical_axis]
         return f"ring {name}" if self.is_torus_ring(logical_axis) else \
             f"segment {size} of {name}"
 
@@ -110,44 +141,79 @@ def place_mesh(topology: Topology, axis_sizes: Sequence[int], axis_names: Sequen
          axis, say) takes the first chips in chip-id order, as PJRT's default assignment.
     Size-1 logical axes take no physical axis. `origin` (torus coordinates) moves the
     block there, wrapping around the torus: the way to keep a mesh off failed chips.
+
+    On a machine of logical NeuronCores (Topology.lnc) the mesh's innermost axes take the
+    cores of a chip first (TP inside the chip, as AWS advises: on a trn2.48xlarge a (16, 4)
+    mesh's axis of 4 is one chip, and TP64 is 16 chips of 4 devices); what is left of the
+    mesh (one device per chip) is placed on the chips by the rules above. A mesh whose
+    chip part no block of chips holds takes the first devices in id order (rule 4).
     """
     sizes, names = _check_mesh(topology, axis_sizes, axis_names)
-    physical = _moved(topology, _mesh_coordinates(sizes, topology.shape), origin)
+    inner = _cores_split(sizes, topology.devices_per_chip)
+    outer = tuple(s // g for s, g in zip(sizes, inner))
+    if math.prod(outer) > topology.num_chips:  # the cores a chip's share leaves unused
+        return place_first(topology, sizes, names, origin)
+    physical = _moved(topology, _mesh_coordinates(outer, topology.shape), origin)
     chips = np.ravel_multi_index(tuple(physical), topology.shape)
-    _check_failed_chips(topology, sizes, names, chips, physical)
-    return Placement(
-        topology_name=topology.name,
-        topology_shape=topology.shape,
-        axis_sizes=sizes,
-        axis_names=names,
-        device_to_chip=tuple(int(c) for c in chips),
-        physical_axes=_varying_axes(physical, sizes),
-    )
+    return _on_chips(topology, sizes, names, inner, chips.tolist())
 
 
 def place_mesh_within(topology: Topology, axis_sizes: Sequence[int],
-                      axis_names: Sequence[str], chips: Sequence[int]) -> Placement | None:
-    """Place a logical mesh on the given chips by place_mesh's rules, or None when the
-    chips are no block of the torus.
+                      axis_names: Sequence[str], devices: Sequence[int]) -> Placement | None:
+    """Place a logical mesh on the given machine devices by place_mesh's rules, or None
+    when they are no block of the torus.
 
     A block is a box of the torus (each side a whole ring or a run of consecutive
-    coordinates of one, wrapping around) holding exactly `chips`. When the block is the
-    one place_mesh picks for the mesh (moved to the block's corner), as it is for every
-    chip of the topology, the placement is place_mesh's; on another block the mesh is laid
-    out as place_mesh lays it out on a torus of the block's shape, from its corner. Chips
-    that form no block (scattered, or an L shape) have no such layout: the caller keeps its
-    own order of them.
+    coordinates of one, wrapping around) holding exactly the devices' chips (every device
+    of each, on a machine of logical cores). When the block is the one place_mesh picks
+    for the mesh (moved to the block's corner), as it is for every chip of the topology,
+    the placement is place_mesh's; on another block the mesh is laid out as place_mesh
+    lays it out on a torus of the block's shape, from its corner. Devices that form no
+    block (scattered, or an L shape) have no such layout: the caller keeps its own order
+    of them.
     """
     sizes, names = _check_mesh(topology, axis_sizes, axis_names)
-    chips = _check_chips(topology, sizes, chips)
+    devices = _check_devices(topology, sizes, devices)
+    per_chip = topology.devices_per_chip
+    inner = _cores_split(sizes, per_chip)
+    chips = sorted({d // per_chip for d in devices})
+    if len(chips) * per_chip != len(devices) or math.prod(inner) != per_chip:
+        return None  # not whole chips: no block of the torus
+    outer = tuple(s // g for s, g in zip(sizes, inner))
     block = _block_of(topology, chips)
     if block is None:
         return None
     corner, sides = block
-    placed = _chips_at(topology, _mesh_coordinates(sizes, topology.shape), corner)
+    placed = _chips_at(topology, _mesh_coordinates(outer, topology.shape), corner)
     if set(placed) != set(chips):  # not place_mesh's block: the layout on this one
-        placed = _chips_at(topology, _mesh_coordinates(sizes, sides), corner)
-    return place_on(topology, sizes, names, placed)
+        placed = _chips_at(topology, _mesh_coordinates(outer, sides), corner)
+    return _on_chips(topology, sizes, names, inner, placed)
+
+
+def _cores_split(sizes: tuple[int, ...], per_chip: int) -> tuple[int, ...]:
+    """How much of each logical axis lies on the cores of one chip: the innermost axes
+    first, each its largest share that still divides what is left of a chip's
+    `per_chip` devices (all ones on a whole-chip machine)."""
+    inner, left = [1] * len(sizes), per_chip
+    for i in reversed(range(len(sizes))):
+        inner[i] = math.gcd(sizes[i], left)
+        left //= inner[i]
+    return tuple(inner)
+
+
+def _on_chips(topology: Topology, sizes: tuple[int, ...], names: tuple[str, ...],
+              inner: tuple[int, ...], chips: Sequence[int]) -> Placement:
+    """The placement of a mesh of `sizes` whose axis i is split into `sizes[i] // inner[i]`
+    chips (major) by `inner[i]` cores (minor): the chip part's device o on `chips[o]`
+    (row-major over the chip part), the core part on the chip's devices in row-major
+    order."""
+    outer = tuple(s // g for s, g in zip(sizes, inner))
+    logical = np.indices(sizes).reshape(len(sizes), -1)
+    inner_arr = np.array(inner)[:, None]
+    chip = np.asarray(chips, dtype=np.int64)[np.ravel_multi_index(tuple(logical // inner_arr),
+                                                                  outer)]
+    core = np.ravel_multi_index(tuple(logical % inner_arr), inner)
+    return place_on(topology, sizes, names, (chip * topology.devices_per_chip + core).tolist())
 
 
 def _chips_at(topology: Topology, physical: np.ndarray, corner: Sequence[int]) -> list[int]:
@@ -187,54 +253,63 @@ def _block_of(topology: Topology,
 
 
 def device_order(topology: Topology) -> tuple[int, ...]:
-    """The chip ids with the fastest links innermost: consecutive chips one link apart on
-    the fastest axis (x, then y: NeuronLink inside a server, 128 GB/s per direction), the
-    slower axes outermost (z across servers at 64 GB/s, then an UltraCluster's EFA axis).
-    A mesh reshaped from chips in this order puts its last axes on the fastest links, and
-    its first n chips are a block filled x first, then y, then z, as place_mesh fills one
-    on an UltraServer."""
+    """The machine device ids with the fastest links innermost: a chip's devices
+    (logical cores) consecutive, then chips one link apart on the fastest axis (x, then y:
+    NeuronLink inside a server, 128 GB/s per direction), the slower axes outermost (z
+    across servers at 64 GB/s, then an UltraCluster's EFA axis). A mesh reshaped from
+    devices in this order puts its last axes on the cores of a chip and the fastest links,
+    and its first n chips are a block filled x first, then y, then z, as place_mesh fills
+    one on an UltraServer."""
     outer_first = sorted(range(topology.ndim),
                          key=lambda p: (topology.link_bandwidth[p], -p))
     grid = np.arange(topology.num_chips).reshape(topology.shape)
-    return tuple(int(c) for c in grid.transpose(outer_first).reshape(-1))
+    chips = grid.transpose(outer_first).reshape(-1)
+    return tuple(int(c) * topology.devices_per_chip + k for c in chips
+                 for k in range(topology.devices_per_chip))
 
 
 def place_first(topology: Topology, axis_sizes: Sequence[int], axis_names: Sequence[str],
                 origin: Sequence[int] | None = None) -> Placement:
-    """Logical device d on chip d: PJRT's default device assignment of an SPMD module's
-    processes (replica-major), which does not know the torus. `origin` (torus coordinates)
-    moves those chips there, wrapping around the torus, as place_mesh's."""
+    """Logical device d on machine device d (chip d, or on a machine of logical cores the
+    d-th core in id order): PJRT's default device assignment of an SPMD module's processes
+    (replica-major), which does not know the torus. `origin` (torus coordinates) moves
+    those chips there, wrapping around the torus, as place_mesh's."""
     sizes, names = _check_mesh(topology, axis_sizes, axis_names)
-    first = np.array(np.unravel_index(np.arange(math.prod(sizes)), topology.shape))
-    chips = np.ravel_multi_index(tuple(_moved(topology, first, origin)), topology.shape)
-    return place_on(topology, sizes, names, chips.tolist())
+    per_chip = topology.devices_per_chip
+    first = np.arange(math.prod(sizes))
+    chips = np.array(np.unravel_index(first // per_chip, topology.shape))
+    chips = np.ravel_multi_index(tuple(_moved(topology, chips, origin)), topology.shape)
+    return place_on(topology, sizes, names, (chips * per_chip + first % per_chip).tolist())
 
 
 def place_on(topology: Topology, axis_sizes: Sequence[int], axis_names: Sequence[str],
-             chips: Sequence[int]) -> Placement:
-    """Logical device d (row-major over `axis_sizes`) on chip `chips[d]`: a device
-    assignment the caller chose."""
+             devices: Sequence[int]) -> Placement:
+    """Logical device d (row-major over `axis_sizes`) on machine device `devices[d]` (a
+    chip id on a whole-chip machine): a device assignment the caller chose."""
     sizes, names = _check_mesh(topology, axis_sizes, axis_names)
-    chips = np.array(_check_chips(topology, sizes, chips), dtype=np.int64)
-    physical = np.array(np.unravel_index(chips, topology.shape))
-    _check_failed_chips(topology, sizes, names, chips, physical)
-    return Placement(topology_name=topology.name, topology_shape=topology.shape,
+    devices = np.array(_check_devices(topology, sizes, devices), dtype=np.int64)
+    physical = np.array(np.unravel_index(devices, topology.device_shape))
+    _check_failed_chips(topology, sizes, names, devices // topology.devices_per_chip,
+                        physical[:topology.ndim])
+    return Placement(topology_name=topology.name, topology_shape=topology.device_shape,
                      axis_sizes=sizes, axis_names=names,
-                     device_to_chip=tuple(int(c) for c in chips),
-                     physical_axes=_varying_axes(physical, sizes))
+                     device_ids=tuple(int(d) for d in devices),
+                     physical_axes=_varying_axes(physical, sizes),
+                     devices_per_chip=topology.devices_per_chip)
 
 
-def _check_chips(topology: Topology, sizes: tuple[int, ...],
-                 chips: Sequence[int]) -> list[int]:
-    """The chip ids of a device assignment for a mesh of `sizes`: one distinct chip of
-    `topology` per device, else an error saying what is wrong."""
-    chips = [as_int(c, "device assignment") for c in chips]
-    if len(chips) != math.prod(sizes) or len(set(chips)) != len(chips) or \
-            not all(0 <= c < topology.num_chips for c in chips):
+def _check_devices(topology: Topology, sizes: tuple[int, ...],
+                   devices: Sequence[int]) -> list[int]:
+    """The machine device ids of a device assignment for a mesh of `sizes`: one distinct
+    device of `topology` per logical device, else an error saying what is wrong."""
+    devices = [as_int(c, "device assignment") for c in devices]
+    n = topology.num_devices
+    if len(devices) != math.prod(sizes) or len(set(devices)) != len(devices) or \
+            not all(0 <= c < n for c in devices):
+        what = "chip ids" if topology.lnc is None else "device ids"
         raise ValueError(f"a device assignment for mesh {sizes} needs {math.prod(sizes)} "
-                         f"distinct chip ids of '{topology.name}' (0..{topology.num_chips - 1}), "
-                         f"got {chips}")
-    return chips
+                         f"distinct {what} of '{topology.name}' (0..{n - 1}), got {devices}")
+    return devices
 
 
 def _check_mesh(
@@ -248,11 +323,13 @@ def _check_mesh(
         raise ValueError(
             f"mesh axis names {names} must be {len(sizes)} distinct names for shape {sizes}"
         )
-    if math.prod(sizes) > topo.num_chips:
+    if math.prod(sizes) > topo.num_devices:
+        what = "chips" if topo.lnc is None else \
+            f"devices ({topo.devices_per_chip} {topo.device_kind}s per chip)"
         raise ValueError(
             f"mesh shape {sizes} has {math.prod(sizes)} devices but topology '{topo.name}' has "
-            f"only {topo.num_chips} chips (torus shape {topo.shape}); meshes of up to "
-            f"{topo.num_chips} devices fit, e.g. {fitting_shapes(topo, len(sizes))}"
+            f"only {topo.num_devices} {what} (torus shape {topo.shape}); meshes of up to "
+            f"{topo.num_devices} devices fit, e.g. {fitting_shapes(topo, len(sizes))}"
         )
     return sizes, names
 
@@ -356,12 +433,13 @@ def _block_coordinates(sizes: tuple[int, ...], shape: tuple[int, ...],
 
 def fitting_shapes(topology: Topology, rank: int) -> list[tuple[int, ...]]:
     """A few mesh shapes of `rank` axes that use every chip of `topology`."""
-    n = topology.num_chips
-    shapes = [topology.shape] if len(topology.shape) == rank else []
+    n = topology.num_devices
+    shapes = [topology.device_shape] if len(topology.device_shape) == rank else []
     if rank == 1:
         shapes.append((n,))
     elif rank >= 2:
-        shapes.append((n // topology.shape[-1],) + (1,) * (rank - 2) + (topology.shape[-1],))
+        last = topology.device_shape[-1]
+        shapes.append((n // last,) + (1,) * (rank - 2) + (last,))
         shapes.append((1,) * (rank - 1) + (n,))
     return list(dict.fromkeys(shapes))
 

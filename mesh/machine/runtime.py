@@ -37,6 +37,15 @@ class RuntimeSpec:
     # (4 chips) took 101 us (nccom-test --streams-json example, SDK 2.32), against ~6-10 us
     # for an all-gather.
     reduction_launch_seconds: float = 95e-6
+    # Fixed cost of each stage among the ranks (logical NeuronCores) of one chip: the
+    # semaphore handshake of the chip's local ranks' collective cores around one step of
+    # DMA through HBM (its DMA start, dma_fixed_seconds, is added beside it). The Neuron
+    # runtime's intra-chip reduction and broadcast (intra-node collectives page); nccom-test
+    # runs of 2 and 4 ranks on one chip floor at tens of microseconds (trn2_facts.md, "How
+    # Trn2 is rented and programmed"): the low end of that, ~25 us for a small all-reduce
+    # (collective_launch_seconds + two stages), gives 10 us a stage. A collective among a
+    # chip's ranks does not pay reduction_launch_seconds, the synchronisation between chips.
+    on_chip_stage_seconds: float = 10e-6
     # Bytes per second a chip's collective DMA rings move: a 32 MiB permute ran at 37.52
     # GB/s per rank (nccom-test --custom-src-target-pairs example), and a chip has 4 ranks
     # at the default logical-core setting LNC=2. Below the links' bandwidth: the runtime's
@@ -90,6 +99,7 @@ class RuntimeSpec:
         """The hardware's limits: no fixed costs, every rate at its peak, collectives as
         fast as their links allow."""
         return RuntimeSpec(collective_launch_seconds=0.0, reduction_launch_seconds=0.0,
+                           on_chip_stage_seconds=0.0,
                            collective_dma_bytes_per_second=float("inf"), efa_efficiency=1.0,
                            hbm_efficiency=1.0, dma_fixed_seconds=0.0,
                            instruction_overhead_cycles=0.0, tensor_ramp_seconds=0.0)

@@ -78,6 +78,12 @@ class Topology:
     runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
     # Axes whose links are EFA between UltraServers (the others are NeuronLink).
     efa_axes: frozenset[int] = frozenset()
+    # What a device is (mesh.machine: one place says it). None: the whole chip, one device
+    # per chip (the chip-per-device presets). An int: Neuron's logical-core setting LNC,
+    # each chip exposing neuron_cores // lnc devices (4 at LNC=2, Trn2's default; 8 at
+    # LNC=1), numbered consecutively on a chip: device d is core d % devices_per_chip of
+    # chip d // devices_per_chip. A device is what JAX sees and a collective's rank is.
+    lnc: int | None = None
     # Faults. A failed link carries nothing: routes go around it the way the torus allows.
     # A degraded link runs at `factor` (0 < factor < 1) of its axis' bandwidth. A failed
     # chip runs no device of a mesh and forwards no traffic. Links are (src, dst) chip
@@ -116,6 +122,8 @@ class Topology:
         if not isinstance(self.runtime, RuntimeSpec):
             raise ValueError(f"Topology.runtime must be a RuntimeSpec, got "
                              f"{type(self.runtime).__name__}")
+        if self.lnc is not None:
+            self.chip.logical_core(self.lnc)  # raises unless lnc divides the chip's cores
         self._check_faults()
 
     def _check_faults(self) -> None:
@@ -170,6 +178,71 @@ class Topology:
     @property
     def num_chips(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def devices_per_chip(self) -> int:
+        """Devices (logical NeuronCores) per chip: 1 for the whole-chip view."""
+        return 1 if self.lnc is None else self.chip.neuron_cores // self.lnc
+
+    @property
+    def num_devices(self) -> int:
+        """Devices of the machine: what jax.devices() lists, a collective's possible ranks."""
+        return self.num_chips * self.devices_per_chip
+
+    @property
+    def device(self) -> ChipSpec:
+        """One device's share of a chip: the whole chip, or one logical NeuronCore (its
+        cores' engines, SBUF and PSUM, its share of HBM and of the peak FLOP/s)."""
+        return self.chip if self.lnc is None else self.chip.logical_core(self.lnc)
+
+    @property
+    def device_kind(self) -> str:
+        """'chip' or 'LNC=2 logical core', for messages."""
+        return "chip" if self.lnc is None else f"LNC={self.lnc} logical core"
+
+    def chip_of_device(self, device_id: int) -> int:
+        """The chip of machine device `device_id`."""
+        self._check_device(device_id)
+        return device_id // self.devices_per_chip
+
+    def core_of_device(self, device_id: int) -> int:
+        """The index of machine device `device_id` among its chip's devices."""
+        self._check_device(device_id)
+        return device_id % self.devices_per_chip
+
+    def devices_of_chip(self, chip_id: int) -> tuple[int, ...]:
+        """The machine device ids on chip `chip_id` (consecutive)."""
+        self._check_chip(chip_id)
+        n = self.devices_per_chip
+        return tuple(range(chip_id * n, (chip_id + 1) * n))
+
+    def device_coords(self, device_id: int) -> tuple[int, ...]:
+        """Coordinates of machine device `device_id`: its chip's torus coordinates, then
+        (per logical-core machines) its core index on the chip."""
+        chip = self.chip_of_device(device_id)
+        core = () if self.lnc is None else (self.core_of_device(device_id),)
+        return self.coords(chip) + core
+
+    def device_id(self, coords: Sequence[int]) -> int:
+        """The machine device at `device_coords` (inverse of device_coords)."""
+        coords = tuple(coords)
+        if self.lnc is None:
+            return self.chip_id(coords)
+        chip, core = self.chip_id(coords[:-1]), coords[-1] if coords else -1
+        if not 0 <= core < self.devices_per_chip:
+            raise ValueError(f"core {core} of coords {coords} is out of range "
+                             f"[0, {self.devices_per_chip}) on '{self.name}'")
+        return chip * self.devices_per_chip + core
+
+    @property
+    def device_shape(self) -> tuple[int, ...]:
+        """The grid device_coords range over: the torus, then the cores of a chip."""
+        return self.shape + (() if self.lnc is None else (self.devices_per_chip,))
+
+    @property
+    def device_axis_names(self) -> tuple[str, ...]:
+        """Names of device_shape's axes: the torus axes, then 'core'."""
+        return self.axis_names + (() if self.lnc is None else ("core",))
 
     @property
     def ndim(self) -> int:
@@ -322,6 +395,11 @@ class Topology:
                 f"chip id {chip_id} is out of range [0, {self.num_chips}) for topology '{self.name}'"
             )
 
+    def _check_device(self, device_id: int) -> None:
+        if not 0 <= device_id < self.num_devices:
+            raise ValueError(f"device id {device_id} is out of range [0, {self.num_devices}) "
+                             f"for topology '{self.name}'")
+
     def _check_axis(self, axis: int) -> None:
         if not 0 <= axis < self.ndim:
             raise ValueError(f"axis {axis} is out of range [0, {self.ndim}) for torus {self.shape}")
@@ -397,21 +475,62 @@ _PRESETS: dict[str, Topology] = {
 }
 TOPOLOGY_NAMES: tuple[str, ...] = tuple(_PRESETS)
 
+# The machines as AWS rents them (trn2_facts.md, "How Trn2 is rented and programmed"): the
+# same chips and links, each device a logical NeuronCore at Trn2's default LNC=2 (4 per
+# chip; get_topology(name, lnc=1) for 8). A trn2.48xlarge (and the trn2u.48xlarge of an
+# UltraServer) is 16 chips on a 4x4 torus: 64 devices of 24 GiB; a Trn2 UltraServer is four
+# of them joined by the z ring: 256 devices. ULTRASERVER_CLUSTER_PREFIX + N is N of those.
+DEFAULT_LNC = 2
+ULTRASERVER_CLUSTER_PREFIX = "trn2-ultraserver-cluster-"
+_INSTANCES: dict[str, Topology] = {
+    "trn2.3xlarge": dataclasses.replace(_PRESETS["trn2"], name="trn2.3xlarge", shape=(1,),
+                                        axis_names=("x",),
+                                        link_bandwidth=(IN_SERVER_LINK_BANDWIDTH,),
+                                        link_latency=(DEFAULT_HOP_LATENCY_S,),
+                                        lnc=DEFAULT_LNC),
+    "trn2.48xlarge": dataclasses.replace(_PRESETS["trn2"], name="trn2.48xlarge",
+                                         lnc=DEFAULT_LNC),
+    "trn2u.48xlarge": dataclasses.replace(_PRESETS["trn2"], name="trn2u.48xlarge",
+                                          lnc=DEFAULT_LNC),
+    "trn2-ultraserver": dataclasses.replace(_PRESETS["trn2-ultra"], name="trn2-ultraserver",
+                                            lnc=DEFAULT_LNC),
+}
+INSTANCE_NAMES: tuple[str, ...] = tuple(_INSTANCES)
+
 
 def get_topology(name: str = "trn2-ultra", **overrides: object) -> Topology:
     """The preset ``name`` (see ``TOPOLOGY_NAMES``), or ``trn2-ultracluster-N`` (N
-    UltraServers joined by EFA), with any Topology field overridden.
+    UltraServers joined by EFA), one device per chip; or a machine as AWS rents it (see
+    ``INSTANCE_NAMES``: trn2.3xlarge, trn2.48xlarge, trn2u.48xlarge, trn2-ultraserver, and
+    ``trn2-ultraserver-cluster-N``), one device per logical NeuronCore at LNC=2 (``lnc=1``
+    for 8 per chip); with any Topology field overridden.
+
+    >>> get_topology("trn2.48xlarge").num_devices
+    64
 
     >>> get_topology("trn2-ultra", link_bandwidth=(100e9, 100e9, 50e9)).num_chips
     64
     >>> get_topology("trn2-ultracluster-16").num_chips
     1024
     """
+    if name.startswith(ULTRASERVER_CLUSTER_PREFIX):
+        servers = _server_count(name, ULTRASERVER_CLUSTER_PREFIX)
+        return _replace(dataclasses.replace(ultracluster(servers), name=name, lnc=DEFAULT_LNC),
+                        overrides)
     if name.startswith(ULTRACLUSTER_PREFIX):
-        return _replace(ultracluster(_server_count(name)), overrides)
+        return _replace(ultracluster(_server_count(name, ULTRACLUSTER_PREFIX)), overrides)
+    if name in _INSTANCES:
+        return _replace(_INSTANCES[name], overrides)
     if name not in _PRESETS:
         raise ValueError(f"unknown topology {name!r}; known presets: {list(TOPOLOGY_NAMES)} "
-                         f"and {ULTRACLUSTER_PREFIX}N (N UltraServers)")
+                         f"and {ULTRACLUSTER_PREFIX}N (N UltraServers), one device per chip; "
+                         f"{list(INSTANCE_NAMES)} and {ULTRASERVER_CLUSTER_PREFIX}N, one "
+                         f"device per logical NeuronCore")
+    if overrides.get("lnc") is not None:
+        raise ValueError(f"LNC={overrides['lnc']} applies to the machines as rented, whose "
+                         f"devices are logical NeuronCores ({', '.join(INSTANCE_NAMES)}, "
+                         f"{ULTRASERVER_CLUSTER_PREFIX}N); {name!r} is the whole-chip view, "
+                         f"one device per chip")
     return _replace(_PRESETS[name], overrides)
 
 
@@ -431,9 +550,9 @@ def ultracluster(servers: int) -> Topology:
     )
 
 
-def _server_count(name: str) -> int:
-    count = name[len(ULTRACLUSTER_PREFIX):]
+def _server_count(name: str, prefix: str) -> int:
+    count = name[len(prefix):]
     if not count.isdigit() or int(count) < 1:
-        raise ValueError(f"{name!r}: the UltraServer count after {ULTRACLUSTER_PREFIX!r} must "
-                         f"be a positive integer, e.g. {ULTRACLUSTER_PREFIX}16")
+        raise ValueError(f"{name!r}: the UltraServer count after {prefix!r} must "
+                         f"be a positive integer, e.g. {prefix}16")
     return int(count)

@@ -115,17 +115,45 @@ class CollectivePlan(isa.Plan):
     hbm_bytes: float = 0.0
     detours: int = 0  # transfers of the chosen algorithm routed around faults
     healthy_seconds: float | None = None  # the same collective without the topology's faults
+    # The stages among the ranks of one chip (a machine of logical NeuronCores, whose
+    # groups hold several ranks per chip: see OnChip), run before and after the stage
+    # between chips the fields above describe.
+    on_chip: OnChip | None = None
 
     @property
     def seconds(self) -> float:
         """The ideal time."""
-        return self.latency_seconds + self.bandwidth_seconds
+        on_chip = self.on_chip.seconds if self.on_chip is not None else 0.0
+        return self.latency_seconds + self.bandwidth_seconds + on_chip
 
     @property
     def expected_seconds(self) -> float:
-        return self.fixed_seconds + self.expected_latency_seconds + self.transfer_seconds
+        on_chip = self.on_chip.expected_seconds if self.on_chip is not None else 0.0
+        return self.fixed_seconds + self.expected_latency_seconds + self.transfer_seconds + \
+            on_chip
 
     def describe(self) -> str:
+        on_chip = "" if self.on_chip is None else "\n" + self.on_chip.describe()
+        if self.algorithm == ON_CHIP:  # every rank of each group on one chip
+            return (f"{self.kind} of {bytes_text(self.message_bytes)} among the ranks of "
+                    f"each chip: ideal {seconds_text(self.seconds)}, expected "
+                    f"{seconds_text(self.expected_seconds)} (with "
+                    f"{seconds_text(self.fixed_seconds)} launch){on_chip}")
+        return self._torus_text() + on_chip
+
+    @property
+    def device_hbm_bytes(self) -> float:
+        """The HBM bytes the collective reads and writes per device (rank): a chip's
+        between chips and on it, shared by its ranks in the collective."""
+        if self.on_chip is None:
+            return self.hbm_bytes
+        ranks = self.on_chip.local_ranks * self.on_chip.groups
+        return (self.hbm_bytes + self.on_chip.hbm_bytes) / ranks
+
+    def _torus_text(self) -> str:
+        """The stage between chips (the whole collective on a whole-chip machine)."""
+        ideal = self.latency_seconds + self.bandwidth_seconds
+        expected = self.fixed_seconds + self.expected_latency_seconds + self.transfer_seconds
         axes = ",".join(self.logical_axes) if self.logical_axes is not None else \
             f"groups of {self.group_size}"
         torus = ",".join(self.torus_axes) or "-"
@@ -136,11 +164,11 @@ class CollectivePlan(isa.Plan):
         runner_up = f" (next: {others[0][1]} {seconds_text(others[0][0])})" if others else ""
         if self.healthy_seconds is not None:
             detours = f"{self.detours} transfers detoured, " if self.detours else ""
-            slowdown = self.seconds / self.healthy_seconds if self.healthy_seconds else 1.0
+            slowdown = ideal / self.healthy_seconds if self.healthy_seconds else 1.0
             runner_up += (f"; faults: {detours}{slowdown:.2f}x the healthy "
                           f"{seconds_text(self.healthy_seconds)}")
         expected = (f"\nexpected (Neuron runtime): {self.expected_algorithm}, "
-                    f"{seconds_text(self.expected_seconds)} = {seconds_text(self.fixed_seconds)} "
+                    f"{seconds_text(expected)} = {seconds_text(self.fixed_seconds)} "
                     f"fixed + {seconds_text(self.expected_latency_seconds)} latency + "
                     f"{seconds_text(self.transfer_seconds)} transfer (bound by "
                     f"{self.transfer_bound}); HBM {bytes_text(self.hbm_bytes)} per chip"
@@ -149,8 +177,81 @@ class CollectivePlan(isa.Plan):
                 f"-> torus {torus}{rings}{routed}\n"
                 f"ideal: {self.algorithm}, {self.steps} steps, "
                 f"busiest link {bytes_text(self.link_bytes)}/direction; "
-                f"{seconds_text(self.seconds)} = {seconds_text(self.latency_seconds)} latency + "
+                f"{seconds_text(ideal)} = {seconds_text(self.latency_seconds)} latency + "
                 f"{seconds_text(self.bandwidth_seconds)} transfer{runner_up}{expected}")
+
+
+ON_CHIP = "on-chip"  # the algorithm of a collective whose groups each lie on one chip
+
+
+@dataclass(frozen=True)
+class OnChip:
+    """The stages of a collective among the ranks (logical NeuronCores) of each chip, as
+    the Neuron runtime runs them (its intra-node collectives page): a reduction
+    (reduce-scatter among a chip's local ranks) before the stage between chips, a
+    broadcast (all-gather among them) after it, an exchange for all-to-all and permutes.
+    Each stage is one step of DMA through the chip's HBM, which the chip's cores share:
+    every byte read and written there, and moved by the chip's collective DMA rings.
+
+    Per chip, `groups` groups (one per in-chip index the collective's groups take) of
+    `local_ranks` ranks each; `hbm_bytes` and `dma_bytes` are the chip's over all stages.
+    The ideal time is the HBM traffic at the chip's HBM bandwidth; the expected adds each
+    stage's fixed cost and DMA start (RuntimeSpec.on_chip_stage_seconds,
+    dma_fixed_seconds) and takes the longer of HBM at its sustained rate and the
+    collective DMA rings' rate.
+    """
+
+    stages: tuple[str, ...]
+    local_ranks: int
+    groups: int
+    hbm_bytes: float
+    dma_bytes: float
+    seconds: float  # ideal
+    fixed_seconds: float
+    transfer_seconds: float
+    transfer_bound: str
+
+    @property
+    def expected_seconds(self) -> float:
+        return self.fixed_seconds + self.transfer_seconds
+
+    def describe(self) -> str:
+        return (f"on chip: {' + '.join(self.stages)} among {self.local_ranks} local ranks "
+                f"(x{self.groups} groups per chip), HBM {bytes_text(self.hbm_bytes)} per chip; "
+                f"ideal {seconds_text(self.seconds)}, expected "
+                f"{seconds_text(self.expected_seconds)} = {seconds_text(self.fixed_seconds)} "
+                f"fixed + {seconds_text(self.transfer_seconds)} transfer (bound by "
+                f"{self.transfer_bound})")
+
+
+def on_chip_stages(kind: str, local_ranks: int, groups: int, message_bytes: float,
+                   group_size: int, topology: Topology) -> OnChip:
+    """The on-chip stages of a `kind` collective of `message_bytes` per rank over groups of
+    `group_size` ranks, `local_ranks` of each on every chip it spans, `groups` such
+    groups per chip. Per group and chip (r local ranks, M bytes per rank):
+      reduce-scatter (the reduction)  each rank reads the r blocks of M/r it reduces and
+                                      writes their sum: HBM (r + 1) M; DMA moves (r-1) M
+      all-gather (the broadcast)      each rank's block of M/r read once and written to
+                                      its r-1 peers (write duplication): HBM r M; DMA (r-1) M
+      exchange (all-to-all, permute)  each rank copies its blocks of M/P for its r-1
+                                      local peers: HBM 2 r (r-1) M/P; DMA r (r-1) M/P."""
+    r, m = local_ranks, float(message_bytes)
+    stages = {"all-reduce": ("reduce-scatter", "all-gather"),
+              "reduce-scatter": ("reduce-scatter",), "all-gather": ("all-gather",)}.get(
+                  kind, ("exchange",))
+    traffic = {"reduce-scatter": ((r + 1) * m, (r - 1) * m),
+               "all-gather": (r * m, (r - 1) * m),
+               "exchange": (2 * r * (r - 1) * m / group_size, r * (r - 1) * m / group_size)}
+    hbm = groups * sum(traffic[stage][0] for stage in stages)
+    dma = groups * sum(traffic[stage][1] for stage in stages)
+    chip, runtime = topology.chip, topology.runtime
+    times = {"HBM": hbm / (chip.hbm_bandwidth * runtime.hbm_efficiency),
+             "collective DMA": dma / runtime.collective_dma_bytes_per_second}
+    bound = max(times, key=times.get)
+    fixed = len(stages) * (runtime.on_chip_stage_seconds + runtime.dma_fixed_seconds)
+    return OnChip(stages=stages, local_ranks=r, groups=groups, hbm_bytes=hbm, dma_bytes=dma,
+                  seconds=hbm / chip.hbm_bandwidth, fixed_seconds=fixed,
+                  transfer_seconds=times[bound], transfer_bound=bound)
 
 
 def plan_collective(instr: isa.Instruction, message_bytes: int, topology: Topology,
@@ -176,8 +277,51 @@ def _plan_grouped(kind: str, groups: isa.Groups, message_bytes: int, topology: T
     if size == 1 or message_bytes == 0:
         return _trivial(kind, message_bytes, size, logical)
     _check_placement(placement, size)
+    chip_groups, local, per_chip = _chip_groups(groups, placement)
+    # The stage between chips runs among ranks of the same in-chip index and carries the
+    # chip's whole buffer: `per_chip` groups' of it where several groups share the chips
+    # (a mesh's other axes on the cores), and for an all-to-all every local rank's blocks.
+    between = message_bytes * per_chip * (local if kind == "all-to-all" else 1)
+    plan = _plan_chips(kind, chip_groups, between, topology, logical) \
+        if len(chip_groups[0]) > 1 else _on_chip_only(kind, message_bytes, size, logical,
+                                                       topology)
+    if local == 1:
+        return plan if per_chip == 1 else dataclasses.replace(plan, message_bytes=message_bytes)
+    # several ranks of each group per chip: the runtime's stages on the chip around the
+    # stage between chips
+    on_chip = on_chip_stages(kind, local, per_chip, message_bytes, size, topology)
+    return dataclasses.replace(plan, message_bytes=message_bytes, group_size=size,
+                               on_chip=on_chip)
+
+
+def _chip_groups(groups: isa.Groups, placement: Placement
+                 ) -> tuple[tuple[tuple[int, ...], ...], int, int]:
+    """(the distinct chip sets the groups span, each in the order of its first rank; the
+    most ranks a group has on one chip; how many groups share a chip set). A whole-chip
+    machine's groups come back as they are, with 1 and 1."""
+    chips = [tuple(placement.chip_of(d) for d in g) for g in groups.device_groups]
+    local = max(max(c.count(x) for x in set(c)) for c in chips)
+    distinct = tuple(dict.fromkeys(tuple(dict.fromkeys(c)) for c in chips))
+    return distinct, local, -(-len(chips) // len(distinct))
+
+
+def _on_chip_only(kind, message_bytes, size, logical, topology: Topology) -> CollectivePlan:
+    """A collective whose every group lies on one chip: no stage between chips, the
+    runtime's fixed cost of a collective (its launch; the stages add theirs)."""
+    plan = dataclasses.replace(_trivial(kind, message_bytes, size, logical),
+                               algorithm=ON_CHIP, candidates=((ON_CHIP, 0.0),))
+    return dataclasses.replace(plan, expected_algorithm=ON_CHIP,
+                               fixed_seconds=topology.runtime.collective_launch_seconds)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan_chips(kind: str, chip_groups: tuple[tuple[int, ...], ...], message_bytes: float,
+                topology: Topology, logical: tuple[str, ...] | None) -> CollectivePlan:
+    """The fastest algorithm for a `kind` collective among `chip_groups` (chip ids, one
+    rank per chip), `message_bytes` per chip."""
+    size = len(chip_groups[0])
     net = _Network.of(topology)
-    grids, on_rings = _grids(net, groups, placement)
+    grids, on_rings = net.grids([list(g) for g in chip_groups])
     candidates, rings = {}, {}
     for name, steps, ring_lengths in _algorithms(kind, grids, message_bytes, net,
                                                   on_rings):
@@ -188,7 +332,7 @@ def _plan_grouped(kind: str, groups: isa.Groups, message_bytes: int, topology: T
     plan = _with_expected(plan, candidates, topology)
     if not topology.has_faults:
         return plan
-    healthy = _plan_grouped(kind, groups, message_bytes, topology.healthy(), placement)
+    healthy = _plan_chips(kind, chip_groups, message_bytes, topology.healthy(), logical)
     return dataclasses.replace(plan, detours=candidates[best].detours,
                                healthy_seconds=healthy.seconds)
 
@@ -200,18 +344,45 @@ def _plan_permute(pairs: tuple[tuple[int, int], ...], message_bytes: int, topolo
     if not pairs or message_bytes == 0:
         return _trivial("collective-permute", message_bytes, 2 if pairs else 1, ())
     _check_placement(placement, 2)
-    net = _Network.of(topology)
-    steps = _permute_steps(pairs, message_bytes, placement)
-    result = net.evaluate(steps)
     src, dst = (np.array(c, dtype=np.int64) for c in zip(*pairs))
+    logical = _moved_axes(placement, src, dst)
+    between = _between_chips(pairs, placement)
+    plan = _plan_permute_chips(between, message_bytes, topology, logical) if between else \
+        _on_chip_only("collective-permute", message_bytes, 2, logical, topology)
+    # pairs on one chip copy through its HBM (an exchange of 2 ranks), as many at once
+    # as the chip holds senders
+    on_chip = [placement.chip_of(s) for s, t in pairs
+               if placement.chip_of(s) == placement.chip_of(t)]
+    if not on_chip:
+        return plan
+    most = max(on_chip.count(c) for c in set(on_chip))
+    return dataclasses.replace(plan, on_chip=on_chip_stages(
+        "collective-permute", 2, most, message_bytes, 2, topology))
+
+
+def _between_chips(pairs: tuple[tuple[int, int], ...],
+                   placement: Placement) -> tuple[tuple[int, int], ...]:
+    """The (source chip, destination chip) of each pair of devices on different chips."""
+    chips = [(placement.chip_of(s), placement.chip_of(t)) for s, t in pairs]
+    return tuple((a, b) for a, b in chips if a != b)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan_permute_chips(chip_pairs: tuple[tuple[int, int], ...], message_bytes: int,
+                        topology: Topology, logical: tuple[str, ...]) -> CollectivePlan:
+    """A permutation's transfers between chips: chip a sends `message_bytes` to chip b for
+    every pair (a, b), all at once."""
+    net = _Network.of(topology)
+    steps = _permute_steps(chip_pairs, message_bytes)
+    result = net.evaluate(steps)
     moved = steps[0][0]
-    plan = _plan("collective-permute", message_bytes, 2, _moved_axes(placement, src, dst),
+    plan = _plan("collective-permute", message_bytes, 2, logical,
                  net.torus_axes(np.concatenate([moved.src, moved.dst])),
                  result.max_hops > 1, "direct", (), {"direct": result})
     plan = _with_expected(plan, {"direct": result}, topology)
     if not topology.has_faults:
         return plan
-    healthy = _plan_permute(pairs, message_bytes, topology.healthy(), placement)
+    healthy = _plan_permute_chips(chip_pairs, message_bytes, topology.healthy(), logical)
     return dataclasses.replace(plan, detours=result.detours, healthy_seconds=healthy.seconds)
 
 
@@ -220,39 +391,33 @@ def link_bytes(instr: isa.Instruction, topology: Topology,
     """The bytes planned collective `instr` puts on each torus link over its whole run, for
     the algorithm its plan chose, routed as the estimate routed it (around faults too): an
     array [chip the link leaves, torus axis, direction (0: towards lower coordinates, 1:
-    higher)]. Zeros for an instruction without a plan or a collective that moves nothing."""
+    higher)]. Zeros for an instruction without a plan or a collective that moves nothing
+    (or moves only among the ranks of a chip)."""
     loads = np.zeros((topology.num_chips, topology.ndim, 2))
     plan = getattr(instr, "plan", None)
-    if not isinstance(plan, CollectivePlan) or plan.algorithm == "none":
+    if not isinstance(plan, CollectivePlan) or plan.algorithm in ("none", ON_CHIP):
         return loads
     net = _Network.of(topology)
     if isinstance(instr, isa.CollectivePermute):
-        steps = _permute_steps(tuple((s, t) for s, t in instr.pairs if s != t),
-                               plan.message_bytes, placement)
+        steps = _permute_steps(_between_chips(
+            tuple((s, t) for s, t in instr.pairs if s != t), placement), plan.message_bytes)
     else:
-        grids, on_rings = _grids(net, instr.groups, placement, every=True)
+        kind = KINDS[type(instr)]
+        chip_groups, local, per_chip = _chip_groups(instr.groups, placement)
+        between = plan.message_bytes * per_chip * (local if kind == "all-to-all" else 1)
+        grids, on_rings = net.grids([list(g) for g in chip_groups], every=True)
         steps = next(steps for name, steps, _ in _algorithms(
-            KINDS[type(instr)], grids, plan.message_bytes, net, on_rings)
-            if name == plan.algorithm)
+            kind, grids, between, net, on_rings) if name == plan.algorithm)
     for pattern, times in steps:
         loads += times * net.loads(pattern)[0].reshape(loads.shape)
     return loads
 
 
-def _grids(net: _Network, groups: isa.Groups, placement: Placement,
-           every: bool = False) -> tuple:
-    """net.grids of the chips of each group of devices."""
-    return net.grids([[placement.chip_of(d) for d in g] for g in groups.device_groups],
-                     every)
-
-
-def _permute_steps(pairs: tuple[tuple[int, int], ...], message_bytes: int,
-                   placement: Placement) -> Steps:
-    """A permutation's one step: device s sends its whole buffer to device t, every pair
-    (s, t) at once."""
-    src, dst = (np.array(c, dtype=np.int64) for c in zip(*pairs))
-    chips = np.asarray(placement.device_to_chip, dtype=np.int64)
-    return [(_Pattern(chips[src], chips[dst], np.full(len(src), float(message_bytes))), 1)]
+def _permute_steps(chip_pairs: tuple[tuple[int, int], ...], message_bytes: int) -> Steps:
+    """A permutation's one step: chip a sends a whole buffer to chip b, every pair (a, b)
+    at once."""
+    src, dst = (np.array(c, dtype=np.int64) for c in zip(*chip_pairs))
+    return [(_Pattern(src, dst, np.full(len(src), float(message_bytes))), 1)]
 
 
 # --- algorithms -----------------------------------------------------------------------------

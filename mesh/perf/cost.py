@@ -628,11 +628,11 @@ def _collective(instr, ctx: CostContext) -> Cost:
                          "plan: plan the program first (lowering.plan.plan_program)")
     plan = instr.plan
     if ctx.runtime.is_ideal:
-        return Cost(bytes_accessed=plan.hbm_bytes, seconds=plan.seconds,
+        return Cost(bytes_accessed=plan.device_hbm_bytes, seconds=plan.seconds,
                     engine_seconds={isa.COLLECTIVE: plan.seconds})
     # the collective's own HBM traffic competes with compute for HBM (the DMA queue)
-    hbm = ctx.hbm_seconds(plan.hbm_bytes)
-    return Cost(bytes_accessed=plan.hbm_bytes, seconds=plan.expected_seconds,
+    hbm = ctx.hbm_seconds(plan.device_hbm_bytes)
+    return Cost(bytes_accessed=plan.device_hbm_bytes, seconds=plan.expected_seconds,
                 engine_seconds=_engines(isa.COLLECTIVE, plan.expected_seconds, hbm))
 
 

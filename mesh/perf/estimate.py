@@ -96,7 +96,9 @@ class ProgramEstimate:
 
     @property
     def chip(self):
-        return self.topology.chip
+        """The spec of one device: the chip, or its share a logical NeuronCore has
+        (Topology.device): the compute rates and HBM every per-device cost reads."""
+        return self.topology.device
 
     @cached_property
     def ideal(self) -> ProgramEstimate:
@@ -115,9 +117,9 @@ class ProgramEstimate:
     def memory(self) -> MemoryAnalysis:
         """HBM use of every chip over this schedule (mesh.memory)."""
         times = [(slot.start, slot.end) for slot in self.schedule.slots]
-        chips = self.placement.device_to_chip if self.placement is not None else None
-        return MemoryAnalysis(self.program, self.chip, chips, self.topology.num_chips, times,
-                              self.input_names)
+        devices = self.placement.device_ids if self.placement is not None else None
+        return MemoryAnalysis(self.program, self.chip, devices, self.topology.num_devices,
+                              times, self.input_names)
 
     @property
     def step_seconds(self) -> float:
@@ -158,6 +160,7 @@ class ProgramEstimate:
         result["trn2"] = {
             "topology": self.topology.name,
             "chips": self.topology.num_chips,
+            "devices": self.topology.num_devices,
             "model": self.model,
             "step_seconds": self.step_seconds,
             "ideal_step_seconds": ideal.step_seconds,
@@ -223,7 +226,7 @@ class ProgramEstimate:
         peak = self.chip.peak_flops_for("bfloat16") / 1e12
         lines = [
             f"estimated step time per chip on {self.topology.name} "
-            f"({self.program.mesh.num_devices} of its {self.topology.num_chips} chips): "
+            f"({self.program.mesh.num_devices} of its {_devices_text(self.topology)}): "
             f"expected {seconds_text(step)} (with the Neuron runtime's measured costs), "
             f"ideal {seconds_text(ideal.step_seconds)} (the hardware's limits)",
             f"MFU {self.mfu:.1%} expected / {ideal.mfu:.1%} ideal of the chips' peak "
@@ -378,9 +381,17 @@ def _largest_shares(title: str, shares: dict[str, float], step: float,
             + more]
 
 
+def _devices_text(topology: Topology) -> str:
+    """'64 chips', or '64 devices (LNC=2 logical cores, 4 per chip)'."""
+    if topology.lnc is None:
+        return f"{topology.num_chips} chips"
+    return (f"{topology.num_devices} devices ({topology.device_kind}s, "
+            f"{topology.devices_per_chip} per chip)")
+
+
 def target_text(topology: Topology, placement: Placement | None) -> str:
-    """Which machine and chip spec the estimate is for."""
-    chip = topology.chip
+    """Which machine and device spec the estimate is for."""
+    chip = topology.device
     links = ", ".join(f"{n}: {bandwidth_text(b)} {seconds_text(t)}/hop"
                       for n, b, t in zip(topology.axis_names, topology.link_bandwidth,
                                          topology.link_latency))
@@ -389,13 +400,17 @@ def target_text(topology: Topology, placement: Placement | None) -> str:
         axes = ", ".join(f"{n}={s} on {placement.axis_text(i, topology.axis_names)}"
                          for i, (n, s) in enumerate(zip(placement.axis_names,
                                                         placement.axis_sizes)))
-        placed = (f"\nmesh: {axes}; chips {chips_text(placement.device_to_chip)} "
-                  f"({len(placement.device_to_chip)} of {topology.num_chips})")
+        chips = placement.chips
+        placed = (f"\nmesh: {axes}; chips {chips_text(chips)} "
+                  f"({len(chips)} of {topology.num_chips})")
+        if topology.lnc is not None:
+            placed += f", devices {chips_text(placement.device_ids)} of {_devices_text(topology)}"
     if topology.has_faults:
         placed += f"\nfaults: {topology.faults_text()}"
     return (f"target: {topology.name} torus {'x'.join(map(str, topology.shape))} (links per "
             f"direction {links}){placed}\n"
-            f"chip: {chip.name}, {chip.neuron_cores} NeuronCores, PE {chip.pe_rows}x"
+            f"{'chip' if topology.lnc is None else 'device'}: {chip.name}, "
+            f"{chip.neuron_cores} NeuronCores, PE {chip.pe_rows}x"
             f"{chip.pe_cols} at {chip.tensor_clock_hz / 1e9:g} GHz, Vector/Scalar/GpSimd "
             f"{chip.vector_clock_hz / 1e9:g}/{chip.scalar_clock_hz / 1e9:g}/"
             f"{chip.gpsimd_clock_hz / 1e9:g} GHz, HBM {bandwidth_text(chip.hbm_bandwidth)}, "

@@ -67,22 +67,25 @@ def write_trace(path: str | os.PathLike, trace: dict) -> None:
 
 
 def _chips(topology: Topology, placement: Placement | None, chips) -> list[int]:
-    running = sorted(placement.device_to_chip) if placement is not None else [0]
+    """The machine devices (chips on a whole-chip machine) the trace shows."""
+    running = sorted(placement.device_ids) if placement is not None else [0]
     if chips is None:
         return running
     chosen = [int(c) for c in chips]
     missing = [c for c in chosen if c not in running]
     if missing:
-        raise ValueError(f"chips {missing} are not chips the program runs on "
-                         f"({len(running)} chips: 0..{max(running)} on {topology.name})")
+        what = "chips" if topology.lnc is None else "devices"
+        raise ValueError(f"{what} {missing} are not {what} the program runs on "
+                         f"({len(running)} {what}: 0..{max(running)} on {topology.name})")
     return chosen
 
 
 def _process_metadata(chip: int, topology: Topology, placement: Placement | None) -> list[dict]:
-    name = f"chip {chip} {topology.coords(chip)}"
+    name = f"chip {chip} {topology.coords(chip)}" if topology.lnc is None else \
+        f"device {chip} {topology.device_coords(chip)} on chip {topology.chip_of_device(chip)}"
     if placement is not None:
         device = placement.device_of(chip)
-        name += f" device {device}"
+        name += f" device {device}" if topology.lnc is None else f", mesh device {device}"
     meta = [{"ph": "M", "pid": chip, "tid": 0, "name": "process_name", "args": {"name": name}},
             {"ph": "M", "pid": chip, "tid": 0, "name": "process_sort_index",
              "args": {"sort_index": chip}}]

@@ -43,9 +43,9 @@ def trn2_mesh(shape: tuple[int, ...], names: tuple[str, ...], topology: str = "t
     jax_trn2.make_mesh places it."""
     topo = get_topology(topology)
     placement = place_mesh(topo, tuple(shape), tuple(names), None)
-    order, devices = device_order(topo), jax.devices("trn2")  # device i: chip order[i]
+    order, devices = device_order(topo), jax.devices("trn2")  # device i: order[i]
     return jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape),
-                         devices=[devices[order.index(c)] for c in placement.device_to_chip])
+                         devices=[devices[order.index(d)] for d in placement.device_ids])
 
 
 def run_both(body, shape, names, in_specs, out_specs, *args, topology="trn2-ultra",

@@ -34,6 +34,13 @@ MESHES = [
     ((16, 4), ("data", "model"), "trn2-ultra"),
     ((4,), ("i",), "trn2"),
     ((3, 2), ("a", "b"), "trn2"),
+    # the machines as rented, a device per logical NeuronCore: a program written for a
+    # trn2.48xlarge's 64 devices (TP4 on each chip, FSDP over the chips; TP64), and for
+    # one chip's 4 (TP4 on a trn2.3xlarge); the same 64-device program on the whole-chip
+    # view is ((16, 4), ...) and ((64,), ...) on trn2-ultra above
+    ((16, 4), ("fsdp", "tp"), "trn2.48xlarge"),
+    ((64,), ("tp",), "trn2.48xlarge"),
+    ((4,), ("tp",), "trn2.3xlarge"),
 ]
 
 

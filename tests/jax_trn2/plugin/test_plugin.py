@@ -47,7 +47,7 @@ def test_default_assignment_runs_processes_on_the_first_chips():
     """An SPMD module's processes run on chips 0..n-1 (torus (0, 0, z) first), as
     jax_trn2.jit runs them (place_first), whatever the devices' ids."""
     client = Client(ClientOptions(get_topology("trn2-ultra")), Handles(), memory_vtable=0)
-    assert [client.device(i).chip for i in client.default_assignment(4)] == [0, 1, 2, 3]
+    assert [client.device(i).machine_device for i in client.default_assignment(4)] == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="65 processes need 65 devices; the trn2 client has 64"):
         client.default_assignment(65)
 
