@@ -260,7 +260,7 @@ def test_fewer_processes_than_chips_run_on_the_first_chips(client):
 def test_more_processes_than_chips_is_an_error(client):
     text = module(f"    return %x : {F4}", F4, replicas=2, partitions=16)
     with pytest.raises(ValueError, match=r"2 replicas x 16 partitions = 32 processes.*only 16 "
-                                         r"chips"):
+                                         r"devices"):
         client.compile(text)
 
 
