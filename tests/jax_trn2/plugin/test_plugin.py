@@ -337,3 +337,21 @@ def test_a_result_made_one_array_per_chip_reads_back_and_feeds_the_next_program(
                                   np.asarray(want).view(np.uint32))
     np.testing.assert_array_equal(np.asarray(jax.jit(lambda v: v.T * 2)(got)),
                                   np.asarray(want).T * 2)
+
+
+def test_a_program_xla_cpu_aborts_on_after_partitioning_runs():
+    """XLA:CPU aborts on this program in a pass after SPMD partitioning (AllReducePromotion:
+    "Invalid binary instruction opcode copy", tests/lowering/test_xla_log.py runs it there);
+    the simulator needs XLA only up to the partitioned program: it runs, and its gradient is
+    the hand-worked one (d/dw of sum(pmean(2 w)) over replicated w is 2 everywhere)."""
+    mesh = jax.make_mesh((2, 4), ("a", "b"), devices=jax.devices("trn2")[:8],
+                         axis_types=(AxisType.Auto,) * 2)
+
+    def loss(w):
+        mean = jax.shard_map(lambda w: jax.lax.pmean(w * 2, "b"), mesh=mesh, in_specs=P(),
+                             out_specs=P(), axis_names={"b"})(w)
+        return mean.astype(jnp.float32).sum()
+
+    w = jax.device_put(jnp.ones((16, 16), jnp.bfloat16), NamedSharding(mesh, P("a")))
+    grad = jax.jit(jax.grad(loss))(w)
+    np.testing.assert_array_equal(np.asarray(grad, np.float32), np.full((16, 16), 2.0))
