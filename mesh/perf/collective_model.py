@@ -44,8 +44,21 @@ The expected time is what the Neuron runtime takes (mesh.machine.runtime.Runtime
     longest. HBM traffic: every byte sent is read, every byte received written, and a
     reduction reads the local part and writes the sum for each byte it combines. That
     traffic also occupies HBM against compute (the schedule puts it on the DMA queue).
-Not modelled: the collective cores' arithmetic itself, and congestion from other
-collectives running at the same time.
+
+Across servers (the UltraServers of an UltraCluster, Topology.efa_axes) EFA is a switched
+fabric: a transfer between servers is one hop at the EFA latency from the sender's NIC port
+to the receiver's, each port at the chip's share of its instance's EFA (the sustained share
+in the expected time), so everything a chip sends to other servers in a step shares its
+port. Groups that span servers with several chips in each run hierarchically, as the
+runtime does by default (_plan_between_chips): the in-server stages over NeuronLink
+(LocalStages "in server", planned as above) around the stage over EFA among the chips of
+the same in-server index, whose algorithm is the cheapest of ring, RDH and mesh (the
+runtime's inter-node choice by group and message size).
+
+Not modelled: the collective cores' arithmetic itself, congestion from other collectives
+running at the same time, incast or a per-peer cost of the mesh algorithm over EFA, the
+overlap of a hierarchical collective's stages, and faults of EFA (a failed chip takes its
+NIC; links between servers cannot fail).
 """
 
 from __future__ import annotations
