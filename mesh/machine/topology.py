@@ -23,16 +23,21 @@ DEFAULT_HOP_LATENCY_S = 1.5e-6
 # Bytes/s per direction per neighbour link (seed 001).
 IN_SERVER_LINK_BANDWIDTH = 128e9  # x, y: inside a 16-chip server
 ACROSS_SERVER_LINK_BANDWIDTH = 64e9  # z: the ring across the 4 servers of an UltraServer
-# EFA between UltraServers (trn2_facts: EFAv3, 200 Gbit/s per chip = 25 GB/s each way,
-# 12.8 Tb/s per UltraServer; a minimal packet takes 15 us from the HBM of one server to the
-# HBM of another, measured with ib_write_lat: Neuron runtime collectives page, which also
-# gives ~15 us per inter-node hop). The cluster axis is modelled as a ring
-# of UltraServers in which each chip talks to the chip at its own position in the previous
-# and next UltraServer, its 25 GB/s shared between the two: 12.5 GB/s per direction per
-# neighbour. (EFA is a switched network; for the ring and hierarchical algorithms used
-# across servers the ring carries the same bytes per NIC, for all-to-all it is pessimistic.)
-EFA_BYTES_PER_CHIP = 200e9 / 8
-EFA_LINK_BANDWIDTH = EFA_BYTES_PER_CHIP / 2
+# EFA between UltraServers: a switched fabric (trn2_facts, "How Trn2 is rented and
+# programmed": no hop distance between instances; Neuron runtime "Inter-node collectives"
+# page). Each trn2.48xlarge / trn2u.48xlarge has 3,200 Gbit/s of EFAv3 for its 16 chips
+# (Neuron "Amazon EC2 Trn2 Architecture" page; 12.8 Tb/s per UltraServer of 4, seed 002):
+# 200 Gbit/s = 25 GB/s per chip each way (seed 001 gives the same per chip). A chip's share
+# is its NIC port: everything it sends to other servers leaves through it and everything
+# it receives from them arrives through it, whichever server is at the other end. A
+# minimal packet takes 15 us from the HBM of one server to the HBM of another (ib_write_lat;
+# the same page gives ~15 us per inter-node hop): the latency of every transfer over EFA,
+# one hop through the switch. The axis of an UltraCluster's Topology whose index is in
+# Topology.efa_axes numbers the servers; its link_bandwidth is this per-chip NIC share and
+# its link_latency this hop (mesh.perf.collective_model routes over it as a switch).
+EFA_BYTES_PER_INSTANCE = 3200e9 / 8
+CHIPS_PER_INSTANCE = 16
+EFA_BYTES_PER_CHIP = EFA_BYTES_PER_INSTANCE / CHIPS_PER_INSTANCE
 EFA_LATENCY_S = 15e-6
 ULTRACLUSTER_PREFIX = "trn2-ultracluster-"
 
@@ -76,7 +81,11 @@ class Topology:
     # The measured costs of the runtime and engines: the expected estimate's constants
     # (the ideal estimate leaves them out).
     runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
-    # Axes whose links are EFA between UltraServers (the others are NeuronLink).
+    # Axes that number servers joined by EFA, a switched fabric (the others are NeuronLink
+    # torus rings): any chip reaches a chip of any other server in one hop of the axis'
+    # latency, through its own NIC and the other chip's, each of the axis' link bandwidth
+    # per direction (mesh.perf.collective_model routes so; neighbours, ring and route keep
+    # the axis' coordinates as a ring).
     efa_axes: frozenset[int] = frozenset()
     # What a device is (mesh.machine: one place says it). None: the whole chip, one device
     # per chip (the chip-per-device presets). An int: Neuron's logical-core setting LNC,
@@ -535,16 +544,16 @@ def get_topology(name: str = "trn2-ultra", **overrides: object) -> Topology:
 
 
 def ultracluster(servers: int) -> Topology:
-    """`servers` Trn2 UltraServers (the 4x4x4 torus of trn2-ultra each) joined by EFA
-    along a leading axis 's': chip (x, y, z) of UltraServer s links to chip (x, y, z) of
-    UltraServers s-1 and s+1. Chips are numbered row-major over (s, x, y, z), so
-    UltraServer s holds chips 64 s .. 64 s + 63."""
+    """`servers` Trn2 UltraServers (the 4x4x4 torus of trn2-ultra each) joined by EFA,
+    numbered along a leading axis 's': a switched fabric, each chip's NIC reaching any chip
+    of another UltraServer in one hop (Topology.efa_axes). Chips are numbered row-major over
+    (s, x, y, z), so UltraServer s holds chips 64 s .. 64 s + 63."""
     ultra = _PRESETS["trn2-ultra"]
     return Topology(
         name=f"{ULTRACLUSTER_PREFIX}{servers}",
         shape=(servers, *ultra.shape),
         axis_names=("s", *ultra.axis_names),
-        link_bandwidth=(EFA_LINK_BANDWIDTH, *ultra.link_bandwidth),
+        link_bandwidth=(EFA_BYTES_PER_CHIP, *ultra.link_bandwidth),
         link_latency=(EFA_LATENCY_S, *ultra.link_latency),
         efa_axes=frozenset({0}),
     )

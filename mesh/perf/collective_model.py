@@ -44,8 +44,21 @@ The expected time is what the Neuron runtime takes (mesh.machine.runtime.Runtime
     longest. HBM traffic: every byte sent is read, every byte received written, and a
     reduction reads the local part and writes the sum for each byte it combines. That
     traffic also occupies HBM against compute (the schedule puts it on the DMA queue).
-Not modelled: the collective cores' arithmetic itself, and congestion from other
-collectives running at the same time.
+
+Across servers (the UltraServers of an UltraCluster, Topology.efa_axes) EFA is a switched
+fabric: a transfer between servers is one hop at the EFA latency from the sender's NIC port
+to the receiver's, each port at the chip's share of its instance's EFA (the sustained share
+in the expected time), so everything a chip sends to other servers in a step shares its
+port. Groups that span servers with several chips in each run hierarchically, as the
+runtime does by default (_plan_between_chips): the in-server stages over NeuronLink
+(LocalStages "in server", planned as above) around the stage over EFA among the chips of
+the same in-server index, whose algorithm is the cheapest of ring, RDH and mesh (the
+runtime's inter-node choice by group and message size).
+
+Not modelled: the collective cores' arithmetic itself, congestion from other collectives
+running at the same time, incast or a per-peer cost of the mesh algorithm over EFA, the
+overlap of a hierarchical collective's stages, and faults of EFA (a failed chip takes its
+NIC; links between servers cannot fail).
 """
 
 from __future__ import annotations
@@ -115,25 +128,36 @@ class CollectivePlan(isa.Plan):
     hbm_bytes: float = 0.0
     detours: int = 0  # transfers of the chosen algorithm routed around faults
     healthy_seconds: float | None = None  # the same collective without the topology's faults
-    # The stages among the ranks of one chip (a machine of logical NeuronCores, whose
-    # groups hold several ranks per chip: see OnChip), run before and after the stage
-    # between chips the fields above describe.
-    on_chip: OnChip | None = None
+    # The fields above describe the stage between servers over EFA, a switched fabric
+    # (no hop distance between servers, each chip's NIC its bandwidth), when the groups
+    # span several servers; then `stage_bytes` is the buffer per chip of that stage.
+    over_efa: bool = False
+    stage_bytes: float | None = None
+    # The stages around the one the fields above describe (see LocalStages): among the
+    # chips of each server over NeuronLink (a hierarchical collective across servers), and
+    # among the ranks of one chip (a machine of logical NeuronCores, whose groups hold
+    # several ranks per chip).
+    in_server: LocalStages | None = None
+    on_chip: LocalStages | None = None
+
+    @property
+    def local_stages(self) -> tuple[LocalStages, ...]:
+        """The stages around the one between chips (or servers), outermost first."""
+        return tuple(s for s in (self.in_server, self.on_chip) if s is not None)
 
     @property
     def seconds(self) -> float:
         """The ideal time."""
-        on_chip = self.on_chip.seconds if self.on_chip is not None else 0.0
-        return self.latency_seconds + self.bandwidth_seconds + on_chip
+        return self.latency_seconds + self.bandwidth_seconds + \
+            sum(s.seconds for s in self.local_stages)
 
     @property
     def expected_seconds(self) -> float:
-        on_chip = self.on_chip.expected_seconds if self.on_chip is not None else 0.0
         return self.fixed_seconds + self.expected_latency_seconds + self.transfer_seconds + \
-            on_chip
+            sum(s.expected_seconds for s in self.local_stages)
 
     def describe(self) -> str:
-        on_chip = "" if self.on_chip is None else "\n" + self.on_chip.describe()
+        on_chip = "".join("\n" + s.describe() for s in self.local_stages)
         if self.algorithm == ON_CHIP:  # every rank of each group on one chip
             return (f"{self.kind} of {bytes_text(self.message_bytes)} among the ranks of "
                     f"each chip: ideal {seconds_text(self.seconds)}, expected "
@@ -145,13 +169,12 @@ class CollectivePlan(isa.Plan):
     def device_hbm_bytes(self) -> float:
         """The HBM bytes the collective reads and writes per device (rank): a chip's
         between chips and on it, shared by its ranks in the collective."""
-        if self.on_chip is None:
-            return self.hbm_bytes
-        ranks = self.on_chip.local_ranks * self.on_chip.groups
-        return (self.hbm_bytes + self.on_chip.hbm_bytes) / ranks
+        ranks = 1 if self.on_chip is None else self.on_chip.local_ranks * self.on_chip.groups
+        return (self.hbm_bytes + sum(s.hbm_bytes for s in self.local_stages)) / ranks
 
     def _torus_text(self) -> str:
-        """The stage between chips (the whole collective on a whole-chip machine)."""
+        """The stage between chips or servers (the whole collective on a whole-chip
+        machine, unless it spans servers)."""
         ideal = self.latency_seconds + self.bandwidth_seconds
         expected = self.fixed_seconds + self.expected_latency_seconds + self.transfer_seconds
         axes = ",".join(self.logical_axes) if self.logical_axes is not None else \
@@ -173,59 +196,94 @@ class CollectivePlan(isa.Plan):
                     f"{seconds_text(self.transfer_seconds)} transfer (bound by "
                     f"{self.transfer_bound}); HBM {bytes_text(self.hbm_bytes)} per chip"
                     if self.expected_algorithm != "none" else "")
-        return (f"torus: {self.kind} of {bytes_text(self.message_bytes)} over logical {axes} "
-                f"-> torus {torus}{rings}{routed}\n"
+        if self.over_efa:
+            stage = "" if self.stage_bytes is None else \
+                f", {bytes_text(self.stage_bytes)} per chip between servers"
+            where = (f"EFA (switched: one hop between any two servers): {self.kind} of "
+                     f"{bytes_text(self.message_bytes)} over logical {axes} -> servers along "
+                     f"{torus}{rings}{stage}")
+        else:
+            where = (f"torus: {self.kind} of {bytes_text(self.message_bytes)} over logical "
+                     f"{axes} -> torus {torus}{rings}{routed}")
+        busiest = "NIC" if self.over_efa else "link"
+        return (f"{where}\n"
                 f"ideal: {self.algorithm}, {self.steps} steps, "
-                f"busiest link {bytes_text(self.link_bytes)}/direction; "
+                f"busiest {busiest} {bytes_text(self.link_bytes)}/direction; "
                 f"{seconds_text(ideal)} = {seconds_text(self.latency_seconds)} latency + "
                 f"{seconds_text(self.bandwidth_seconds)} transfer{runner_up}{expected}")
 
 
 ON_CHIP = "on-chip"  # the algorithm of a collective whose groups each lie on one chip
 
+# The stages the Neuron runtime runs among the local members of a group (the ranks of a
+# chip, the chips of a server) around the stage between them: a reduction before, a
+# broadcast after, an exchange for all-to-all and permutes.
+LOCAL_STAGES = {"all-reduce": ("reduce-scatter", "all-gather"),
+                "reduce-scatter": ("reduce-scatter",), "all-gather": ("all-gather",)}
+
 
 @dataclass(frozen=True)
-class OnChip:
-    """The stages of a collective among the ranks (logical NeuronCores) of each chip, as
-    the Neuron runtime runs them (its intra-node collectives page): a reduction
+class LocalStages:
+    """The stages of a collective among the local members of each group, run around the
+    stage between them (the plan's own fields): among the ranks (logical NeuronCores) of
+    each chip (`where` "on chip"), or among the chips of each server over NeuronLink
+    around the stage between servers over EFA ("in server"; the runtime's hierarchical
+    collectives, the default since Neuron collectives 2.12).
+
+    On chip, as the Neuron runtime runs it (its intra-node collectives page): a reduction
     (reduce-scatter among a chip's local ranks) before the stage between chips, a
     broadcast (all-gather among them) after it, an exchange for all-to-all and permutes.
     Each stage is one step of DMA through the chip's HBM, which the chip's cores share:
-    every byte read and written there, and moved by the chip's collective DMA rings.
-
-    Per chip, `groups` groups (one per in-chip index the collective's groups take) of
-    `local_ranks` ranks each; `hbm_bytes` and `dma_bytes` are the chip's over all stages.
-    The ideal time is the HBM traffic at the chip's HBM bandwidth; the expected adds each
+    every byte read and written there, and moved by the chip's collective DMA rings. The
+    ideal time is the HBM traffic at the chip's HBM bandwidth; the expected adds each
     stage's fixed cost and DMA start (RuntimeSpec.on_chip_stage_seconds,
     dma_fixed_seconds) and takes the longer of HBM at its sustained rate and the
     collective DMA rings' rate.
+
+    In a server: `plans` are the stages as the torus model plans them among the chips of
+    each server (the runtime's intra-node algorithm by message size); their latency and
+    transfer add up, their fixed costs do not (the collective pays its launch once, with
+    the stage between servers).
+
+    Per chip or server, `groups` groups (one per in-chip or in-server index the
+    collective's groups take) of `local_ranks` members each; `hbm_bytes` is per chip over
+    all stages.
     """
 
+    where: str  # "on chip" or "in server"
     stages: tuple[str, ...]
     local_ranks: int
     groups: int
     hbm_bytes: float
-    dma_bytes: float
     seconds: float  # ideal
     fixed_seconds: float
     transfer_seconds: float
     transfer_bound: str
+    latency_seconds: float = 0.0
+    plans: tuple[CollectivePlan, ...] = ()  # in a server: each stage's plan
 
     @property
     def expected_seconds(self) -> float:
-        return self.fixed_seconds + self.transfer_seconds
+        return self.fixed_seconds + self.latency_seconds + self.transfer_seconds
 
     def describe(self) -> str:
-        return (f"on chip: {' + '.join(self.stages)} among {self.local_ranks} local ranks "
-                f"(x{self.groups} groups per chip), HBM {bytes_text(self.hbm_bytes)} per chip; "
-                f"ideal {seconds_text(self.seconds)}, expected "
-                f"{seconds_text(self.expected_seconds)} = {seconds_text(self.fixed_seconds)} "
-                f"fixed + {seconds_text(self.transfer_seconds)} transfer (bound by "
+        member, unit = ("ranks", "chip") if self.where == "on chip" else ("chips", "server")
+        runtime = "" if not self.plans else \
+            " over NeuronLink, " + ", ".join(f"{p.kind} {p.expected_algorithm}"
+                                             for p in self.plans)
+        latency = "" if not self.latency_seconds else \
+            f" + {seconds_text(self.latency_seconds)} latency"
+        return (f"{self.where}: {' + '.join(self.stages)} among {self.local_ranks} local "
+                f"{member} (x{self.groups} groups per {unit}){runtime}, HBM "
+                f"{bytes_text(self.hbm_bytes)} per chip; ideal {seconds_text(self.seconds)}, "
+                f"expected {seconds_text(self.expected_seconds)} = "
+                f"{seconds_text(self.fixed_seconds)} fixed{latency} + "
+                f"{seconds_text(self.transfer_seconds)} transfer (bound by "
                 f"{self.transfer_bound})")
 
 
 def on_chip_stages(kind: str, local_ranks: int, groups: int, message_bytes: float,
-                   group_size: int, topology: Topology) -> OnChip:
+                   group_size: int, topology: Topology) -> LocalStages:
     """The on-chip stages of a `kind` collective of `message_bytes` per rank over groups of
     `group_size` ranks, `local_ranks` of each on every chip it spans, `groups` such
     groups per chip. Per group and chip (r local ranks, M bytes per rank):
@@ -236,9 +294,7 @@ def on_chip_stages(kind: str, local_ranks: int, groups: int, message_bytes: floa
       exchange (all-to-all, permute)  each rank copies its blocks of M/P for its r-1
                                       local peers: HBM 2 r (r-1) M/P; DMA r (r-1) M/P."""
     r, m = local_ranks, float(message_bytes)
-    stages = {"all-reduce": ("reduce-scatter", "all-gather"),
-              "reduce-scatter": ("reduce-scatter",), "all-gather": ("all-gather",)}.get(
-                  kind, ("exchange",))
+    stages = LOCAL_STAGES.get(kind, ("exchange",))
     traffic = {"reduce-scatter": ((r + 1) * m, (r - 1) * m),
                "all-gather": (r * m, (r - 1) * m),
                "exchange": (2 * r * (r - 1) * m / group_size, r * (r - 1) * m / group_size)}
@@ -249,9 +305,24 @@ def on_chip_stages(kind: str, local_ranks: int, groups: int, message_bytes: floa
              "collective DMA": dma / runtime.collective_dma_bytes_per_second}
     bound = max(times, key=times.get)
     fixed = len(stages) * (runtime.on_chip_stage_seconds + runtime.dma_fixed_seconds)
-    return OnChip(stages=stages, local_ranks=r, groups=groups, hbm_bytes=hbm, dma_bytes=dma,
-                  seconds=hbm / chip.hbm_bandwidth, fixed_seconds=fixed,
-                  transfer_seconds=times[bound], transfer_bound=bound)
+    return LocalStages(where="on chip", stages=stages, local_ranks=r, groups=groups,
+                       hbm_bytes=hbm, seconds=hbm / chip.hbm_bandwidth, fixed_seconds=fixed,
+                       transfer_seconds=times[bound], transfer_bound=bound)
+
+
+def in_server_stages(plans: tuple[CollectivePlan, ...], local_chips: int,
+                     groups: int) -> LocalStages:
+    """The stages among the chips of each server (`plans`, planned on the NeuronLink torus)
+    of a hierarchical collective: `local_chips` chips of each group in every server it
+    spans, `groups` such groups per server."""
+    bounds = dict.fromkeys(p.transfer_bound for p in plans)
+    return LocalStages(where="in server", stages=tuple(p.kind for p in plans),
+                       local_ranks=local_chips, groups=groups,
+                       hbm_bytes=sum(p.hbm_bytes for p in plans),
+                       seconds=sum(p.seconds for p in plans), fixed_seconds=0.0,
+                       latency_seconds=sum(p.expected_latency_seconds for p in plans),
+                       transfer_seconds=sum(p.transfer_seconds for p in plans),
+                       transfer_bound=", ".join(bounds), plans=plans)
 
 
 def plan_collective(instr: isa.Instruction, message_bytes: int, topology: Topology,
@@ -282,7 +353,7 @@ def _plan_grouped(kind: str, groups: isa.Groups, message_bytes: int, topology: T
     # chip's whole buffer: `per_chip` groups' of it where several groups share the chips
     # (a mesh's other axes on the cores), and for an all-to-all every local rank's blocks.
     between = message_bytes * per_chip * (local if kind == "all-to-all" else 1)
-    plan = _plan_chips(kind, chip_groups, between, topology, logical) \
+    plan = _plan_between_chips(kind, chip_groups, between, topology, logical) \
         if len(chip_groups[0]) > 1 else _on_chip_only(kind, message_bytes, size, logical,
                                                        topology)
     if local == 1:
@@ -303,6 +374,58 @@ def _chip_groups(groups: isa.Groups, placement: Placement
     local = max(max(c.count(x) for x in set(c)) for c in chips)
     distinct = tuple(dict.fromkeys(tuple(dict.fromkeys(c)) for c in chips))
     return distinct, local, -(-len(chips) // len(distinct))
+
+
+def _plan_between_chips(kind: str, chip_groups: tuple[tuple[int, ...], ...],
+                        message_bytes: float, topology: Topology,
+                        logical: tuple[str, ...] | None) -> CollectivePlan:
+    """The stage between chips. Groups that span servers and hold several chips in each
+    run hierarchically, as the Neuron runtime does by default since Neuron collectives
+    2.12 (trn2_facts.md, the inter-node collectives bullet): an all-reduce or
+    reduce-scatter is first reduce-scattered among the chips of each server (NeuronLink),
+    the 1/L piece each chip then holds (L chips of the group per server) is all-reduced or
+    reduce-scattered over EFA among the chips of the same in-server index, and an
+    all-reduce is all-gathered inside each server again; an all-gather runs the same
+    backwards. Any other collective over servers runs as one stage over the switched
+    fabric."""
+    split = _server_split(chip_groups, topology) if kind in LOCAL_STAGES else None
+    if split is None:
+        return _plan_chips(kind, chip_groups, message_bytes, topology, logical)
+    inside, across, local, groups = split
+    stage_bytes = message_bytes / local
+    between = _plan_chips(kind, across, stage_bytes, topology, logical)
+    stages = tuple(_plan_chips(stage, inside, message_bytes, topology, logical)
+                   for stage in LOCAL_STAGES[kind])
+    return dataclasses.replace(between, message_bytes=message_bytes,
+                               group_size=len(chip_groups[0]), stage_bytes=stage_bytes,
+                               in_server=in_server_stages(stages, local, groups))
+
+
+def _server_split(chip_groups: tuple[tuple[int, ...], ...], topology: Topology
+                  ) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...],
+                             int, int] | None:
+    """How groups of chips that span servers split for a hierarchical collective: (the
+    groups' chips in each server, the groups of chips of the same in-server index across
+    the servers, chips of each group per server, such groups per server); None when the
+    groups span no servers (or hold one chip per server, their stage over EFA alone) or
+    hold different numbers of chips in different servers (one stage over the fabric).
+    A chip's in-server index is its place among its group's chips in that server, in the
+    group's order."""
+    if not topology.efa_axes:
+        return None
+    efa = sorted(topology.efa_axes)
+    inside, across, servers = [], [], set()
+    for group in chip_groups:
+        parts: dict[tuple[int, ...], list[int]] = {}
+        for chip in group:
+            parts.setdefault(tuple(topology.coords(chip)[a] for a in efa), []).append(chip)
+        servers |= set(parts)
+        inside += [tuple(part) for part in parts.values()]
+        across += list(zip(*parts.values()))
+    sizes = {len(part) for part in inside}
+    if len(inside) == len(chip_groups) or sizes == {1} or len(sizes) > 1:
+        return None
+    return tuple(inside), tuple(across), sizes.pop(), len(inside) // len(servers)
 
 
 def _on_chip_only(kind, message_bytes, size, logical, topology: Topology) -> CollectivePlan:
@@ -327,7 +450,7 @@ def _plan_chips(kind: str, chip_groups: tuple[tuple[int, ...], ...], message_byt
                                                   on_rings):
         candidates[name], rings[name] = net.evaluate(steps), ring_lengths
     best = min(candidates, key=lambda name: candidates[name].seconds)
-    plan = _plan(kind, message_bytes, size, logical, net.torus_axes(grids[0].ravel()),
+    plan = _plan(kind, message_bytes, size, logical, net, grids[0].ravel(),
                  candidates[best].max_hops > 1, best, rings[best], candidates)
     plan = _with_expected(plan, candidates, topology)
     if not topology.has_faults:
@@ -376,9 +499,9 @@ def _plan_permute_chips(chip_pairs: tuple[tuple[int, int], ...], message_bytes: 
     steps = _permute_steps(chip_pairs, message_bytes)
     result = net.evaluate(steps)
     moved = steps[0][0]
-    plan = _plan("collective-permute", message_bytes, 2, logical,
-                 net.torus_axes(np.concatenate([moved.src, moved.dst])),
-                 result.max_hops > 1, "direct", (), {"direct": result})
+    plan = _plan("collective-permute", message_bytes, 2, logical, net,
+                 np.concatenate([moved.src, moved.dst]), result.max_hops > 1, "direct", (),
+                 {"direct": result})
     plan = _with_expected(plan, {"direct": result}, topology)
     if not topology.has_faults:
         return plan
@@ -405,12 +528,25 @@ def link_bytes(instr: isa.Instruction, topology: Topology,
         kind = KINDS[type(instr)]
         chip_groups, local, per_chip = _chip_groups(instr.groups, placement)
         between = plan.message_bytes * per_chip * (local if kind == "all-to-all" else 1)
-        grids, on_rings = net.grids([list(g) for g in chip_groups], every=True)
-        steps = next(steps for name, steps, _ in _algorithms(
-            kind, grids, between, net, on_rings) if name == plan.algorithm)
+        split = _server_split(chip_groups, topology) if plan.in_server is not None else None
+        if split is None:
+            steps = _chosen_steps(kind, chip_groups, between, plan.algorithm, net)
+        else:  # hierarchical: the stages in each server and the stage between servers
+            inside, across, _, _ = split
+            steps = _chosen_steps(kind, across, plan.stage_bytes, plan.algorithm, net)
+            for stage in plan.in_server.plans:
+                steps += _chosen_steps(stage.kind, inside, between, stage.algorithm, net)
     for pattern, times in steps:
         loads += times * net.loads(pattern)[0].reshape(loads.shape)
     return loads
+
+
+def _chosen_steps(kind: str, chip_groups: tuple[tuple[int, ...], ...], message_bytes: float,
+                  algorithm: str, net: _Network) -> Steps:
+    """The steps of candidate `algorithm` for a `kind` collective among `chip_groups`."""
+    grids, on_rings = net.grids([list(g) for g in chip_groups], every=True)
+    return next(steps for name, steps, _ in _algorithms(
+        kind, grids, message_bytes, net, on_rings) if name == algorithm)
 
 
 def _permute_steps(chip_pairs: tuple[tuple[int, int], ...], message_bytes: int) -> Steps:
@@ -452,8 +588,7 @@ def _algorithms(kind: str, grids: list[np.ndarray], m: float, net: _Network, on_
         stages = (("line", line),) * (not on_rings) + (("ring", _ring_stage),)
         for (label, stage), order in itertools.product(stages, itertools.permutations(dims)):
             if len(dims) > 1:
-                label = _hierarchical_label(kind, order, names, net.efa_dims(grids[0])) or \
-                    f"{label}s " + ">".join(names[d] for d in order)
+                label = f"{label}s " + ">".join(names[d] for d in order)
             yield label, ring_stages(grids, order, m, stage), tuple(shape[d] for d in order)
         if len(dims) > 1:
             yield from _rotated(kind, ring_stages, grids, names, m, net)
@@ -461,26 +596,6 @@ def _algorithms(kind: str, grids: list[np.ndarray], m: float, net: _Network, on_
             yield RDH, _recursive_halving_doubling(kind, grids, m), ()
     if grids[0].size <= DIRECT_MAX_GROUP or ring_stages is None:
         yield from _direct(kind, grids, m)
-
-
-def _hierarchical_label(kind: str, order: tuple[int, ...], names: list[str],
-                        efa: set[int]) -> str | None:
-    """The name of a ring order that crosses EFA once, on the smallest piece: for
-    all-reduce, reduce-scatter inside the UltraServers, all-reduce over EFA, all-gather
-    inside (the order ends with the EFA axis, so its stages run on 1/(chips per server)
-    of the buffer); for reduce-scatter the EFA stage last, for all-gather first."""
-    if not efa or len(order) < 2 or set(order) <= efa:
-        return None
-    inside = [names[d] for d in order if d not in efa]
-    over = "*".join(names[d] for d in order if d in efa)
-    if kind == "all-reduce" and set(order[-len(efa):]) == efa:
-        return (f"hierarchical: reduce-scatter {'>'.join(inside)}, all-reduce over EFA "
-                f"{over}, all-gather {'>'.join(reversed(inside))}")
-    if kind == "reduce-scatter" and set(order[-len(efa):]) == efa:
-        return f"hierarchical: reduce-scatter {'>'.join(inside)}, then over EFA {over}"
-    if kind == "all-gather" and set(order[:len(efa)]) == efa:
-        return f"hierarchical: all-gather over EFA {over}, then {'>'.join(inside)}"
-    return None
 
 
 def _ring_stage(grids: list[np.ndarray], dim: int, block: float) -> Steps:
@@ -670,7 +785,12 @@ class _StepCost:
 
 
 class _Network:
-    """Routes between chips, the cost of steps of transfers, and group shapes on the torus."""
+    """Routes between chips, the cost of steps of transfers, and group shapes on the torus.
+
+    A chip has two "links" per torus axis, one per direction. On an axis of EFA between
+    servers (Topology.efa_axes), a switched fabric, they are the chip's NIC port instead:
+    direction +1 what it sends to other servers, -1 what it receives from them, each at
+    the axis' link bandwidth (the chip's share of its instance's EFA)."""
 
     def __init__(self, topology: Topology):
         self.topology = topology
@@ -685,6 +805,11 @@ class _Network:
                     self.link_bandwidth[link] = topology.link_bandwidth[axis] * \
                         topology.bandwidth_factor(a, b)
                     self.failed[link] = not topology.link_usable(a, b)
+        for axis in topology.efa_axes:  # a NIC port fails with its chip only
+            for chip in range(topology.num_chips):
+                for direction in (1, -1):
+                    self.failed[self.link_id(chip, axis, direction)] = \
+                        chip in topology.failed_chips
         # Bytes/s of each link as the runtime sustains it: EFA at its measured share.
         efa = np.tile(np.repeat([a in topology.efa_axes for a in range(topology.ndim)], 2),
                       topology.num_chips)
@@ -747,7 +872,15 @@ class _Network:
         torus are the same from every chip up to translation, so one route per coordinate
         offset serves every pair. Where the destination is half-way round a ring both ways
         are equally short and half the bytes go each way (ties going one way only would load
-        one direction of every ring twice as much as the other)."""
+        one direction of every ring twice as much as the other). A transfer to another
+        server goes over EFA, a switch: one hop from the source's NIC port to the
+        destination's, whatever the servers' or the chips' coordinates."""
+        if offset not in self._templates and self._efa_axis(offset) is not None:
+            axis = self._efa_axis(offset)
+            self._templates[offset] = (
+                self.coords[[0, offset]], np.array([axis, axis], dtype=np.int64),
+                np.array([1, 0], dtype=np.int64), np.ones(2),
+                self.topology.link_latency[axis], 1)
         if offset not in self._templates:
             # the healthy route: transfers whose translated route meets a fault are
             # detoured one by one in loads()
@@ -761,6 +894,11 @@ class _Network:
                 np.full(len(links), 1.0 / len(ways)),
                 sum(l.latency for l in way), len(way))
         return self._templates[offset]
+
+    def _efa_axis(self, offset: int) -> int | None:
+        """The first EFA axis along which chip `offset` differs from chip 0, if any."""
+        return next((a for a in sorted(self.topology.efa_axes) if self.coords[offset, a]),
+                    None)
 
     def loads(self, pattern: _Pattern) -> tuple[np.ndarray, float, int, int]:
         """(bytes on every link, longest route latency, most hops, transfers detoured
@@ -853,11 +991,6 @@ class _Network:
         """Physical axes spanned along grid dim `dim` (joined with '*' when several)."""
         return "*".join(self.torus_axes(_lines(grid, dim)[0])) or "-"
 
-    def efa_dims(self, grid: np.ndarray) -> set[int]:
-        """Grid dims whose lines cross EFA links between UltraServers."""
-        return {d for d in range(grid.ndim)
-                if set(self.spanned_axes(_lines(grid, d)[0])) & self.topology.efa_axes}
-
     def axis_bandwidth(self, grid: np.ndarray, dim: int) -> float:
         """Link bandwidth of the slowest physical axis spanned along grid dim `dim`."""
         spanned = self.spanned_axes(_lines(grid, dim)[0])
@@ -896,14 +1029,18 @@ def _family(name: str) -> str:
 def _with_expected(plan: CollectivePlan, candidates: dict[str, _StepCost],
                    topology: Topology) -> CollectivePlan:
     """`plan` with the expected time: the fastest candidate (by expected time) of the family
-    the runtime uses at this message size, or the next family that has candidates."""
+    the runtime uses at this message size among the chips of a server (its intra-node page),
+    or the next family that has candidates. Between servers the runtime's inter-node
+    algorithms (ring, mesh, RDH over EFA) are chosen by group and message size (its
+    inter-node page): the fastest of every candidate."""
     runtime = topology.runtime
     m = plan.message_bytes
     wanted = ("mesh", "rdh", "ring") if m < runtime.mesh_max_bytes else \
         ("rdh", "ring", "mesh") if m < runtime.rdh_max_bytes else ("ring", "rdh", "mesh")
     family = next(f for f in wanted if any(_family(n) == f for n in candidates))
     timed = {name: _expected(plan.kind, name, cost, topology)
-             for name, cost in candidates.items() if _family(name) == family}
+             for name, cost in candidates.items()
+             if plan.over_efa or _family(name) == family}
     name = min(timed, key=lambda n: sum(timed[n][:3]))
     fixed, latency, transfer, bound, hbm = timed[name]
     return dataclasses.replace(plan, expected_algorithm=name, fixed_seconds=fixed,
@@ -931,12 +1068,15 @@ def _expected(kind: str, name: str, cost: _StepCost,
     return fixed, cost.latency, times[bound], bound, hbm
 
 
-def _plan(kind, message_bytes, size, logical, torus_axes, routed, best, rings,
-          candidates) -> CollectivePlan:
+def _plan(kind, message_bytes, size, logical, net: _Network, chips: np.ndarray, routed, best,
+          rings, candidates) -> CollectivePlan:
+    """The plan of candidate `best` among `chips` (the chips the collective moves data
+    between)."""
     chosen = candidates[best]
     return CollectivePlan(
         kind=kind, message_bytes=message_bytes, group_size=size, logical_axes=logical,
-        torus_axes=torus_axes, routed=routed,
+        torus_axes=net.torus_axes(chips), routed=routed,
+        over_efa=bool(set(net.spanned_axes(chips)) & net.topology.efa_axes),
         algorithm=best, rings=rings, steps=chosen.steps, link_bytes=chosen.link_bytes,
         max_hops=chosen.max_hops, latency_seconds=chosen.latency,
         bandwidth_seconds=chosen.bandwidth,

@@ -392,9 +392,11 @@ def _devices_text(topology: Topology) -> str:
 def target_text(topology: Topology, placement: Placement | None) -> str:
     """Which machine and device spec the estimate is for."""
     chip = topology.device
-    links = ", ".join(f"{n}: {bandwidth_text(b)} {seconds_text(t)}/hop"
-                      for n, b, t in zip(topology.axis_names, topology.link_bandwidth,
-                                         topology.link_latency))
+    links = ", ".join(
+        f"{n}: EFA switch, {bandwidth_text(b)} per chip's NIC, {seconds_text(t)}/hop"
+        if a in topology.efa_axes else f"{n}: {bandwidth_text(b)} {seconds_text(t)}/hop"
+        for a, (n, b, t) in enumerate(zip(topology.axis_names, topology.link_bandwidth,
+                                          topology.link_latency)))
     placed = ""
     if placement is not None:
         axes = ", ".join(f"{n}={s} on {placement.axis_text(i, topology.axis_names)}"

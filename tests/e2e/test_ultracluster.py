@@ -17,7 +17,8 @@ def test_two_ultraservers_run_a_step_across_efa(rng):
     np.testing.assert_array_equal(step(x), np.tile(x.reshape(128, 2, 3).sum(0), (128, 1)))
     text = step.lower(x).compile().as_text()
     assert "mesh: dp=2 on ring s, fsdp=64 on spans x*y*z; chips 0-127 (128 of 128)" in text
-    assert "hierarchical: reduce-scatter x>y>z, all-reduce over EFA s, all-gather z>y>x" in text
+    assert "EFA (switched: one hop between any two servers): all-reduce" in text
+    assert "in server: reduce-scatter + all-gather among 64 local chips" in text
 
 
 def test_mesh_beyond_the_presets_goes_to_an_ultracluster():
@@ -25,9 +26,10 @@ def test_mesh_beyond_the_presets_goes_to_an_ultracluster():
     assert topology_for((16, 64), ("dp", "fsdp"), None).name == "trn2-ultracluster-16"
 
 
-def test_a_psum_over_the_cross_server_axis_alone_is_a_flat_ring_over_efa():
-    """docs/cost_model.md (topologies): over 'dp' alone each group holds one chip per UltraServer, so
-    the ring runs over EFA with the whole buffer; over both axes it is hierarchical."""
+def test_a_psum_over_the_cross_server_axis_alone_runs_over_efa_alone():
+    """docs/cost_model.md (topologies): over 'dp' alone each group holds one chip per
+    UltraServer, so nothing can be reduced inside a server first and the whole buffer
+    crosses EFA (a switch: one hop); over both axes it is hierarchical."""
     mesh = jax_trn2.make_mesh((16, 64), ("dp", "fsdp"), topology="trn2-ultracluster-16")
     x = jax.ShapeDtypeStruct((4096, 4096), np.float32)  # 64 MiB on every chip
     listings = {}
@@ -35,8 +37,9 @@ def test_a_psum_over_the_cross_server_axis_alone_is_a_flat_ring_over_efa():
         body = lambda x, axes=axes: lax.psum(x, axes)  # noqa: E731
         step = jax_trn2.jit(jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P()))
         listings[axes] = step.lower(x).compile().as_text()
-    assert "over logical dp -> torus s rings 16" in listings["dp"]
-    assert "ideal: ring," in listings["dp"] and "hierarchical" not in listings["dp"]
-    assert "over logical dp,fsdp -> torus s,x,y,z rings 4x4x4x16" in listings[("dp", "fsdp")]
-    assert "ideal: hierarchical: reduce-scatter x>y>z, all-reduce over EFA s" in \
+    assert "all-reduce of 64.00 MiB over logical dp -> servers along s" in listings["dp"]
+    assert "in server:" not in listings["dp"]
+    assert "over logical dp,fsdp -> servers along s, 1.00 MiB per chip between servers" in \
+        listings[("dp", "fsdp")]
+    assert "in server: reduce-scatter + all-gather among 64 local chips" in \
         listings[("dp", "fsdp")]
