@@ -42,6 +42,34 @@ class Tiling:
         return self.devices.ndim - len(self.subgroups)
 
 
+def of_layout(dim_axes: tuple | None, axis_sizes: tuple[int, ...],
+              unreduced: tuple[int, ...] = ()) -> xla_client.HloSharding:
+    """The HloSharding of a layout (the inverse of `dim_axes`): dim d split over the mesh
+    axes dim_axes[d] (major first), the axes `unreduced` holding partial sums, the other
+    axes replicated; devices numbered row-major over the mesh (partition order)."""
+    if not unreduced and (not dim_axes or not any(dim_axes)):
+        return xla_client.HloSharding.replicate()
+    if set(unreduced) == set(range(len(axis_sizes))) and not any(dim_axes or ()):
+        return xla_client.HloSharding.from_string("{unreduced}")  # (as XLA writes it)
+    used = [a for axes in dim_axes or () for a in axes]
+    unused = [a for a in range(len(axis_sizes)) if a not in used and a not in unreduced]
+    tiles = [_size(axes, axis_sizes) for axes in dim_axes or ()]
+    # subgroup dims follow the data dims, in the order of their axes in the permutation
+    # (which takes every mesh axis: one of size 1 may stand anywhere); one of a single
+    # device is left out, as XLA leaves it
+    subgroups = [(kind, _size(axes, axis_sizes)) for kind, axes in
+                 [(xla_client.OpSharding.Type.UNREDUCED, unreduced),
+                  (xla_client.OpSharding.Type.REPLICATED, unused)]
+                 if _size(axes, axis_sizes) > 1]
+    return xla_client.HloSharding.iota_tile(
+        tiles + [size for _, size in subgroups], list(axis_sizes),
+        used + list(unreduced) + unused, [kind for kind, _ in subgroups])
+
+
+def _size(axes, axis_sizes: tuple[int, ...]) -> int:
+    return int(np.prod([axis_sizes[a] for a in axes], dtype=np.int64))
+
+
 def _from_string(text: str):
     try:
         sharding = xla_client.HloSharding.from_string(text)

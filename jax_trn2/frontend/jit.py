@@ -15,7 +15,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding, \
     SingleDeviceSharding
 from jax._src import config as jax_config
 from jax._src.array import ArrayImpl
-from jax._src.lib import xla_client as xc
 from jax._src.literals import TypedNdArray
 from jax._src.sharding_impls import parse_flatten_op_sharding
 from jax.experimental.layout import Format, Layout
@@ -27,7 +26,7 @@ from jax_trn2.core.platform import PLATFORM_NAME
 from jax_trn2.core import lowerings
 from jax_trn2.core.options import PREFIX, ProgramOptions, program_options
 from jax_trn2.core.plot import save_plot
-from lowering import partition
+from lowering import hlo_sharding, partition
 from mesh import isa, numerics
 from mesh.machine import Topology
 from mesh.memory import MemoryStats
@@ -178,15 +177,8 @@ def _spelled_on(mesh: Mesh, dim_axes: tuple, program_mesh: isa.MeshSpec) -> list
     sizes = program_mesh.axis_sizes
     if not sizes:  # a program of one device: every layout is replicated
         return [None] * len(dim_axes)
-    used = [a for axes in dim_axes for a in axes]
-    unused = [a for a in range(len(sizes)) if a not in used]
-    tiles = [int(np.prod([sizes[a] for a in axes], dtype=np.int64)) for axes in dim_axes]
-    replicated = int(np.prod([sizes[a] for a in unused], dtype=np.int64))
-    tiling = xc.HloSharding.iota_tile(
-        tiles + ([replicated] if replicated > 1 else []), list(sizes), used + unused,
-        [xc.OpSharding.Type.REPLICATED] if replicated > 1 else [])
     try:
-        spec = parse_flatten_op_sharding(tiling, mesh)[0]
+        spec = parse_flatten_op_sharding(hlo_sharding.of_layout(dim_axes, sizes), mesh)[0]
     except (ValueError, StopIteration, NotImplementedError):
         return None
     return list(spec) + [None] * (len(dim_axes) - len(spec))

@@ -16,42 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from jax._src.interpreters import mlir as jax_mlir
 from jax._src.lib import _jax, xla_client
 from jaxlib.mlir import ir
 
 from jax_trn2.plugin import proto
+from lowering import hlo_sharding
 from mesh import sharding
-
-
-def hlo_sharding(dim_axes: tuple | None, axis_sizes: tuple[int, ...],
-                 unreduced: tuple[int, ...] = ()) -> str:
-    """The HloSharding text (mhlo.sharding) of a layout: dim d split over the mesh axes
-    dim_axes[d] (major first), the axes `unreduced` holding partial sums, the other axes
-    replicated; devices are numbered row-major over the mesh (partition order)."""
-    if not unreduced and (not dim_axes or not any(dim_axes)):
-        return "{replicated}"
-    if set(unreduced) == set(range(len(axis_sizes))) and not any(dim_axes or ()):
-        return "{unreduced}"  # (as XLA writes it)
-    used = [a for axes in dim_axes or () for a in axes]
-    unused = [a for a in range(len(axis_sizes)) if a not in used and a not in unreduced]
-    tiles = [_size(axes, axis_sizes) for axes in dim_axes or ()]
-    # subgroup dims follow the data dims, in the order of their axes in the permutation
-    # (which takes every mesh axis: one of size 1 may stand anywhere); one of a single
-    # device is left out, as XLA leaves it
-    subgroups = [(kind, _size(axes, axis_sizes)) for kind, axes in
-                 [(xla_client.OpSharding.Type.UNREDUCED, unreduced),
-                  (xla_client.OpSharding.Type.REPLICATED, unused)]
-                 if _size(axes, axis_sizes) > 1]
-    sharding = xla_client.HloSharding.iota_tile(
-        tiles + [size for _, size in subgroups], list(axis_sizes),
-        used + list(unreduced) + unused, [kind for kind, _ in subgroups])
-    return str(sharding)
-
-
-def _size(axes, axis_sizes: tuple[int, ...]) -> int:
-    return int(np.prod([axis_sizes[a] for a in axes], dtype=np.int64))
 
 
 def signature_module(executable: Any, module: ir.Module,
@@ -75,8 +46,10 @@ def signature_module(executable: Any, module: ir.Module,
     res_types = [_type(v.type, layout, sizes)
                  for v, (layout, _) in zip(returned_values, res_layouts)]
     names = [f"arg{i}" for i in range(len(arg_types))]
-    arg_shardings = [hlo_sharding(layout, sizes, partial) for layout, partial in arg_layouts]
-    res_shardings = [hlo_sharding(layout, sizes, partial) for layout, partial in res_layouts]
+    arg_shardings = [str(hlo_sharding.of_layout(layout, sizes, partial))
+                     for layout, partial in arg_layouts]
+    res_shardings = [str(hlo_sharding.of_layout(layout, sizes, partial))
+                     for layout, partial in res_layouts]
     args = ", ".join(f"%{name}: {t} {{mhlo.sharding = \"{sharding}\"}}"
                      for name, t, sharding in zip(names, arg_types, arg_shardings))
     results = ", ".join(f"{t} {{mhlo.sharding = \"{sharding}\"}}"

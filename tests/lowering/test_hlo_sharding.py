@@ -101,3 +101,20 @@ def test_elements_of_a_module_output_sharding(text, count, elements):
 def test_elements_of_the_wrong_count_are_an_error():
     with pytest.raises(ValueError, match="2 elements for 3 values"):
         hlo_sharding.elements("{{replicated}, {replicated}}", 3)
+
+
+@pytest.mark.parametrize("dim_axes, sizes, unreduced, text", [
+    (((0,), ()), (2, 2), (), "{devices=[2,1,2]<=[4] last_tile_dim_replicate}"),
+    # axes of size 1 tile nothing, but the device permutation takes every axis
+    (((), (1,), ()), (1, 8, 1), (), "{devices=[1,8,1]<=[8]}"),
+    (((1,),), (2, 2), (0,), "{devices=[2,2]<=[2,2]T(1,0) last_tile_dims={unreduced}}"),
+    (((),), (2, 2), (0,), "{devices=[1,2,2]<=[4] last_tile_dims={unreduced, replicated}}"),
+    ((), (2, 2, 2), (1,),
+     "{devices=[2,4]<=[2,2,2]T(1,0,2) last_tile_dims={unreduced, replicated}}"),
+    (((),), (2,), (0,), "{unreduced}"),
+])
+def test_a_layouts_sharding_is_as_xla_writes_it(dim_axes, sizes, unreduced, text):
+    """As XLA writes them (its partitioner's own, for P('y', unreduced={'x'}) the third),
+    and read back as the same layout."""
+    sharding = hlo_sharding.of_layout(dim_axes, sizes, unreduced)
+    assert str(sharding) == text

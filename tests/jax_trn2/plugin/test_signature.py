@@ -9,8 +9,6 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from jax_trn2.plugin.signature import hlo_sharding
-
 
 @pytest.fixture(scope="module")
 def mesh():
@@ -66,21 +64,6 @@ def test_shard_map_programs_give_each_devices_shapes(mesh):
     assert _entry_layout(compiled.as_text()) == "(f32[2,2]{1,0})->f32[2,2]{1,0}"
     assert compiled.output_shardings.spec == P("x")
     np.testing.assert_array_equal(np.asarray(f(x)), np.full((8, 2), 2.0, np.float32))
-
-
-@pytest.mark.parametrize("dim_axes, sizes, unreduced, text", [
-    (((0,), ()), (2, 2), (), "{devices=[2,1,2]<=[4] last_tile_dim_replicate}"),
-    # axes of size 1 tile nothing, but the device permutation takes every axis
-    (((), (1,), ()), (1, 8, 1), (), "{devices=[1,8,1]<=[8]}"),
-    (((1,),), (2, 2), (0,), "{devices=[2,2]<=[2,2]T(1,0) last_tile_dims={unreduced}}"),
-    (((),), (2, 2), (0,), "{devices=[1,2,2]<=[4] last_tile_dims={unreduced, replicated}}"),
-    ((), (2, 2, 2), (1,),
-     "{devices=[2,4]<=[2,2,2]T(1,0,2) last_tile_dims={unreduced, replicated}}"),
-    (((),), (2,), (0,), "{unreduced}"),
-])
-def test_the_shardings_jaxlib_reads_are_xlas(dim_axes, sizes, unreduced, text):
-    """As XLA writes them (its partitioner's own, for P('y', unreduced={'x'}) the third)."""
-    assert hlo_sharding(dim_axes, sizes, unreduced) == text
 
 
 def test_eager_ops_keep_a_sharding_over_a_mesh_with_axes_of_size_1():
