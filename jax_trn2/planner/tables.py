@@ -7,6 +7,7 @@ from typing import Any, Sequence
 from mesh.units import bytes_text
 
 HOUR, DAY = 3600.0, 86400.0
+REASON_CHARS = 400  # of a failure's reason shown in a table (the whole of it: plan.error)
 
 
 def duration_text(seconds: float) -> str:
@@ -104,14 +105,21 @@ def sweep_table(sweep: Any) -> str:
     if rows:
         lines.append(format_table(headers, rows))
     for plan in failed:
-        reason = " ".join(plan.error.split())
-        lines.append(f"failed  {plan.layout.name} on {plan.layout.topology_name}: "
-                     f"{reason[:300]}")
+        what = "not placed" if plan.layout.placement_error else "failed"
+        lines.append(f"{what}  {plan.layout.name} on {plan.layout.topology_name}: "
+                     f"{reason_text(plan.error)}")
     warned = [rank for rank, plan in enumerate(sweep.plans, 1) if plan.warnings]
     if warned:
         lines.append(f"warnings while planning #{', #'.join(map(str, warned))} (XLA's "
                      "partitioner, say): each plan's .warnings")
     return "\n".join(lines)
+
+
+def reason_text(error: str) -> str:
+    """A failure's reason on one line, its tail past REASON_CHARS cut: reasons lead with
+    their cause (the layout parameter at fault), so the cut loses only detail."""
+    reason = " ".join(error.split())
+    return reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 3] + "..."
 
 
 def _sweep_header(sweep: Any, with_model: bool, run_tokens: float | None) -> str:
@@ -155,7 +163,7 @@ def serving_table(table: Any) -> str:
             row += ["-"] * 5
         row.append("-" if p.max_batch is None else f"{p.max_batch:,}")
         rows.append(row)
-        failed += [f"failed  {p.layout.name}, batch {p.batch}: {' '.join(e.split())[:300]}"
+        failed += [f"failed  {p.layout.name}, batch {p.batch}: {reason_text(e)}"
                    for e in p.errors]
     warned = [f"{p.layout.name}, batch {p.batch}" for p in plans if p.warnings]
     notes = [f"warnings while planning {'; '.join(warned)} (XLA's partitioner, say): each "

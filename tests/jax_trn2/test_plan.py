@@ -129,7 +129,10 @@ def test_a_layout_that_fails_and_one_that_does_not_fit():
     assert [p.layout for p in sweep] == [huge, odd]
     assert not sweep[1].ok and "IndivisibleError" in sweep[1].error
     assert "does not evenly divide" in sweep[1].error or "evenly divide" in sweep[1].error
-    assert f"failed  fsdp 3 on {TOPOLOGY}: IndivisibleError" in str(sweep)
+    # led by the layout parameter at fault, in the table too
+    assert sweep[1].error.startswith("fsdp=3 does not divide dimension 0 (4096) of a "
+                                     "(4096, 8192) value split P('fsdp'); IndivisibleError")
+    assert f"failed  fsdp 3 on {TOPOLOGY}: fsdp=3 does not divide" in str(sweep)
     over = plan.sweep(big, [huge], workers=1, progress=False)[0]
     assert over.ok and not over.fits and over.headroom_bytes < 0
     assert over.estimate.peak_bytes == 2 * 120_000 ** 2 * 4
@@ -208,8 +211,14 @@ def test_layout_specs_names_and_grid():
     assert Layout.of(pp=4, fsdp=16).spec("stages", "embed") == P("pp", "fsdp")
     with pytest.raises(ValueError, match="no rule for logical axis 'tokens'"):
         layout.spec("tokens")
-    with pytest.raises(ValueError, match="32 chips, but topology 'trn2' has 16"):
-        Layout.of(fsdp=32, topology="trn2")
+    too_big = Layout.of(fsdp=32, topology="trn2")  # data: made, marked by a sweep
+    assert too_big.placement_error == "fsdp=32 needs 32 devices; trn2 has 16"
+    with pytest.raises(ValueError, match="fsdp=32 needs 32 devices; trn2 has 16"):
+        too_big.make_mesh()
+    # an instance preset's devices are its logical NeuronCores: 16 chips x 4 at LNC=2
+    assert Layout.of(fsdp=64, topology="trn2.48xlarge").placement_error is None
+    assert Layout.of(dp=2, fsdp=64, topology="trn2.48xlarge").placement_error == \
+        "dp=2 x fsdp=64 needs 128 devices; trn2.48xlarge has 64"
     with pytest.raises(ValueError, match="axis 'tp' has size 0"):
         Layout.of(tp=0)
     layouts = grid(64, ("dp", "fsdp", "tp"), remats=(None, "full"), limits={"dp": 4, "tp": 8})
@@ -259,3 +268,47 @@ def test_bubble_is_left_out_of_layouts_without_a_pipeline(two_layouts):
     assert p.model_mfu() == pytest.approx(
         1e9 / (16 * CHIP.peak_flops_for("bfloat16") * p.estimate.step_seconds))
     assert math.isfinite(p.model_mfu(ideal=True))
+
+
+def test_a_grid_over_two_machines_marks_what_the_smaller_cannot_hold():
+    """32 devices over fsdp x tp (tp <= 2) on trn2 (16 chips) and trn2-ultra (64): the two
+    layouts are planned on trn2-ultra and marked on trn2, each with the axes at fault."""
+    layouts = grid(32, ("fsdp", "tp"), limits={"tp": 2}, topologies=("trn2", "trn2-ultra"))
+    assert len(layouts) == 4
+    sweep = plan.sweep(build, layouts, workers=1, progress=False)
+    planned = {p.layout.name for p in sweep if p.ok}
+    marked = {p.layout.name: p.error for p in sweep if not p.ok}
+    assert {p.layout.topology_name for p in sweep if p.ok} == {"trn2-ultra"}
+    assert planned == {"fsdp 32", "fsdp 16 x tp 2"}
+    assert marked == {"fsdp 32": "fsdp=32 needs 32 devices; trn2 has 16",
+                      "fsdp 16 x tp 2": "fsdp=16 x tp=2 needs 32 devices; trn2 has 16"}
+    for p in sweep:
+        if p.ok:  # each chip holds 1/32 of w and of g
+            assert p.estimate.peak_bytes == 2 * N * M * 4 // 32
+    text = str(sweep)
+    assert "not placed  fsdp 32 on trn2: fsdp=32 needs 32 devices; trn2 has 16" in text
+    assert sorted(r["error"] for r in sweep.rows()[2:]) == sorted(marked.values())
+
+
+def test_an_error_no_layout_can_avoid_is_raised_once():
+    """A logical axis no layout's rules map fails every layout alike: the sweep raises it
+    once instead of printing it per layout; a layout with a rule for it is planned."""
+    calls = []
+
+    def tokens_build(layout):
+        calls.append(layout)
+        mesh = layout.make_mesh()
+        s = layout.sharding(mesh, "tokens", "mlp")
+        step = jax_trn2.jit(update, in_shardings=(s, s), out_shardings=s,
+                            topology=layout.topology)
+        x = jax.ShapeDtypeStruct((N, M), jnp.float32)
+        return step, (x, x)
+
+    with pytest.raises(plan.UnknownLogicalAxisError, match="no rule maps logical axis "
+                       "'tokens' in any of the 2 layouts") as raised:
+        plan.sweep(tokens_build, [FSDP16, FSDP4_TP2], workers=1, progress=False)
+    assert raised.value.axis == "tokens" and len(calls) == 1  # stopped at the first
+    with_rule = Layout.of(fsdp=16, topology=TOPOLOGY, rules={"tokens": "fsdp"})
+    sweep = plan.sweep(tokens_build, [FSDP4_TP2, with_rule], workers=1, progress=False)
+    assert sweep[0].layout == with_rule and sweep[0].ok
+    assert "no rule for logical axis 'tokens'" in sweep[1].error
