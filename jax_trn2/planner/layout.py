@@ -37,14 +37,34 @@ from mesh.machine import Topology, get_topology
 
 KINDS = ("dp", "fsdp", "tp", "pp", "ep", "cp")
 
-# Logical axis -> the mesh axes (in this order) that split it, where the layout has them.
+# Logical axis -> the mesh axes (in this order) that split it, where the layout has them;
+# () for a dim never split. The names are MaxText's (its configs/base.yml
+# logical_axis_rules, its mesh axes read as data -> dp, fsdp -> fsdp, tensor -> tp,
+# stage -> pp, expert -> ep, sequence and context -> cp) and Flax's examples' (lm1b:
+# batch, length, embed, heads, kv, mlp, vocab; T5X's joined_kv), each mapped as MaxText
+# maps it, except that a parameter's `embed` is split by fsdp alone.
+_BATCH, _TENSOR = ("dp", "fsdp", "ep"), ("tp",)
 DEFAULT_RULES: dict[str, tuple[str, ...]] = {
-    "batch": ("dp", "fsdp", "ep"),
-    "embed": ("fsdp",),
-    "heads": ("tp",), "kv_heads": ("tp",), "mlp": ("tp",), "vocab": ("tp",),
-    "stages": ("pp",),
-    "experts": ("ep",),
-    "length": ("cp",),
+    # parameters
+    "embed": ("fsdp",), "embed_no_exp": ("fsdp",), "q_lora": ("fsdp",), "kv_lora": ("fsdp",),
+    "heads": _TENSOR, "q_heads": _TENSOR, "kv_heads": _TENSOR, "joined_kv": _TENSOR,
+    "mlp": _TENSOR, "vocab": _TENSOR, "norm": _TENSOR,
+    "kv": (), "kv_head_dim": (),  # a head's own dim
+    "stages": ("pp",), "layers": ("pp",),
+    "experts": ("ep",), "exp": ("ep",),
+    # activations
+    "batch": _BATCH, "activation_batch": _BATCH, "activation_kv_batch": _BATCH,
+    "activation_prefill_kv_batch": _BATCH, "decode_batch": _BATCH,
+    "activation_embed_and_logits_batch": ("dp", "pp", "fsdp", "ep"),
+    "length": ("cp",), "seq": ("cp",), "sequence": ("cp",), "activation_length": ("cp",),
+    "activation_q_length": ("cp",), "activation_norm_length": ("cp",),
+    "decode_length": ("cp",), "activation_kv_length": (),
+    "activation_embed": _TENSOR, "activation_heads": _TENSOR, "activation_kv_heads": _TENSOR,
+    "activation_kv": _TENSOR, "activation_kv_head_dim": _TENSOR, "activation_mlp": _TENSOR,
+    "activation_vocab": _TENSOR, "activation_stage": ("pp",), "activation_exp": ("ep",),
+    # a serving KV cache: MaxText splits only its heads
+    "cache_heads": _TENSOR, "cache_batch": (), "cache_batch_prefill": (), "cache_kv": (),
+    "cache_sequence": (),
 }
 
 

@@ -312,3 +312,58 @@ def test_an_error_no_layout_can_avoid_is_raised_once():
     sweep = plan.sweep(tokens_build, [FSDP4_TP2, with_rule], workers=1, progress=False)
     assert sweep[0].layout == with_rule and sweep[0].ok
     assert "no rule for logical axis 'tokens'" in sweep[1].error
+
+
+def test_a_flax_model_with_maxtext_logical_axis_names_plans_in_every_layout():
+    """A Flax attention + MLP block whose parameters carry MaxText's logical names
+    (embed, q_heads, kv_heads, kv, mlp, vocab, norm) is split by the default rules as
+    MaxText splits it (`kv`, a head's own dim, never) and plans in every layout."""
+    nn = pytest.importorskip("flax.linen")
+    d, heads, head_dim, ff, vocab = 256, 8, 32, 512, 1024
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, tokens):
+            def param(name, shape, names):
+                return self.param(name, nn.with_logical_partitioning(
+                    nn.initializers.normal(0.02), names), shape)
+            x = param("embedding", (vocab, d), ("vocab", "embed"))[tokens]
+            x = x * param("scale", (d,), ("norm",))
+            q = jnp.einsum("bld,dhk->blhk", x, param("q", (d, heads, head_dim),
+                                                     ("embed", "q_heads", "kv")))
+            k = jnp.einsum("bld,dhk->blhk", x, param("k", (d, heads, head_dim),
+                                                     ("embed", "kv_heads", "kv")))
+            x = x + jnp.einsum("blhk,hkd->bld", q * k, param("o", (heads, head_dim, d),
+                                                            ("heads", "kv", "embed")))
+            h = jax.nn.gelu(x @ param("wi", (d, ff), ("embed", "mlp")))
+            x = x + h @ param("wo", (ff, d), ("mlp", "embed"))
+            return x @ param("head", (d, vocab), ("embed", "vocab"))
+
+    model = Block()
+    tokens = jax.ShapeDtypeStruct((16, 64), jnp.int32)
+    boxed = jax.eval_shape(model.init, jax.random.key(0), tokens)
+    logical = nn.get_partition_spec(boxed)["params"]
+    params = nn.unbox(boxed)["params"]
+
+    def train_step(params, tokens):
+        def loss(p):
+            logits = model.apply({"params": p}, tokens)
+            return -jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+        grads = jax.grad(loss)(params)
+        return jax.tree.map(lambda p, g: p - 1e-3 * g, params, grads)
+
+    def flax_build(layout):
+        mesh = layout.make_mesh()
+        weights = jax.tree.map(lambda spec: layout.sharding(mesh, *spec), logical,
+                               is_leaf=lambda x: isinstance(x, P))
+        step = jax_trn2.jit(train_step, in_shardings=(weights, layout.sharding(mesh, "batch")),
+                            out_shardings=weights, donate_argnums=0, topology=layout.topology)
+        return step, (params, tokens)
+
+    layout = Layout.of(fsdp=4, tp=4)
+    assert layout.spec("embed", "q_heads", "kv") == P("fsdp", "tp")
+    assert layout.spec("heads", "kv", "embed") == P("tp", None, "fsdp")
+    assert layout.spec("norm") == P("tp") and layout.spec("vocab", "embed") == P("tp", "fsdp")
+    layouts = grid(16, ("fsdp", "tp"), limits={"tp": 4}, topologies=(TOPOLOGY,))
+    sweep = plan.sweep(flax_build, layouts, workers=1, progress=False)
+    assert len(sweep) == 3 and all(p.ok for p in sweep), [p.error for p in sweep]
