@@ -28,10 +28,9 @@ import numpy as np
 
 from mesh import isa
 from mesh.machine import Topology
-from mesh.perf.collective_model import link_bytes
 from mesh.perf.estimate import ProgramEstimate
 from mesh.perf.schedule import ALL, ENGINES
-from mesh.units import bytes_text
+from mesh.units import byte_unit, bytes_text
 
 WIDTH_INCHES = 13.0
 MAX_PANELS = 16  # torus planes drawn; more would shrink each past reading
@@ -67,21 +66,8 @@ def save_plot(estimate: ProgramEstimate, path: str | os.PathLike) -> None:
 
 def step_link_bytes(estimate: ProgramEstimate) -> np.ndarray:
     """The bytes every torus link carries over one step, [chip, torus axis, direction]
-    (collective_model.link_bytes): each collective's, a loop body's times its trip count
-    (1 when unknown, as the estimate counts it), the most any branch puts on each link."""
-    return _program_link_bytes(estimate.program, estimate.topology, estimate.placement)
-
-
-def _program_link_bytes(program: isa.Program, topology: Topology, placement) -> np.ndarray:
-    total = np.zeros((topology.num_chips, topology.ndim, 2))
-    for instr in program.instructions:
-        total += link_bytes(instr, topology, placement)
-        trips = getattr(instr, "trip_count", 1)
-        trips = 1 if trips is None else trips  # unknown: once, as the estimate counts it
-        for alternatives in isa.subprogram_fields(instr).values():
-            branches = [_program_link_bytes(p, topology, placement) for p in alternatives]
-            total += trips * np.max(branches, axis=0)
-    return total
+    (ProgramEstimate.link_bytes)."""
+    return estimate.link_bytes
 
 
 def _figure_class() -> Any:
@@ -151,7 +137,7 @@ def _draw_hbm(axes, estimate: ProgramEstimate, scale: float, unit: str) -> None:
     step = estimate.step_seconds
     if samples[-1][0] < step:
         samples.append((step, samples[-1][1]))
-    size, size_unit = _byte_unit(max(live.peak_bytes, 1))
+    size, size_unit = byte_unit(max(live.peak_bytes, 1))
     times = [t * scale for t, _ in samples]
     used = [b / size for _, b in samples]
     axes.step(times, used, where="post", color=BUSY)
@@ -165,13 +151,6 @@ def _draw_hbm(axes, estimate: ProgramEstimate, scale: float, unit: str) -> None:
     axes.set_ylabel(size_unit)
     axes.set_xlabel(f"time ({unit})")
     axes.set_title("HBM in use on a chip", fontsize=10, loc="left")
-
-
-def _byte_unit(n: float) -> tuple[float, str]:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return float(size), unit
-    return 1.0, "B"
 
 
 # --- torus links -------------------------------------------------------------------------
@@ -218,7 +197,7 @@ def _draw_links(subfigure, estimate: ProgramEstimate, planes: list[tuple[int, ..
     from matplotlib import cm, colors
     topology = estimate.topology
     most = max(cables.values())
-    size, size_unit = _byte_unit(most)
+    size, size_unit = byte_unit(most)
     norm = colors.Normalize(0.0, most / size)
     colour_of = lambda load: cm.viridis(norm(load / size)) if load > 0 else IDLE_LINK  # noqa: E731
     shown = planes[:MAX_PANELS]
@@ -340,7 +319,7 @@ def save_sweep_plot(sweep: Any, path: str | os.PathLike) -> None:
     figure = _figure_class()(figsize=(SWEEP_WIDTH_INCHES, 6.0), layout="constrained")
     axes = figure.subplots()
     scale, unit = _time_unit(max(p.estimate.step_seconds for p in plans))
-    size, size_unit = _byte_unit(max(p.estimate.peak_bytes for p in plans))
+    size, size_unit = byte_unit(max(p.estimate.peak_bytes for p in plans))
     for fits, colour, label in ((True, BUSY, "fits"), (False, FAILED, "does not fit")):
         chosen = [p for p in plans if p.fits == fits]
         if not chosen:

@@ -47,6 +47,8 @@ from jax_trn2.planner.layout import (DEFAULT_RULES, KINDS, Layout, UnknownLogica
 from jax_trn2.planner.tables import duration_text, sweep_table
 from jax_trn2.planner.training import TrainingRun, training_run
 from mesh.machine import Topology, get_topology
+from mesh.memory import PeakSplit
+from mesh.perf.estimate import CollectiveTimes
 from mesh.perf.schedule import ENGINES
 from mesh.units import bytes_text
 
@@ -80,6 +82,13 @@ class StepEstimate:
     # of the arguments the step updates in place (its outputs written into donated
     # arguments), per chip
     donated_bytes: int
+    # what holds the peak at its instant (mesh.memory.PeakSplit: donated arguments, other
+    # arguments, outputs, temporaries; they sum to peak_bytes)
+    peak_split: PeakSplit = PeakSplit()
+    # the step's collectives by kind (count, seconds, exposed seconds), most time first
+    communication: tuple[CollectiveTimes, ...] = ()
+    # (link, bytes per step, seconds at its bandwidth) of the busiest torus links
+    busiest_links: tuple[tuple[str, float, float], ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -109,7 +118,11 @@ def estimate(jitted: Any, args: Sequence[Any],
         exposed_communication_seconds=info["exposed_communication_seconds"],
         busiest_engine=engine, busiest_seconds=busy[engine],
         peak_flops=topology.device.peak_flops_for("bfloat16"),
-        donated_bytes=memory.alias_size_in_bytes)
+        donated_bytes=memory.alias_size_in_bytes, peak_split=memory.peak_split,
+        communication=tuple(CollectiveTimes(kind, **t)
+                            for kind, t in info["communication_by_kind"].items()),
+        busiest_links=tuple((l["link"], float(l["bytes"]), float(l["seconds"]))
+                            for l in info["busiest_links"]))
 
 
 @dataclass(frozen=True)
@@ -213,7 +226,16 @@ class Plan:
             exposed_communication_seconds=e.exposed_communication_seconds,
             busiest_engine=e.busiest_engine,
             busiest_engine_share=e.busiest_seconds / e.step_seconds if e.step_seconds else 0.0,
-            bubble=self.bubble, gpipe_bubble=self.gpipe_bubble)
+            bubble=self.bubble, gpipe_bubble=self.gpipe_bubble,
+            peak_donated_argument_bytes=e.peak_split.donated_arguments,
+            peak_other_argument_bytes=e.peak_split.other_arguments,
+            peak_output_bytes=e.peak_split.outputs,
+            peak_temporary_bytes=e.peak_split.temporaries)
+        for t in e.communication:  # 'all-gather_seconds', 'all-gather_exposed_seconds'...
+            row.update({f"{t.kind}_count": t.count, f"{t.kind}_seconds": t.seconds,
+                        f"{t.kind}_exposed_seconds": t.exposed_seconds})
+        row["busiest_links"] = [dict(link=name, bytes=nbytes, seconds=seconds)
+                                for name, nbytes, seconds in e.busiest_links]
         run = self.training(train_tokens, price_per_chip_hour) if train_tokens else None
         if run is not None:
             row.update(train_tokens=run.tokens, train_seconds=run.seconds,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from mesh.units import bytes_text
+from mesh.units import byte_unit, bytes_text
 
 HOUR, DAY = 3600.0, 86400.0
 REASON_CHARS = 400  # of a failure's reason shown in a table (the whole of it: plan.error)
@@ -67,7 +67,8 @@ def sweep_table(sweep: Any) -> str:
         "chips", "peak HBM/chip", "fits", "step (expected)", "ideal", "MFU exp/ideal"]
     if with_tokens:
         headers += ["tokens/s", "per chip"]
-    headers += ["exposed comm", "busiest engine"]
+    headers += ["peak: donated + args + out + temp", "exposed comm",
+                "comm by kind: count, total (exposed)", "busiest link", "busiest engine"]
     if with_bubble:
         headers += ["bubble (formula)"]
     if run_tokens:
@@ -89,7 +90,9 @@ def sweep_table(sweep: Any) -> str:
             row += [amount_text(rate), amount_text(plan.tokens_per_second_per_chip)] if rate \
                 else ["-", "-"]
         share = e.busiest_seconds / e.step_seconds if e.step_seconds else 0.0
-        row += [duration_text(e.exposed_communication_seconds),
+        row += [peak_split_cell(e.peak_split), duration_text(e.exposed_communication_seconds),
+                communication_cell(e.communication),
+                bytes_text(e.busiest_links[0][1]) if e.busiest_links else "-",
                 f"{e.busiest_engine} {share:.0%}"]
         if with_bubble:
             bubble, formula = plan.bubble, plan.gpipe_bubble
@@ -115,6 +118,28 @@ def sweep_table(sweep: Any) -> str:
     return "\n".join(lines)
 
 
+# Short names of collective kinds in a table cell.
+KIND_ABBREVIATIONS = {"all-gather": "AG", "reduce-scatter": "RS", "all-reduce": "AR",
+                      "all-to-all": "A2A", "collective-permute": "CP"}
+
+
+def peak_split_cell(split: Any) -> str:
+    """'26.4 + 0.02 + 0 + 5.71 GiB': a mesh.memory.PeakSplit in the unit of its total."""
+    size, unit = byte_unit(split.total)
+    parts = (split.donated_arguments, split.other_arguments, split.outputs, split.temporaries)
+    return " + ".join(f"{n / size:.3g}" for n in parts) + f" {unit}"
+
+
+def communication_cell(communication: Sequence[Any]) -> str:
+    """'AG 80x 1.20 s (0.10 s), RS 80x 0.90 s (0.31 s)': each kind's collectives (most
+    time first), their total time and the part no other engine hides."""
+    if not communication:
+        return "-"
+    return ", ".join(f"{KIND_ABBREVIATIONS.get(t.kind, t.kind)} {t.count}x "
+                     f"{duration_text(t.seconds)} ({duration_text(t.exposed_seconds)})"
+                     for t in communication)
+
+
 def reason_text(error: str) -> str:
     """A failure's reason on one line, its tail past REASON_CHARS cut: reasons lead with
     their cause (the layout parameter at fault), so the cut loses only detail."""
@@ -132,6 +157,10 @@ def _sweep_header(sweep: Any, with_model: bool, run_tokens: float | None) -> str
                      "MFU: the model's FLOPs (as given) over the chips' BF16 peak for the step"
                      if with_model else
                      "MFU: the chips' matmuls, recomputation left out, at their dtype's peak"))
+    lines.append("peak: what holds the peak HBM per chip at its instant (donated arguments, "
+                 "other arguments, outputs, temporaries); comm: AG all-gather, RS "
+                 "reduce-scatter, AR all-reduce, A2A all-to-all, CP collective-permute; "
+                 "busiest link: bytes per step on the busiest torus link")
     if run_tokens:
         price = sweep.price_per_chip_hour
         lines.append(f"time to train {amount_text(run_tokens)} tokens" + (

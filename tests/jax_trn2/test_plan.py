@@ -21,6 +21,7 @@ from mesh.machine import get_topology
 N, M = 4096, 8192  # the update's arrays: float32, 128 MiB each
 TOPOLOGY = "trn2"  # 16 chips: small meshes plan fast
 CHIP = get_topology(TOPOLOGY).chip
+CHIP_LINK_BANDWIDTH = get_topology(TOPOLOGY).link_bandwidth[0]  # bytes/s per direction
 
 
 def update(w, g):
@@ -367,3 +368,64 @@ def test_a_flax_model_with_maxtext_logical_axis_names_plans_in_every_layout():
     layouts = grid(16, ("fsdp", "tp"), limits={"tp": 4}, topologies=(TOPOLOGY,))
     sweep = plan.sweep(flax_build, layouts, workers=1, progress=False)
     assert len(sweep) == 3 and all(p.ok for p in sweep), [p.error for p in sweep]
+
+
+def gather_and_scatter(layout):
+    """A step with one known all-gather (w: bf16[2048,2048], 8 MiB whole) and one known
+    reduce-scatter (y: bf16[1024,2048], 4 MiB) over fsdp 16."""
+    mesh = layout.make_mesh()
+
+    def body(w, x):
+        y = x @ jax.lax.all_gather(w, "fsdp", tiled=True)
+        return jax.lax.psum_scatter(y, "fsdp", scatter_dimension=1, tiled=True)
+
+    step = jax_trn2.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("fsdp"), P()),
+                                      out_specs=P(None, "fsdp")), topology=layout.topology)
+    return step, (jax.ShapeDtypeStruct((2048, 2048), jnp.bfloat16),
+                  jax.ShapeDtypeStruct((1024, 2048), jnp.bfloat16))
+
+
+def test_communication_by_collective_kind_and_the_busiest_links():
+    """Each kind's time is its collective's planned time; the kinds add up to the step's
+    communication and exposed communication; on trn2's 4x4 torus the rotated rings carry
+    (n-1)/n of each message over 4 link directions, so the busiest link carries
+    (8 MiB + 4 MiB) x 15/16 / 4."""
+    step, args = gather_and_scatter(FSDP16)
+    lowered = step.lower(*args)
+    info = lowered.cost_analysis()["trn2"]
+    plans = {type(i).__name__: i.plan for i in lowered.program.instructions
+             if getattr(i, "plan", None) is not None}
+    kinds = info["communication_by_kind"]
+    assert set(kinds) == {"all-gather", "reduce-scatter"}
+    for kind, name in (("all-gather", "AllGather"), ("reduce-scatter", "ReduceScatter")):
+        assert kinds[kind]["count"] == 1
+        assert kinds[kind]["seconds"] == pytest.approx(plans[name].expected_seconds, rel=1e-12)
+        assert 0 < kinds[kind]["exposed_seconds"] <= kinds[kind]["seconds"]
+    assert sum(t["seconds"] for t in kinds.values()) == pytest.approx(
+        info["communication_seconds"], rel=1e-12)
+    assert sum(t["exposed_seconds"] for t in kinds.values()) == pytest.approx(
+        info["exposed_communication_seconds"], rel=1e-12)
+    busiest = (8 + 4) * 2**20 * 15 / 16 / 4
+    link = info["busiest_links"][0]
+    assert link["bytes"] == busiest
+    assert link["seconds"] == pytest.approx(busiest / CHIP_LINK_BANDWIDTH, rel=1e-12)
+    (p,) = plan.sweep(gather_and_scatter, [FSDP16], workers=1, progress=False)
+    row = p.row()
+    assert row["all-gather_count"] == 1 and row["reduce-scatter_count"] == 1
+    assert row["all-gather_seconds"] == kinds["all-gather"]["seconds"]
+    assert row["reduce-scatter_exposed_seconds"] == kinds["reduce-scatter"]["exposed_seconds"]
+    assert row["busiest_links"][0]["bytes"] == busiest
+    assert "AG 1x" in str(plan.Sweep([p])) and "RS 1x" in str(plan.Sweep([p]))
+
+
+def test_the_sweep_splits_each_plans_peak():
+    """The in-place update w - g: at the peak each chip holds its pieces of w (donated)
+    and g (128 MiB / 16 each), nothing else."""
+    (p,) = plan.sweep(build, [FSDP16], workers=1, progress=False)
+    piece = N * M * 4 // 16
+    split = p.estimate.peak_split
+    assert (split.donated_arguments, split.other_arguments, split.outputs,
+            split.temporaries) == (piece, piece, 0, 0)
+    row = p.row()
+    assert (row["peak_donated_argument_bytes"], row["peak_other_argument_bytes"],
+            row["peak_output_bytes"], row["peak_temporary_bytes"]) == (piece, piece, 0, 0)
