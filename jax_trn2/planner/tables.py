@@ -10,18 +10,35 @@ HOUR, DAY = 3600.0, 86400.0
 REASON_CHARS = 400  # of a failure's reason shown in a table (the whole of it: plan.error)
 
 
+# (unit, seconds in it, decimals shown, the durations below which it is used)
+DURATION_UNITS = (("us", 1e-6, 0, 1e-3), ("ms", 1e-3, 1, 1.0), ("s", 1.0, 2, 2 * HOUR),
+                  ("h", HOUR, 1, 2 * DAY), ("days", DAY, 1, float("inf")))
+MAX_DECIMALS = 4  # shown by column_durations for a small duration in a column's unit
+
+
+def _duration_unit(seconds: float) -> tuple[str, float, int, float]:
+    return next(u for u in DURATION_UNITS if seconds < u[3])
+
+
 def duration_text(seconds: float) -> str:
     """A duration in the unit that reads best: '812 us', '41.3 ms', '2.41 s', '3.2 h',
     '12.5 days'."""
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:,.0f} us"
-    if seconds < 1.0:
-        return f"{seconds * 1e3:,.1f} ms"
-    if seconds < 2 * HOUR:
-        return f"{seconds:,.2f} s"
-    if seconds < 2 * DAY:
-        return f"{seconds / HOUR:,.1f} h"
-    return f"{seconds / DAY:,.1f} days"
+    unit, size, decimals, _ = _duration_unit(seconds)
+    return f"{seconds / size:,.{decimals}f} {unit}"
+
+
+def column_durations(seconds: Sequence[float]) -> list[str]:
+    """Durations for one table column, all in one unit (the one that reads best for the
+    longest), so that they compare at a glance: ['1.6 h', '2.7 h'], not ['5,921.23 s',
+    '2.7 h']. When the shortest nonzero one would show fewer than two significant digits,
+    the column gets more decimals, up to MAX_DECIMALS."""
+    if not seconds:
+        return []
+    unit, size, decimals, _ = _duration_unit(max(seconds))
+    smallest = min((s for s in seconds if s > 0), default=0.0) / size
+    while smallest and decimals < MAX_DECIMALS and smallest < 10 ** (1 - decimals):
+        decimals += 1
+    return [f"{s / size:,.{decimals}f} {unit}" for s in seconds]
 
 
 def amount_text(x: float) -> str:
@@ -75,6 +92,13 @@ def sweep_table(sweep: Any) -> str:
         headers += ["time to train", "chip-hours"] + (
             ["cost"] if sweep.price_per_chip_hour is not None else [])
     headers += ["planned in"]
+    estimates = [p.estimate for p in plans]
+    steps = column_durations([e.step_seconds for e in estimates])
+    ideals = column_durations([e.ideal_step_seconds for e in estimates])
+    exposed = column_durations([e.exposed_communication_seconds for e in estimates])
+    runs = [p.training(run_tokens, sweep.price_per_chip_hour) for p in plans] \
+        if run_tokens else []
+    run_times = column_durations([run.seconds for run in runs])
     rows = []
     for rank, plan in enumerate(plans, 1):
         e = plan.estimate
@@ -83,14 +107,14 @@ def sweep_table(sweep: Any) -> str:
         row = [str(rank), plan.layout.name] + (
             [plan.layout.topology_name] if len(topologies) > 1 else []) + [
             str(e.chips), bytes_text(e.peak_bytes), fits_text(e.peak_bytes, e.hbm_bytes),
-            duration_text(e.step_seconds), duration_text(e.ideal_step_seconds),
+            steps[rank - 1], ideals[rank - 1],
             f"{mfu:.1%} / {ideal_mfu:.1%}" if mfu is not None else "-"]
         if with_tokens:
             rate = plan.tokens_per_second
             row += [amount_text(rate), amount_text(plan.tokens_per_second_per_chip)] if rate \
                 else ["-", "-"]
         share = e.busiest_seconds / e.step_seconds if e.step_seconds else 0.0
-        row += [peak_split_cell(e.peak_split), duration_text(e.exposed_communication_seconds),
+        row += [peak_split_cell(e.peak_split), exposed[rank - 1],
                 communication_cell(e.communication),
                 bytes_text(e.busiest_links[0][1]) if e.busiest_links else "-",
                 f"{e.busiest_engine} {share:.0%}"]
@@ -99,8 +123,8 @@ def sweep_table(sweep: Any) -> str:
             row += ["-" if bubble is None else f"{bubble:.1%}" + (
                 f" ({formula:.1%})" if formula is not None else "")]
         if run_tokens:
-            run = plan.training(run_tokens, sweep.price_per_chip_hour)
-            row += [duration_text(run.seconds), amount_text(run.chip_hours)] + (
+            run = runs[rank - 1]
+            row += [run_times[rank - 1], amount_text(run.chip_hours)] + (
                 [amount_text(run.cost)] if run.cost is not None else [])
         row += [f"{plan.planned_seconds:.1f} s"]
         rows.append(row)

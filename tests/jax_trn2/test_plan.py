@@ -429,3 +429,50 @@ def test_the_sweep_splits_each_plans_peak():
     row = p.row()
     assert (row["peak_donated_argument_bytes"], row["peak_other_argument_bytes"],
             row["peak_output_bytes"], row["peak_temporary_bytes"]) == (piece, piece, 0, 0)
+
+
+def test_sweep_plot_labels_do_not_overlap(two_layouts):
+    """Eight layouts within 1% of each other and one apart: every rank is labelled, no two
+    labels overlap (close points share one), and the key beside the plot names each."""
+    pytest.importorskip("matplotlib")
+    import dataclasses
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from jax_trn2.core.plot import sweep_figure
+
+    base = two_layouts[0].estimate
+    layouts = [Layout.of(fsdp=16 // d, tp=d, topology=TOPOLOGY) for d in (1, 2, 4, 8, 16)] + \
+        [Layout.of(dp=d, fsdp=16 // d, topology=TOPOLOGY) for d in (2, 4, 8, 16)]
+    plans = [plan.Plan(layout, dataclasses.replace(
+        base, peak_bytes=int(base.peak_bytes * (1 + k / 1000 if k < 8 else 3)),
+        step_seconds=base.step_seconds * (1 + k / 1000 if k < 8 else 2)))
+        for k, layout in enumerate(layouts)]
+    figure = sweep_figure(plan.Sweep(plans))
+    axes, key = figure.axes
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    labels = [t for t in axes.texts if not t.get_text().startswith("HBM per chip")]
+    ranks = sorted(int(r) for t in labels for r in t.get_text().split(", "))
+    assert ranks == list(range(1, 10))
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    assert len(labels) >= 2  # the far point keeps its own
+    listed = key.texts[0].get_text()
+    assert all(p.layout.name in listed for p in plans)
+
+
+def test_a_duration_column_has_one_unit():
+    from jax_trn2.planner.tables import column_durations
+    assert column_durations([5921.23, 2.7 * 3600]) == ["1.6 h", "2.7 h"]  # not '5,921.23 s'
+    # the longest sets the unit; a short one keeps two significant digits
+    assert column_durations([0.0, 0.0123, 2.5]) == ["0.000 s", "0.012 s", "2.500 s"]
+    assert column_durations([3 * 86400, 86400 / 2]) == ["3.00 days", "0.50 days"]
+    assert column_durations([]) == []
+
+
+def test_the_sweep_table_shows_each_duration_column_in_one_unit(two_layouts):
+    lines = str(two_layouts).splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("#  layout"))
+    rows = lines[head + 2:head + 4]
+    starts = [lines[head].index(h) for h in ("step (expected)", "time to train")]
+    for start in starts:  # the unit after each row's number in the column
+        units = {row[start:].split()[1] for row in rows}
+        assert len(units) == 1, rows
