@@ -148,10 +148,12 @@ KIND_ABBREVIATIONS = {"all-gather": "AG", "reduce-scatter": "RS", "all-reduce": 
 
 
 def peak_split_cell(split: Any) -> str:
-    """'26.4 + 0.02 + 0 + 5.71 GiB': a mesh.memory.PeakSplit in the unit of its total."""
+    """'12.3 + 0.0 + 0.0 + 19.8 GiB': a mesh.memory.PeakSplit in the unit of its total,
+    to a tenth of it (a hundredth below 10 units)."""
     size, unit = byte_unit(split.total)
+    decimals = 2 if split.total / size < 10 else 1
     parts = (split.donated_arguments, split.other_arguments, split.outputs, split.temporaries)
-    return " + ".join(f"{n / size:.3g}" for n in parts) + f" {unit}"
+    return " + ".join(f"{n / size:,.{decimals}f}" for n in parts) + f" {unit}"
 
 
 def communication_cell(communication: Sequence[Any]) -> str:
