@@ -28,10 +28,9 @@ import numpy as np
 
 from mesh import isa
 from mesh.machine import Topology
-from mesh.perf.collective_model import link_bytes
 from mesh.perf.estimate import ProgramEstimate
 from mesh.perf.schedule import ALL, ENGINES
-from mesh.units import bytes_text
+from mesh.units import byte_unit, bytes_text
 
 WIDTH_INCHES = 13.0
 MAX_PANELS = 16  # torus planes drawn; more would shrink each past reading
@@ -67,21 +66,8 @@ def save_plot(estimate: ProgramEstimate, path: str | os.PathLike) -> None:
 
 def step_link_bytes(estimate: ProgramEstimate) -> np.ndarray:
     """The bytes every torus link carries over one step, [chip, torus axis, direction]
-    (collective_model.link_bytes): each collective's, a loop body's times its trip count
-    (1 when unknown, as the estimate counts it), the most any branch puts on each link."""
-    return _program_link_bytes(estimate.program, estimate.topology, estimate.placement)
-
-
-def _program_link_bytes(program: isa.Program, topology: Topology, placement) -> np.ndarray:
-    total = np.zeros((topology.num_chips, topology.ndim, 2))
-    for instr in program.instructions:
-        total += link_bytes(instr, topology, placement)
-        trips = getattr(instr, "trip_count", 1)
-        trips = 1 if trips is None else trips  # unknown: once, as the estimate counts it
-        for alternatives in isa.subprogram_fields(instr).values():
-            branches = [_program_link_bytes(p, topology, placement) for p in alternatives]
-            total += trips * np.max(branches, axis=0)
-    return total
+    (ProgramEstimate.link_bytes)."""
+    return estimate.link_bytes
 
 
 def _figure_class() -> Any:
@@ -151,7 +137,7 @@ def _draw_hbm(axes, estimate: ProgramEstimate, scale: float, unit: str) -> None:
     step = estimate.step_seconds
     if samples[-1][0] < step:
         samples.append((step, samples[-1][1]))
-    size, size_unit = _byte_unit(max(live.peak_bytes, 1))
+    size, size_unit = byte_unit(max(live.peak_bytes, 1))
     times = [t * scale for t, _ in samples]
     used = [b / size for _, b in samples]
     axes.step(times, used, where="post", color=BUSY)
@@ -165,13 +151,6 @@ def _draw_hbm(axes, estimate: ProgramEstimate, scale: float, unit: str) -> None:
     axes.set_ylabel(size_unit)
     axes.set_xlabel(f"time ({unit})")
     axes.set_title("HBM in use on a chip", fontsize=10, loc="left")
-
-
-def _byte_unit(n: float) -> tuple[float, str]:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return float(size), unit
-    return 1.0, "B"
 
 
 # --- torus links -------------------------------------------------------------------------
@@ -218,7 +197,7 @@ def _draw_links(subfigure, estimate: ProgramEstimate, planes: list[tuple[int, ..
     from matplotlib import cm, colors
     topology = estimate.topology
     most = max(cables.values())
-    size, size_unit = _byte_unit(most)
+    size, size_unit = byte_unit(most)
     norm = colors.Normalize(0.0, most / size)
     colour_of = lambda load: cm.viridis(norm(load / size)) if load > 0 else IDLE_LINK  # noqa: E731
     shown = planes[:MAX_PANELS]
@@ -324,23 +303,33 @@ def _failed(topology: Topology, chip: int, axis: int) -> bool:
 # --- a sweep of layouts ------------------------------------------------------------------
 
 SWEEP_WIDTH_INCHES = 10.0
+KEY_WIDTH_INCHES = 3.0  # the key of ranks and layouts beside the plot
 LOG_SCALE_RANGE = 20.0  # peak HBM spanning more than this factor: a log axis
 MAX_LABEL_CHARS = 40
+KEY_LINES = 48  # layouts the key names; the table has the rest
+SWEEP_DPI = 100
 
 
 def save_sweep_plot(sweep: Any, path: str | os.PathLike) -> None:
-    """Draw a jax_trn2.plan.Sweep into the image file `path`: each planned layout's
-    expected step time (a dot; its ideal step a tick below it, joined by a line) against
-    its peak HBM per chip, layouts that fit in one colour and those that do not in
-    another, the chips' HBM capacity a vertical line, each point labelled with its rank
-    and layout (failed layouts have no point)."""
+    """Draw a jax_trn2.plan.Sweep into the image file `path` (sweep_figure)."""
+    sweep_figure(sweep).savefig(path, dpi=SWEEP_DPI)
+
+
+def sweep_figure(sweep: Any) -> Any:
+    """A matplotlib Figure of a jax_trn2.plan.Sweep: each planned layout's expected step
+    time (a dot; its ideal step a tick below it, joined by a line) against its peak HBM
+    per chip, layouts that fit in one colour and those that do not in another, the chips'
+    HBM capacity a vertical line, each point labelled with its rank in the sweep's table
+    (points whose labels would overlap share one label: '3, 7') and a key of ranks and
+    layouts beside the plot (failed layouts have no point)."""
     plans = [p for p in sweep.plans if p.ok]
     if not plans:
         raise ValueError("the sweep has no planned layout to draw (every one failed)")
-    figure = _figure_class()(figsize=(SWEEP_WIDTH_INCHES, 6.0), layout="constrained")
-    axes = figure.subplots()
+    figure = _figure_class()(figsize=(SWEEP_WIDTH_INCHES + KEY_WIDTH_INCHES, 6.0),
+                             layout="constrained", dpi=SWEEP_DPI)
+    axes, key = figure.subplots(1, 2, width_ratios=(SWEEP_WIDTH_INCHES, KEY_WIDTH_INCHES))
     scale, unit = _time_unit(max(p.estimate.step_seconds for p in plans))
-    size, size_unit = _byte_unit(max(p.estimate.peak_bytes for p in plans))
+    size, size_unit = byte_unit(max(p.estimate.peak_bytes for p in plans))
     for fits, colour, label in ((True, BUSY, "fits"), (False, FAILED, "does not fit")):
         chosen = [p for p in plans if p.fits == fits]
         if not chosen:
@@ -353,11 +342,6 @@ def save_sweep_plot(sweep: Any, path: str | os.PathLike) -> None:
                   color=colour, markersize=10)
         axes.plot(peaks, [p.estimate.step_seconds * scale for p in chosen], "o",
                   color=colour, label=f"{label} (expected step; ideal: tick)")
-    for rank, p in enumerate(sweep.plans, 1):
-        if p.ok:
-            axes.annotate(f"{rank} {p.layout.name[:MAX_LABEL_CHARS]}",
-                          (p.estimate.peak_bytes / size, p.estimate.step_seconds * scale),
-                          textcoords="offset points", xytext=(5, 3), fontsize=7)
     capacity = plans[0].estimate.hbm_bytes
     axes.axvline(capacity / size, color=FAILED, linestyle="--")
     axes.annotate(f"HBM per chip {bytes_text(capacity)}", (capacity / size, 1.0),
@@ -372,4 +356,40 @@ def save_sweep_plot(sweep: Any, path: str | os.PathLike) -> None:
     axes.legend(loc="lower right", fontsize=8)
     axes.set_title(f"{len(plans)} layouts planned: step time against peak HBM per chip "
                    f"(rank in the sweep's table)", fontsize=10, loc="left")
-    figure.savefig(path, dpi=100)
+    ranked = [(rank, p) for rank, p in enumerate(sweep.plans, 1) if p.ok]
+    _label_points(figure, axes, [([rank], (p.estimate.peak_bytes / size,
+                                           p.estimate.step_seconds * scale))
+                                 for rank, p in ranked])
+    _draw_key(key, ranked)
+    return figure
+
+
+def _label_points(figure: Any, axes: Any, groups: list[tuple[list[int], tuple]]) -> None:
+    """Label each point with its rank; two labels that overlap once drawn are merged into
+    one at the first's point ('3, 7'), until none overlap."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    figure.draw_without_rendering()  # the constrained layout settles the axes
+    while True:
+        texts = [axes.annotate(", ".join(map(str, ranks)), point, textcoords="offset points",
+                               xytext=(4, 3), fontsize=7) for ranks, point in groups]
+        boxes = [t.get_window_extent(renderer) for t in texts]
+        pair = next(((i, j) for i in range(len(boxes)) for j in range(i + 1, len(boxes))
+                     if boxes[i].overlaps(boxes[j])), None)
+        if pair is None:
+            return
+        for t in texts:
+            t.remove()
+        i, j = pair
+        groups[i] = (groups[i][0] + groups[j][0], groups[i][1])
+        del groups[j]
+
+
+def _draw_key(key: Any, ranked: list[tuple[int, Any]]) -> None:
+    """The ranks and names of the planned layouts, as the table lists them."""
+    key.axis("off")
+    lines = [f"{rank:>3}  {p.layout.name[:MAX_LABEL_CHARS]}" for rank, p in ranked[:KEY_LINES]]
+    if len(ranked) > KEY_LINES:
+        lines.append(f"     ... {len(ranked) - KEY_LINES} more: the sweep's table")
+    key.text(0.0, 1.0, "\n".join(lines), va="top", ha="left", family="monospace",
+             fontsize=7, transform=key.transAxes)

@@ -37,15 +37,47 @@ from mesh.machine import Topology, get_topology
 
 KINDS = ("dp", "fsdp", "tp", "pp", "ep", "cp")
 
-# Logical axis -> the mesh axes (in this order) that split it, where the layout has them.
+# Logical axis -> the mesh axes (in this order) that split it, where the layout has them;
+# () for a dim never split. The names are MaxText's (its configs/base.yml
+# logical_axis_rules, its mesh axes read as data -> dp, fsdp -> fsdp, tensor -> tp,
+# stage -> pp, expert -> ep, sequence and context -> cp) and Flax's examples' (lm1b:
+# batch, length, embed, heads, kv, mlp, vocab; T5X's joined_kv), each mapped as MaxText
+# maps it, except that a parameter's `embed` is split by fsdp alone.
+_BATCH, _TENSOR = ("dp", "fsdp", "ep"), ("tp",)
 DEFAULT_RULES: dict[str, tuple[str, ...]] = {
-    "batch": ("dp", "fsdp", "ep"),
-    "embed": ("fsdp",),
-    "heads": ("tp",), "kv_heads": ("tp",), "mlp": ("tp",), "vocab": ("tp",),
-    "stages": ("pp",),
-    "experts": ("ep",),
-    "length": ("cp",),
+    # parameters
+    "embed": ("fsdp",), "embed_no_exp": ("fsdp",), "q_lora": ("fsdp",), "kv_lora": ("fsdp",),
+    "heads": _TENSOR, "q_heads": _TENSOR, "kv_heads": _TENSOR, "joined_kv": _TENSOR,
+    "mlp": _TENSOR, "vocab": _TENSOR, "norm": _TENSOR,
+    "kv": (), "kv_head_dim": (),  # a head's own dim
+    "stages": ("pp",), "layers": ("pp",),
+    "experts": ("ep",), "exp": ("ep",),
+    # activations
+    "batch": _BATCH, "activation_batch": _BATCH, "activation_kv_batch": _BATCH,
+    "activation_prefill_kv_batch": _BATCH, "decode_batch": _BATCH,
+    "activation_embed_and_logits_batch": ("dp", "pp", "fsdp", "ep"),
+    "length": ("cp",), "seq": ("cp",), "sequence": ("cp",), "activation_length": ("cp",),
+    "activation_q_length": ("cp",), "activation_norm_length": ("cp",),
+    "decode_length": ("cp",), "activation_kv_length": (),
+    "activation_embed": _TENSOR, "activation_heads": _TENSOR, "activation_kv_heads": _TENSOR,
+    "activation_kv": _TENSOR, "activation_kv_head_dim": _TENSOR, "activation_mlp": _TENSOR,
+    "activation_vocab": _TENSOR, "activation_stage": ("pp",), "activation_exp": ("ep",),
+    # a serving KV cache: MaxText splits only its heads
+    "cache_heads": _TENSOR, "cache_batch": (), "cache_batch_prefill": (), "cache_kv": (),
+    "cache_sequence": (),
 }
+
+
+class UnknownLogicalAxisError(ValueError):
+    """A logical axis that a layout's rules do not map to mesh axes (`axis`): every layout
+    with the same rules fails on it, so a sweep raises it once rather than planning on."""
+
+    def __init__(self, message: str, axis: str):
+        super().__init__(message, axis)
+        self.axis = axis
+
+    def __str__(self) -> str:
+        return self.args[0]
 
 
 @dataclass(frozen=True)
@@ -76,10 +108,6 @@ class Layout:
                                  "positive ints")
         if self.microbatches is not None and self.microbatches < 1:
             raise ValueError(f"Layout: microbatches must be >= 1, got {self.microbatches}")
-        chips = self.machine.num_chips
-        if self.chips > chips:
-            raise ValueError(f"Layout {self.name}: {self.chips} chips, but topology "
-                             f"'{self.machine.name}' has {chips}")
 
     @classmethod
     def of(cls, *, remat: str | None = None, topology: str | Topology = DEFAULT_TOPOLOGY,
@@ -118,8 +146,20 @@ class Layout:
 
     @property
     def chips(self) -> int:
-        """Chips the layout's mesh takes: the product of its axis sizes."""
+        """Devices the layout's mesh takes (chips, or logical NeuronCores on the instance
+        presets): the product of its axis sizes."""
         return math.prod(size for _, size in self.axes)
+
+    @property
+    def placement_error(self) -> str | None:
+        """Why the layout's mesh cannot be placed on its machine, naming the axes at fault
+        ('fsdp=32 needs 32 devices; trn2 has 16'); None when it can. A layout is data, so
+        one the machine cannot hold is still a layout: a sweep marks it."""
+        have = self.machine.num_devices
+        if self.chips <= have:
+            return None
+        axes = " x ".join(f"{n}={s}" for n, s in self.axes if s > 1)
+        return f"{axes} needs {self.chips} devices; {self.machine.name} has {have}"
 
     def size(self, axis: str) -> int:
         """The size of mesh axis `axis` (1 when the layout has none)."""
@@ -129,6 +169,8 @@ class Layout:
         """The layout's mesh on its topology (jax_trn2.make_mesh): pass the same topology
         to jax_trn2.jit (topology=layout.topology), as make_mesh remembers only one machine
         per mesh shape and names."""
+        if self.placement_error:
+            raise ValueError(f"Layout {self.name}: {self.placement_error}")
         return make_mesh(tuple(s for _, s in self.axes), tuple(n for n, _ in self.axes),
                          topology=self.topology)
 
@@ -143,8 +185,9 @@ class Layout:
         entries = []
         for axis in logical:
             if axis is not None and axis not in rules:
-                raise ValueError(f"Layout {self.name}: no rule for logical axis {axis!r}; known: "
-                                 f"{sorted(rules)} (add one with rules=...)")
+                raise UnknownLogicalAxisError(
+                    f"Layout {self.name}: no rule for logical axis {axis!r}; known: "
+                    f"{sorted(rules)} (add one with rules=...)", axis)
             mesh_axes = [a for a in rules.get(axis, ()) if a in present and a not in used]
             used.update(mesh_axes)
             entries.append(None if not mesh_axes else mesh_axes[0] if len(mesh_axes) == 1
@@ -169,7 +212,8 @@ def grid(chips: int, kinds: Sequence[str] = ("dp", "fsdp", "tp"),
          limits: Mapping[str, int] | None = None, **options: Any) -> list[Layout]:
     """Every layout of `chips` chips over the mesh axes `kinds` (each size a divisor, their
     product `chips`; sizes above `limits[kind]` left out), for every remat policy and
-    topology. `options` go to Layout.of (rules, microbatches)."""
+    topology. `options` go to Layout.of (rules, microbatches). Layouts a topology cannot
+    hold are kept: a sweep marks them (Layout.placement_error)."""
     if chips < 1:
         raise ValueError(f"grid: chips must be >= 1, got {chips}")
     unknown = [k for k in (limits or {}) if k not in kinds]

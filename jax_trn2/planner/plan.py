@@ -29,32 +29,37 @@ and a pipeline's `bubble` is the share of the chips' matmul work that is not the
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures
 import functools
 import multiprocessing
 import os
 import pickle
+import re
 import sys
 import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from jax_trn2.planner.layout import DEFAULT_RULES, KINDS, Layout, grid
+from jax_trn2.planner.layout import (DEFAULT_RULES, KINDS, Layout, UnknownLogicalAxisError,
+                                    grid)
 from jax_trn2.planner.tables import duration_text, sweep_table
 from jax_trn2.planner.training import TrainingRun, training_run
 from mesh.machine import Topology, get_topology
+from mesh.memory import PeakSplit
+from mesh.perf.estimate import CollectiveTimes
 from mesh.perf.schedule import ENGINES
 from mesh.units import bytes_text
 
-__all__ = ["DEFAULT_RULES", "KINDS", "Layout", "Plan", "StepEstimate", "Sweep", "estimate",
-           "grid", "sweep"]
+__all__ = ["DEFAULT_RULES", "KINDS", "Layout", "Plan", "StepEstimate", "Sweep",
+           "UnknownLogicalAxisError", "estimate", "grid", "sweep"]
 
 # A worker process takes about this long to start (spawn, import jax and the user's module,
 # the first trace): worth it only when it saves more than that (measured on a 2-core AMD
 # EPYC: 3-5 s).
 WORKER_START_SECONDS = 5.0
-REASON_CHARS = 160  # of a failure's message shown in the table
+REASON_CHARS = 160  # of a failure's reason shown in a progress line
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,13 @@ class StepEstimate:
     # of the arguments the step updates in place (its outputs written into donated
     # arguments), per chip
     donated_bytes: int
+    # what holds the peak at its instant (mesh.memory.PeakSplit: donated arguments, other
+    # arguments, outputs, temporaries; they sum to peak_bytes)
+    peak_split: PeakSplit = PeakSplit()
+    # the step's collectives by kind (count, seconds, exposed seconds), most time first
+    communication: tuple[CollectiveTimes, ...] = ()
+    # (link, bytes per step, seconds at its bandwidth) of the busiest torus links
+    busiest_links: tuple[tuple[str, float, float], ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -106,7 +118,11 @@ def estimate(jitted: Any, args: Sequence[Any],
         exposed_communication_seconds=info["exposed_communication_seconds"],
         busiest_engine=engine, busiest_seconds=busy[engine],
         peak_flops=topology.device.peak_flops_for("bfloat16"),
-        donated_bytes=memory.alias_size_in_bytes)
+        donated_bytes=memory.alias_size_in_bytes, peak_split=memory.peak_split,
+        communication=tuple(CollectiveTimes(kind, **t)
+                            for kind, t in info["communication_by_kind"].items()),
+        busiest_links=tuple((l["link"], float(l["bytes"]), float(l["seconds"]))
+                            for l in info["busiest_links"]))
 
 
 @dataclass(frozen=True)
@@ -210,7 +226,16 @@ class Plan:
             exposed_communication_seconds=e.exposed_communication_seconds,
             busiest_engine=e.busiest_engine,
             busiest_engine_share=e.busiest_seconds / e.step_seconds if e.step_seconds else 0.0,
-            bubble=self.bubble, gpipe_bubble=self.gpipe_bubble)
+            bubble=self.bubble, gpipe_bubble=self.gpipe_bubble,
+            peak_donated_argument_bytes=e.peak_split.donated_arguments,
+            peak_other_argument_bytes=e.peak_split.other_arguments,
+            peak_output_bytes=e.peak_split.outputs,
+            peak_temporary_bytes=e.peak_split.temporaries)
+        for t in e.communication:  # 'all-gather_seconds', 'all-gather_exposed_seconds'...
+            row.update({f"{t.kind}_count": t.count, f"{t.kind}_seconds": t.seconds,
+                        f"{t.kind}_exposed_seconds": t.exposed_seconds})
+        row["busiest_links"] = [dict(link=name, bytes=nbytes, seconds=seconds)
+                                for name, nbytes, seconds in e.busiest_links]
         run = self.training(train_tokens, price_per_chip_hour) if train_tokens else None
         if run is not None:
             row.update(train_tokens=run.tokens, train_seconds=run.seconds,
@@ -301,13 +326,16 @@ def sweep(build: Callable[[Layout], tuple[Any, Sequence[Any]]], layouts: Iterabl
     plans: list[Plan] = []
 
     def done(layout: Layout, outcome: tuple) -> None:
-        estimate_, error, seconds, warned = outcome
+        estimate_, error, seconds, warned = outcome[:4]
         plans.append(Plan(layout, estimate_, error, seconds, tokens_per_step, model_flops,
                           warned))
         if report is not None:
             report(len(plans), len(layouts), plans[-1])
 
-    count = plan_jobs(build, layouts, workers, done)
+    for layout in layouts:  # marked, not built: the machine cannot hold their mesh
+        if layout.placement_error:
+            done(layout, (None, layout.placement_error, 0.0, ()))
+    count = plan_jobs(build, [l for l in layouts if not l.placement_error], workers, done)
     return Sweep(plans, train_tokens=train_tokens, price_per_chip_hour=price_per_chip_hour,
                  wall_seconds=time.perf_counter() - started, workers=count)
 
@@ -344,6 +372,7 @@ def plan_jobs(build: Callable, jobs: Sequence[Any], workers: int | None,
     jobs = list(jobs)
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    done = functools.partial(_raise_unavoidable, jobs, done)
     if not _spawnable(build):
         workers = 1
     if workers is None and jobs:
@@ -370,27 +399,82 @@ def plan_jobs(build: Callable, jobs: Sequence[Any], workers: int | None,
     return workers
 
 
-def _plan_one(build: Callable, job: Any
-              ) -> tuple[StepEstimate | None, str | None, float, tuple[str, ...]]:
+def _raise_unavoidable(jobs: Sequence[Any], done: Callable[[Any, tuple], None], job: Any,
+                       outcome: tuple) -> None:
+    """Pass `outcome` on to `done`, unless its error is one no job can avoid: a logical
+    axis that none of the jobs' layouts has a rule for, raised once here rather than
+    printed in every row."""
+    axis = outcome[4]
+    if axis is not None and not any(axis in dict(_layout_of(j).rules) for j in jobs):
+        raise UnknownLogicalAxisError(
+            f"no rule maps logical axis {axis!r} in any of the {len(jobs)} layouts, so none "
+            f"can be planned; first seen planning {_layout_of(job).name}: {outcome[1]}. "
+            f"Give it a rule: Layout.of(..., rules={{{axis!r}: <mesh axes, or () for "
+            "never split>}), or grid(..., rules=...)", axis)
+    done(job, outcome[:4])
+
+
+def _layout_of(job: Any) -> Layout:
+    """A job's layout: the job itself, or its `layout` (a serving job)."""
+    return getattr(job, "layout", job)
+
+
+def _plan_one(build: Callable, job: Any) -> tuple[StepEstimate | None, str | None, float,
+                                                 tuple[str, ...], str | None]:
     """Build and estimate one job; an exception becomes the plan's error, a warning one of
     its warnings (kept with the plan, not printed: a sweep of 24 layouts would print each
-    of XLA's partitioner warnings 24 times). A job is a Layout or has one (`job.layout`)."""
+    of XLA's partitioner warnings 24 times). A job is a Layout or has one (`job.layout`).
+    The last item is the logical axis without a rule, when that is the error."""
     started = time.perf_counter()
+    layout = _layout_of(job)
+    unknown_axis = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             jitted, args = build(job)
-            machine = getattr(job, "layout", job).machine
-            result = estimate(jitted, args, machine)
-            if result.topology != machine.name:
+            result = estimate(jitted, args, layout.machine)
+            if result.topology != layout.topology_name:
                 raise ValueError(f"the step was lowered for topology '{result.topology}', "
-                                 f"but the layout is on '{machine.name}': pass "
+                                 f"but the layout is on '{layout.topology_name}': pass "
                                  "topology=layout.topology to jax_trn2.jit")
             outcome = result, None
+        except UnknownLogicalAxisError as e:
+            outcome, unknown_axis = (None, f"{type(e).__name__}: {e}"), e.axis
         except Exception as e:  # the reason goes in the table; the sweep goes on
-            outcome = None, f"{type(e).__name__}: {e}"
+            outcome = None, error_reason(layout, e)
     warned = tuple(dict.fromkeys(str(w.message) for w in caught))
-    return (*outcome, time.perf_counter() - started, warned)
+    return (*outcome, time.perf_counter() - started, warned, unknown_axis)
+
+
+# jax's message when a sharding splits a dimension into parts that do not divide it
+# (jax._src.sharding's IndivisibleError): the spec, the array axis, the parts, its size.
+_INDIVISIBLE = re.compile(r"spec=P\((?P<spec>.*?)\),.*?implies that array axis (?P<dim>\d+) "
+                          r"is partitioned (?P<parts>\d+) times, but the dimension size is "
+                          r"(?P<size>\d+) \(full shape: (?P<shape>\([\d, ]*\))")
+
+
+def error_reason(layout: Layout, error: Exception) -> str:
+    """`'{type}: {message}'`, led by the layout parameter at fault where the error says
+    which: 'tp=4 does not divide dimension 1 (8190) of a (4096, 8190) value split
+    P('fsdp', 'tp')' before jax's IndivisibleError."""
+    reason = f"{type(error).__name__}: {error}"
+    match = _INDIVISIBLE.search(str(error))
+    if match is None:
+        return reason
+    try:
+        entries = match["spec"].strip().rstrip(",")
+        spec = ast.literal_eval(f"({entries},)") if entries else ()
+    except (ValueError, SyntaxError):
+        return reason
+    dim = int(match["dim"])
+    entry = spec[dim] if dim < len(spec) else None
+    axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
+    if not axes:
+        return reason
+    at_fault = " x ".join(f"{a}={layout.size(a)}" for a in axes)
+    verb = "does" if len(axes) == 1 else f"(= {match['parts']} parts) do"
+    return (f"{at_fault} {verb} not divide dimension {dim} ({match['size']}) of a "
+            f"{match['shape']} value split P({entries}); {reason}")
 
 
 def _spawnable(fn: Callable) -> bool:

@@ -4,23 +4,41 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from mesh.units import bytes_text
+from mesh.units import byte_unit, bytes_text
 
 HOUR, DAY = 3600.0, 86400.0
+REASON_CHARS = 400  # of a failure's reason shown in a table (the whole of it: plan.error)
+
+
+# (unit, seconds in it, decimals shown, the durations below which it is used)
+DURATION_UNITS = (("us", 1e-6, 0, 1e-3), ("ms", 1e-3, 1, 1.0), ("s", 1.0, 2, 2 * HOUR),
+                  ("h", HOUR, 1, 2 * DAY), ("days", DAY, 1, float("inf")))
+MAX_DECIMALS = 4  # shown by column_durations for a small duration in a column's unit
+
+
+def _duration_unit(seconds: float) -> tuple[str, float, int, float]:
+    return next(u for u in DURATION_UNITS if seconds < u[3])
 
 
 def duration_text(seconds: float) -> str:
     """A duration in the unit that reads best: '812 us', '41.3 ms', '2.41 s', '3.2 h',
     '12.5 days'."""
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:,.0f} us"
-    if seconds < 1.0:
-        return f"{seconds * 1e3:,.1f} ms"
-    if seconds < 2 * HOUR:
-        return f"{seconds:,.2f} s"
-    if seconds < 2 * DAY:
-        return f"{seconds / HOUR:,.1f} h"
-    return f"{seconds / DAY:,.1f} days"
+    unit, size, decimals, _ = _duration_unit(seconds)
+    return f"{seconds / size:,.{decimals}f} {unit}"
+
+
+def column_durations(seconds: Sequence[float]) -> list[str]:
+    """Durations for one table column, all in one unit (the one that reads best for the
+    longest), so that they compare at a glance: ['1.6 h', '2.7 h'], not ['5,921.23 s',
+    '2.7 h']. When the shortest nonzero one would show fewer than two significant digits,
+    the column gets more decimals, up to MAX_DECIMALS."""
+    if not seconds:
+        return []
+    unit, size, decimals, _ = _duration_unit(max(seconds))
+    smallest = min((s for s in seconds if s > 0), default=0.0) / size
+    while smallest and decimals < MAX_DECIMALS and smallest < 10 ** (1 - decimals):
+        decimals += 1
+    return [f"{s / size:,.{decimals}f} {unit}" for s in seconds]
 
 
 def amount_text(x: float) -> str:
@@ -66,13 +84,21 @@ def sweep_table(sweep: Any) -> str:
         "chips", "peak HBM/chip", "fits", "step (expected)", "ideal", "MFU exp/ideal"]
     if with_tokens:
         headers += ["tokens/s", "per chip"]
-    headers += ["exposed comm", "busiest engine"]
+    headers += ["peak: donated + args + out + temp", "exposed comm",
+                "comm by kind: count, total (exposed)", "busiest link", "busiest engine"]
     if with_bubble:
         headers += ["bubble (formula)"]
     if run_tokens:
         headers += ["time to train", "chip-hours"] + (
             ["cost"] if sweep.price_per_chip_hour is not None else [])
     headers += ["planned in"]
+    estimates = [p.estimate for p in plans]
+    steps = column_durations([e.step_seconds for e in estimates])
+    ideals = column_durations([e.ideal_step_seconds for e in estimates])
+    exposed = column_durations([e.exposed_communication_seconds for e in estimates])
+    runs = [p.training(run_tokens, sweep.price_per_chip_hour) for p in plans] \
+        if run_tokens else []
+    run_times = column_durations([run.seconds for run in runs])
     rows = []
     for rank, plan in enumerate(plans, 1):
         e = plan.estimate
@@ -81,22 +107,24 @@ def sweep_table(sweep: Any) -> str:
         row = [str(rank), plan.layout.name] + (
             [plan.layout.topology_name] if len(topologies) > 1 else []) + [
             str(e.chips), bytes_text(e.peak_bytes), fits_text(e.peak_bytes, e.hbm_bytes),
-            duration_text(e.step_seconds), duration_text(e.ideal_step_seconds),
+            steps[rank - 1], ideals[rank - 1],
             f"{mfu:.1%} / {ideal_mfu:.1%}" if mfu is not None else "-"]
         if with_tokens:
             rate = plan.tokens_per_second
             row += [amount_text(rate), amount_text(plan.tokens_per_second_per_chip)] if rate \
                 else ["-", "-"]
         share = e.busiest_seconds / e.step_seconds if e.step_seconds else 0.0
-        row += [duration_text(e.exposed_communication_seconds),
+        row += [peak_split_cell(e.peak_split), exposed[rank - 1],
+                communication_cell(e.communication),
+                bytes_text(e.busiest_links[0][1]) if e.busiest_links else "-",
                 f"{e.busiest_engine} {share:.0%}"]
         if with_bubble:
             bubble, formula = plan.bubble, plan.gpipe_bubble
             row += ["-" if bubble is None else f"{bubble:.1%}" + (
                 f" ({formula:.1%})" if formula is not None else "")]
         if run_tokens:
-            run = plan.training(run_tokens, sweep.price_per_chip_hour)
-            row += [duration_text(run.seconds), amount_text(run.chip_hours)] + (
+            run = runs[rank - 1]
+            row += [run_times[rank - 1], amount_text(run.chip_hours)] + (
                 [amount_text(run.cost)] if run.cost is not None else [])
         row += [f"{plan.planned_seconds:.1f} s"]
         rows.append(row)
@@ -104,14 +132,45 @@ def sweep_table(sweep: Any) -> str:
     if rows:
         lines.append(format_table(headers, rows))
     for plan in failed:
-        reason = " ".join(plan.error.split())
-        lines.append(f"failed  {plan.layout.name} on {plan.layout.topology_name}: "
-                     f"{reason[:300]}")
+        what = "not placed" if plan.layout.placement_error else "failed"
+        lines.append(f"{what}  {plan.layout.name} on {plan.layout.topology_name}: "
+                     f"{reason_text(plan.error)}")
     warned = [rank for rank, plan in enumerate(sweep.plans, 1) if plan.warnings]
     if warned:
         lines.append(f"warnings while planning #{', #'.join(map(str, warned))} (XLA's "
                      "partitioner, say): each plan's .warnings")
     return "\n".join(lines)
+
+
+# Short names of collective kinds in a table cell.
+KIND_ABBREVIATIONS = {"all-gather": "AG", "reduce-scatter": "RS", "all-reduce": "AR",
+                      "all-to-all": "A2A", "collective-permute": "CP"}
+
+
+def peak_split_cell(split: Any) -> str:
+    """'12.3 + 0.0 + 0.0 + 19.8 GiB': a mesh.memory.PeakSplit in the unit of its total,
+    to a tenth of it (a hundredth below 10 units)."""
+    size, unit = byte_unit(split.total)
+    decimals = 2 if split.total / size < 10 else 1
+    parts = (split.donated_arguments, split.other_arguments, split.outputs, split.temporaries)
+    return " + ".join(f"{n / size:,.{decimals}f}" for n in parts) + f" {unit}"
+
+
+def communication_cell(communication: Sequence[Any]) -> str:
+    """'AG 80x 1.20 s (0.10 s), RS 80x 0.90 s (0.31 s)': each kind's collectives (most
+    time first), their total time and the part no other engine hides."""
+    if not communication:
+        return "-"
+    return ", ".join(f"{KIND_ABBREVIATIONS.get(t.kind, t.kind)} {t.count}x "
+                     f"{duration_text(t.seconds)} ({duration_text(t.exposed_seconds)})"
+                     for t in communication)
+
+
+def reason_text(error: str) -> str:
+    """A failure's reason on one line, its tail past REASON_CHARS cut: reasons lead with
+    their cause (the layout parameter at fault), so the cut loses only detail."""
+    reason = " ".join(error.split())
+    return reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 3] + "..."
 
 
 def _sweep_header(sweep: Any, with_model: bool, run_tokens: float | None) -> str:
@@ -124,6 +183,10 @@ def _sweep_header(sweep: Any, with_model: bool, run_tokens: float | None) -> str
                      "MFU: the model's FLOPs (as given) over the chips' BF16 peak for the step"
                      if with_model else
                      "MFU: the chips' matmuls, recomputation left out, at their dtype's peak"))
+    lines.append("peak: what holds the peak HBM per chip at its instant (donated arguments, "
+                 "other arguments, outputs, temporaries); comm: AG all-gather, RS "
+                 "reduce-scatter, AR all-reduce, A2A all-to-all, CP collective-permute; "
+                 "busiest link: bytes per step on the busiest torus link")
     if run_tokens:
         price = sweep.price_per_chip_hour
         lines.append(f"time to train {amount_text(run_tokens)} tokens" + (
@@ -155,7 +218,7 @@ def serving_table(table: Any) -> str:
             row += ["-"] * 5
         row.append("-" if p.max_batch is None else f"{p.max_batch:,}")
         rows.append(row)
-        failed += [f"failed  {p.layout.name}, batch {p.batch}: {' '.join(e.split())[:300]}"
+        failed += [f"failed  {p.layout.name}, batch {p.batch}: {reason_text(e)}"
                    for e in p.errors]
     warned = [f"{p.layout.name}, batch {p.batch}" for p in plans if p.warnings]
     notes = [f"warnings while planning {'; '.join(warned)} (XLA's partitioner, say): each "

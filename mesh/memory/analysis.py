@@ -22,7 +22,7 @@ from mesh import isa
 from mesh.isa.sites import line_text
 from mesh.machine.chip import GIB, ChipSpec
 from mesh.memory.liveness import (ARGUMENT, INSIDE, OUTPUT, TEMPORARY, Buffer, Liveness,
-                                  liveness)
+                                  PeakSplit, liveness)
 from mesh.units import bytes_text
 
 LISTED_AT_PEAK = 5  # buffers the summary and the out-of-HBM message name
@@ -48,6 +48,8 @@ class MemoryStats:
     written into donated arguments; `temp_size_in_bytes` the most bytes of intermediate
     buffers live at once; `peak_memory_in_bytes` the most bytes live at once of everything.
     `generated_code_size_in_bytes` is 0: instruction streams are not modelled.
+    `peak_split` (not jax's) is what holds the peak at its instant: donated arguments, other
+    arguments, outputs and temporaries, summing to `peak_memory_in_bytes`.
     """
 
     chip: int
@@ -58,6 +60,7 @@ class MemoryStats:
     generated_code_size_in_bytes: int
     peak_memory_in_bytes: int
     hbm_bytes: int  # the chip's capacity
+    peak_split: PeakSplit = PeakSplit()
     live_at_peak: tuple[Buffer, ...] = dataclasses.field(default=(), repr=False)  # largest first
 
     @property
@@ -106,6 +109,7 @@ class MemoryAnalysis:
             generated_code_size_in_bytes=0,
             peak_memory_in_bytes=live.peak_bytes,
             hbm_bytes=self.chip.hbm_bytes,
+            peak_split=live.peak_split,
             live_at_peak=live.live_at_peak)
 
     def stats(self, chip: int | None = None) -> MemoryStats:
@@ -143,6 +147,7 @@ class MemoryAnalysis:
             f"{bytes_text(s.output_size_in_bytes)} (aliased to donated arguments "
             f"{bytes_text(s.alias_size_in_bytes)}), temporaries at most "
             f"{bytes_text(s.temp_size_in_bytes)}",
+            f"  at the peak: {peak_split_text(s.peak_split)}",
         ]
         if s.live_at_peak:
             lines.append(f"  live at the peak ({len(s.live_at_peak)} buffers):")
@@ -166,6 +171,15 @@ class MemoryAnalysis:
                 f"than the {capacity} of a {self.chip.name} "
                 f"(on {_chips_text(chips)}); largest buffers live at the peak: "
                 + "; ".join(describe(b) for b in s.live_at_peak[:LISTED_AT_PEAK]))
+
+
+def peak_split_text(split: PeakSplit) -> str:
+    """'donated arguments 4.00 GiB + other arguments 16.00 MiB + outputs 0 B + temporaries
+    1.50 GiB'."""
+    return " + ".join(f"{name} {bytes_text(n)}" for name, n in (
+        ("donated arguments", split.donated_arguments),
+        ("other arguments", split.other_arguments), ("outputs", split.outputs),
+        ("temporaries", split.temporaries)))
 
 
 def describe(buffer: Buffer) -> str:

@@ -105,6 +105,33 @@ class Lifetime:
 
 
 @dataclass(frozen=True)
+class PeakSplit:
+    """What holds one chip's peak: the bytes live at its instant by role; they sum to the
+    peak. Temporaries are the step's intermediates (activations kept for the backward
+    pass, gradients before they are written out, a loop's working set)."""
+
+    donated_arguments: int = 0  # state the step updates in place (jit's donate_argnums)
+    other_arguments: int = 0  # arguments held the whole step (inputs, weights only read)
+    outputs: int = 0  # results already written (into donated buffers, or their own)
+    temporaries: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.donated_arguments + self.other_arguments + self.outputs + self.temporaries
+
+    @classmethod
+    def of(cls, buffers: Iterable[Buffer]) -> "PeakSplit":
+        """The split of these buffers (those live at a peak)."""
+        parts = dict.fromkeys(("donated_arguments", "other_arguments", "outputs",
+                               "temporaries"), 0)
+        for b in buffers:
+            role = ("donated_arguments" if b.donated else "other_arguments") \
+                if b.kind == ARGUMENT else "outputs" if b.kind == OUTPUT else "temporaries"
+            parts[role] += b.nbytes
+        return cls(**parts)
+
+
+@dataclass(frozen=True)
 class Liveness:
     """The buffers of one chip over one run of a program, and the peak."""
 
@@ -115,6 +142,11 @@ class Liveness:
     samples: tuple[tuple[float, int], ...] = field(repr=False)  # (seconds, bytes live)
     input_types: tuple[isa.TensorType, ...] = ()  # per-chip stored type of each input
     output_types: tuple[isa.TensorType, ...] = ()  # and of each output
+
+    @property
+    def peak_split(self) -> PeakSplit:
+        """The peak by what holds it (PeakSplit.total == peak_bytes)."""
+        return PeakSplit.of(self.live_at_peak)
 
     def bytes_of(self, kind: str) -> int:
         return sum(l.nbytes for l in self.lifetimes if l.buffer.kind == kind)

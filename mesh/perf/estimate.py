@@ -24,6 +24,9 @@ from mesh import isa
 from mesh.isa import printer
 from mesh.isa.sites import line_text
 from mesh.perf import schedule
+import numpy as np
+
+from mesh.perf.collective_model import KINDS, link_bytes
 from mesh.perf.cost import Cost, has_rule, instruction_cost, queue
 from mesh.machine import Placement, Topology, chips_text
 from mesh.machine.runtime import IDEAL_RUNTIME
@@ -58,6 +61,55 @@ class TimelineEvent:
     hbm_seconds: float
     cost: Cost
     iteration: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class CollectiveTimes:
+    """One step's collectives of one kind on one chip: how many run (a loop's count per
+    trip), their time on the collective queue and the part of it no other engine hides
+    (seconds; a loop's slowest branch, as the step time counts it)."""
+
+    kind: str
+    count: int
+    seconds: float
+    exposed_seconds: float
+
+    def __add__(self, other: CollectiveTimes) -> CollectiveTimes:
+        return CollectiveTimes(self.kind, self.count + other.count,
+                               self.seconds + other.seconds,
+                               self.exposed_seconds + other.exposed_seconds)
+
+    def __mul__(self, runs: int) -> CollectiveTimes:
+        return CollectiveTimes(self.kind, self.count * runs, self.seconds * runs,
+                               self.exposed_seconds * runs)
+
+
+@dataclass(frozen=True)
+class LinkLoad:
+    """One direction of a torus cable and the bytes a step puts on it; `seconds` is their
+    time at the link's bandwidth."""
+
+    src: int  # chip the link leaves
+    dst: int
+    axis: str  # torus axis name
+    direction: int  # +1 towards higher coordinates, -1 lower
+    bytes: float
+    seconds: float
+
+    @property
+    def name(self) -> str:
+        """'chip 3 -> chip 7 (y+)'."""
+        return f"chip {self.src} -> chip {self.dst} ({self.axis}{'+' if self.direction > 0 else '-'})"
+
+
+BUSIEST_LINKS = 3  # links cost_analysis names
+
+
+def collective_kind(instr: isa.Instruction) -> str:
+    """'all-gather', 'reduce-scatter', 'all-reduce', 'all-to-all', 'collective-permute'
+    (collective_model.KINDS), or the mnemonic of another instruction on the collective
+    queue."""
+    return KINDS.get(type(instr), instr.mnemonic)
 
 
 EXPECTED, IDEAL = "expected", "ideal"
@@ -150,6 +202,52 @@ class ProgramEstimate:
         """Time collectives run while no other engine works."""
         return self.schedule.exposed_seconds(isa.COLLECTIVE) + self._inner_exposed_seconds
 
+    def communication_by_kind(self) -> dict[str, CollectiveTimes]:
+        """The step's collectives by kind: count, time and exposed time per chip, loops'
+        per trip times their trip count (their sums are busy_seconds()[COLLECTIVE] and
+        exposed_communication_seconds)."""
+        totals: dict[str, CollectiveTimes] = {}
+        mine: dict[str, set[int]] = {}
+
+        def add(times: CollectiveTimes) -> None:
+            totals[times.kind] = totals[times.kind] + times if times.kind in totals else times
+
+        for i, instr in enumerate(self.program.instructions):
+            for region in self.regions.get(i, ()):
+                for times in region.estimate.communication_by_kind().values():
+                    add(times * region.runs)
+            if i not in self.regions and queue(instr) == isa.COLLECTIVE:
+                kind = collective_kind(instr)
+                mine.setdefault(kind, set()).add(i)
+                add(CollectiveTimes(kind, 1, self.costs[i].engine_seconds.get(isa.COLLECTIVE,
+                                                                             0.0), 0.0))
+        for kind, indices in mine.items():
+            exposed = self.schedule.exposed_seconds(isa.COLLECTIVE, indices)
+            add(CollectiveTimes(kind, 0, 0.0, exposed))
+        return dict(sorted(totals.items(), key=lambda kv: -kv[1].seconds))
+
+    @cached_property
+    def link_bytes(self) -> np.ndarray:
+        """The bytes every torus link carries over one step, [chip, torus axis, direction
+        (0: towards lower coordinates, 1: higher)] (collective_model.link_bytes): each
+        collective's, a loop body's times its trip count (1 when unknown, as the estimate
+        counts it), the most any branch puts on each link."""
+        return _program_link_bytes(self.program, self.topology, self.placement)
+
+    def busiest_links(self, count: int = BUSIEST_LINKS) -> list[LinkLoad]:
+        """The `count` links that carry the most bytes in a step, busiest first (none
+        that carry nothing)."""
+        loads, topology = self.link_bytes, self.topology
+        links = []
+        for chip in range(topology.num_chips):
+            for peer, axis, direction in topology.neighbours(chip):
+                nbytes = loads[chip, axis, 1 if direction > 0 else 0]
+                if nbytes:
+                    links.append(LinkLoad(chip, peer, topology.axis_names[axis], direction,
+                                          float(nbytes),
+                                          float(nbytes / topology.link_bandwidth[axis])))
+        return sorted(links, key=lambda l: -l.bytes)[:count]
+
     def cost_analysis(self) -> dict:
         """jax's keys ('flops', 'bytes accessed', 'transcendentals', 'optimal_seconds'), per
         chip, each the sum over instructions, plus a 'trn2' breakdown."""
@@ -173,6 +271,12 @@ class ProgramEstimate:
             "engine_busy_seconds": busy,
             "communication_seconds": busy[isa.COLLECTIVE],
             "exposed_communication_seconds": self.exposed_communication_seconds,
+            "communication_by_kind": {
+                kind: {"count": t.count, "seconds": t.seconds,
+                       "exposed_seconds": t.exposed_seconds}
+                for kind, t in self.communication_by_kind().items()},
+            "busiest_links": [{"link": l.name, "bytes": l.bytes, "seconds": l.seconds}
+                              for l in self.busiest_links()],
             "peak_flops_seconds": total.peak_seconds,
             "instructions": len(self.program.instructions),
             "critical_path_seconds": self.critical_path_by_engine(),
@@ -237,7 +341,10 @@ class ProgramEstimate:
             "engine busy:  " + "  ".join(f"{e} {seconds_text(busy[e])} ({share(busy[e]).strip()})"
                                          for e in schedule.ENGINES),
             f"communication {seconds_text(info['communication_seconds'])}, exposed (no other "
-            f"engine busy) {seconds_text(info['exposed_communication_seconds'])}",
+            f"engine busy) {seconds_text(info['exposed_communication_seconds'])}"
+            + "".join(f"; {kind} x{t['count']} {seconds_text(t['seconds'])} (exposed "
+                      f"{seconds_text(t['exposed_seconds'])})"
+                      for kind, t in info["communication_by_kind"].items()),
             "critical path: " + "  ".join(f"{e} {seconds_text(s)}" for e, s in
                                           info["critical_path_seconds"].items() if s),
         ]
@@ -361,6 +468,19 @@ class ProgramEstimate:
         engine = queue(instr)
         hbm = cost.engine_seconds.get(isa.DMA, 0.0) if engine != isa.DMA else 0.0
         return schedule.Task(engine, cost.seconds, hbm)
+
+
+def _program_link_bytes(program: isa.Program, topology: Topology,
+                        placement: Placement | None) -> np.ndarray:
+    total = np.zeros((topology.num_chips, topology.ndim, 2))
+    for instr in program.instructions:
+        total += link_bytes(instr, topology, placement)
+        trips = getattr(instr, "trip_count", 1)
+        trips = 1 if trips is None else trips  # unknown: once, as the estimate counts it
+        for alternatives in isa.subprogram_fields(instr).values():
+            branches = [_program_link_bytes(p, topology, placement) for p in alternatives]
+            total += trips * np.max(branches, axis=0)
+    return total
 
 
 # The summary names the source lines (and scopes) that take the largest shares of the

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Collection, Sequence
 
 from mesh import isa
 
@@ -70,21 +70,27 @@ class Schedule:
     def step_seconds(self) -> float:
         return max((s.end for s in self.slots), default=0.0)
 
-    def exposed_seconds(self, engine: str = isa.COLLECTIVE) -> float:
+    def exposed_seconds(self, engine: str = isa.COLLECTIVE,
+                        indices: Collection[int] | None = None) -> float:
         """Time `engine` is busy while no other engine is: its cost the rest cannot hide.
-        Instructions holding every engine (loops) count as other engines' work here."""
+        Instructions holding every engine (loops) count as other engines' work here.
+        `indices`: only these instructions' time on `engine` (one queue runs one
+        instruction at a time, so the parts of a partition of its instructions add up)."""
         mine, others = [], []
-        for queue, start, end in self._intervals():
-            (mine if queue == engine else others).append((start, end))
+        for queue, start, end, index in self._intervals():
+            if queue != engine:
+                others.append((start, end))
+            elif indices is None or index in indices:
+                mine.append((start, end))
         return _length(_union(mine)) - _overlap(_union(mine), _union(others))
 
     def _intervals(self):
-        """(queue, start, end) of every queue occupancy."""
+        """(queue, start, end, instruction) of every queue occupancy."""
         for slot in self.slots:
             if slot.engine in ENGINES or slot.engine == ALL:
-                yield slot.engine, slot.start, slot.end
+                yield slot.engine, slot.start, slot.end, slot.index
             if slot.hbm_seconds and slot.engine not in (isa.DMA, ALL):
-                yield isa.DMA, slot.start, slot.start + slot.hbm_seconds
+                yield isa.DMA, slot.start, slot.start + slot.hbm_seconds, slot.index
 
 
 def schedule(program: isa.Program, tasks: Sequence[Task]) -> Schedule:

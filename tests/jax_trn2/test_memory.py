@@ -272,3 +272,25 @@ def test_running_out_of_host_memory_is_named_as_such():
     with pytest.raises(jax_trn2.HostMemoryError, match="the host ran out of memory running "
                                                        "the simulation of 1 chip .*The chips fit"):
         f(x)
+
+
+def test_the_peak_of_a_training_step_split_by_what_holds_it():
+    """A step of SGD with momentum on w (donated with its momentum m, 4 MiB each) for a
+    batch x (16 MiB). Its peak is the gradient's matmul g = x^T @ dh, which holds x, the
+    state, dh = d loss / d(x @ w) (16 MiB: the forward product, overwritten in place) and
+    g (4 MiB): 8 MiB donated + 16 MiB other arguments + 0 outputs + 20 MiB temporaries."""
+    def step(state, x):
+        w, m = state["w"], state["m"]
+        g = jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2))(w)
+        m = 0.9 * m + g
+        return {"w": w - 0.1 * m, "m": m}
+
+    x = jax.ShapeDtypeStruct((4096, 1024), jnp.float32)
+    for stats in (jax_trn2.jit(step, donate_argnums=0).lower({"w": SQUARE, "m": SQUARE}, x)
+                  .memory_analysis(),
+                  jax_trn2.jit(step, donate_argnums=0).lower({"w": SQUARE, "m": SQUARE}, x)
+                  .compile().memory_analysis()):
+        split = stats.peak_split
+        assert (split.donated_arguments, split.other_arguments, split.outputs,
+                split.temporaries) == (2 * F, 4 * F, 0, 5 * F)
+        assert split.total == stats.peak_memory_in_bytes == 11 * F

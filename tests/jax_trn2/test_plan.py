@@ -21,6 +21,7 @@ from mesh.machine import get_topology
 N, M = 4096, 8192  # the update's arrays: float32, 128 MiB each
 TOPOLOGY = "trn2"  # 16 chips: small meshes plan fast
 CHIP = get_topology(TOPOLOGY).chip
+CHIP_LINK_BANDWIDTH = get_topology(TOPOLOGY).link_bandwidth[0]  # bytes/s per direction
 
 
 def update(w, g):
@@ -129,7 +130,10 @@ def test_a_layout_that_fails_and_one_that_does_not_fit():
     assert [p.layout for p in sweep] == [huge, odd]
     assert not sweep[1].ok and "IndivisibleError" in sweep[1].error
     assert "does not evenly divide" in sweep[1].error or "evenly divide" in sweep[1].error
-    assert f"failed  fsdp 3 on {TOPOLOGY}: IndivisibleError" in str(sweep)
+    # led by the layout parameter at fault, in the table too
+    assert sweep[1].error.startswith("fsdp=3 does not divide dimension 0 (4096) of a "
+                                     "(4096, 8192) value split P('fsdp'); IndivisibleError")
+    assert f"failed  fsdp 3 on {TOPOLOGY}: fsdp=3 does not divide" in str(sweep)
     over = plan.sweep(big, [huge], workers=1, progress=False)[0]
     assert over.ok and not over.fits and over.headroom_bytes < 0
     assert over.estimate.peak_bytes == 2 * 120_000 ** 2 * 4
@@ -208,8 +212,14 @@ def test_layout_specs_names_and_grid():
     assert Layout.of(pp=4, fsdp=16).spec("stages", "embed") == P("pp", "fsdp")
     with pytest.raises(ValueError, match="no rule for logical axis 'tokens'"):
         layout.spec("tokens")
-    with pytest.raises(ValueError, match="32 chips, but topology 'trn2' has 16"):
-        Layout.of(fsdp=32, topology="trn2")
+    too_big = Layout.of(fsdp=32, topology="trn2")  # data: made, marked by a sweep
+    assert too_big.placement_error == "fsdp=32 needs 32 devices; trn2 has 16"
+    with pytest.raises(ValueError, match="fsdp=32 needs 32 devices; trn2 has 16"):
+        too_big.make_mesh()
+    # an instance preset's devices are its logical NeuronCores: 16 chips x 4 at LNC=2
+    assert Layout.of(fsdp=64, topology="trn2.48xlarge").placement_error is None
+    assert Layout.of(dp=2, fsdp=64, topology="trn2.48xlarge").placement_error == \
+        "dp=2 x fsdp=64 needs 128 devices; trn2.48xlarge has 64"
     with pytest.raises(ValueError, match="axis 'tp' has size 0"):
         Layout.of(tp=0)
     layouts = grid(64, ("dp", "fsdp", "tp"), remats=(None, "full"), limits={"dp": 4, "tp": 8})
@@ -259,3 +269,210 @@ def test_bubble_is_left_out_of_layouts_without_a_pipeline(two_layouts):
     assert p.model_mfu() == pytest.approx(
         1e9 / (16 * CHIP.peak_flops_for("bfloat16") * p.estimate.step_seconds))
     assert math.isfinite(p.model_mfu(ideal=True))
+
+
+def test_a_grid_over_two_machines_marks_what_the_smaller_cannot_hold():
+    """32 devices over fsdp x tp (tp <= 2) on trn2 (16 chips) and trn2-ultra (64): the two
+    layouts are planned on trn2-ultra and marked on trn2, each with the axes at fault."""
+    layouts = grid(32, ("fsdp", "tp"), limits={"tp": 2}, topologies=("trn2", "trn2-ultra"))
+    assert len(layouts) == 4
+    sweep = plan.sweep(build, layouts, workers=1, progress=False)
+    planned = {p.layout.name for p in sweep if p.ok}
+    marked = {p.layout.name: p.error for p in sweep if not p.ok}
+    assert {p.layout.topology_name for p in sweep if p.ok} == {"trn2-ultra"}
+    assert planned == {"fsdp 32", "fsdp 16 x tp 2"}
+    assert marked == {"fsdp 32": "fsdp=32 needs 32 devices; trn2 has 16",
+                      "fsdp 16 x tp 2": "fsdp=16 x tp=2 needs 32 devices; trn2 has 16"}
+    for p in sweep:
+        if p.ok:  # each chip holds 1/32 of w and of g
+            assert p.estimate.peak_bytes == 2 * N * M * 4 // 32
+    text = str(sweep)
+    assert "not placed  fsdp 32 on trn2: fsdp=32 needs 32 devices; trn2 has 16" in text
+    assert sorted(r["error"] for r in sweep.rows()[2:]) == sorted(marked.values())
+
+
+def test_an_error_no_layout_can_avoid_is_raised_once():
+    """A logical axis no layout's rules map fails every layout alike: the sweep raises it
+    once instead of printing it per layout; a layout with a rule for it is planned."""
+    calls = []
+
+    def tokens_build(layout):
+        calls.append(layout)
+        mesh = layout.make_mesh()
+        s = layout.sharding(mesh, "tokens", "mlp")
+        step = jax_trn2.jit(update, in_shardings=(s, s), out_shardings=s,
+                            topology=layout.topology)
+        x = jax.ShapeDtypeStruct((N, M), jnp.float32)
+        return step, (x, x)
+
+    with pytest.raises(plan.UnknownLogicalAxisError, match="no rule maps logical axis "
+                       "'tokens' in any of the 2 layouts") as raised:
+        plan.sweep(tokens_build, [FSDP16, FSDP4_TP2], workers=1, progress=False)
+    assert raised.value.axis == "tokens" and len(calls) == 1  # stopped at the first
+    with_rule = Layout.of(fsdp=16, topology=TOPOLOGY, rules={"tokens": "fsdp"})
+    sweep = plan.sweep(tokens_build, [FSDP4_TP2, with_rule], workers=1, progress=False)
+    assert sweep[0].layout == with_rule and sweep[0].ok
+    assert "no rule for logical axis 'tokens'" in sweep[1].error
+
+
+def test_a_flax_model_with_maxtext_logical_axis_names_plans_in_every_layout():
+    """A Flax attention + MLP block whose parameters carry MaxText's logical names
+    (embed, q_heads, kv_heads, kv, mlp, vocab, norm) is split by the default rules as
+    MaxText splits it (`kv`, a head's own dim, never) and plans in every layout."""
+    nn = pytest.importorskip("flax.linen")
+    d, heads, head_dim, ff, vocab = 256, 8, 32, 512, 1024
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, tokens):
+            def param(name, shape, names):
+                return self.param(name, nn.with_logical_partitioning(
+                    nn.initializers.normal(0.02), names), shape)
+            x = param("embedding", (vocab, d), ("vocab", "embed"))[tokens]
+            x = x * param("scale", (d,), ("norm",))
+            q = jnp.einsum("bld,dhk->blhk", x, param("q", (d, heads, head_dim),
+                                                     ("embed", "q_heads", "kv")))
+            k = jnp.einsum("bld,dhk->blhk", x, param("k", (d, heads, head_dim),
+                                                     ("embed", "kv_heads", "kv")))
+            x = x + jnp.einsum("blhk,hkd->bld", q * k, param("o", (heads, head_dim, d),
+                                                            ("heads", "kv", "embed")))
+            h = jax.nn.gelu(x @ param("wi", (d, ff), ("embed", "mlp")))
+            x = x + h @ param("wo", (ff, d), ("mlp", "embed"))
+            return x @ param("head", (d, vocab), ("embed", "vocab"))
+
+    model = Block()
+    tokens = jax.ShapeDtypeStruct((16, 64), jnp.int32)
+    boxed = jax.eval_shape(model.init, jax.random.key(0), tokens)
+    logical = nn.get_partition_spec(boxed)["params"]
+    params = nn.unbox(boxed)["params"]
+
+    def train_step(params, tokens):
+        def loss(p):
+            logits = model.apply({"params": p}, tokens)
+            return -jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+        grads = jax.grad(loss)(params)
+        return jax.tree.map(lambda p, g: p - 1e-3 * g, params, grads)
+
+    def flax_build(layout):
+        mesh = layout.make_mesh()
+        weights = jax.tree.map(lambda spec: layout.sharding(mesh, *spec), logical,
+                               is_leaf=lambda x: isinstance(x, P))
+        step = jax_trn2.jit(train_step, in_shardings=(weights, layout.sharding(mesh, "batch")),
+                            out_shardings=weights, donate_argnums=0, topology=layout.topology)
+        return step, (params, tokens)
+
+    layout = Layout.of(fsdp=4, tp=4)
+    assert layout.spec("embed", "q_heads", "kv") == P("fsdp", "tp")
+    assert layout.spec("heads", "kv", "embed") == P("tp", None, "fsdp")
+    assert layout.spec("norm") == P("tp") and layout.spec("vocab", "embed") == P("tp", "fsdp")
+    layouts = grid(16, ("fsdp", "tp"), limits={"tp": 4}, topologies=(TOPOLOGY,))
+    sweep = plan.sweep(flax_build, layouts, workers=1, progress=False)
+    assert len(sweep) == 3 and all(p.ok for p in sweep), [p.error for p in sweep]
+
+
+def gather_and_scatter(layout):
+    """A step with one known all-gather (w: bf16[2048,2048], 8 MiB whole) and one known
+    reduce-scatter (y: bf16[1024,2048], 4 MiB) over fsdp 16."""
+    mesh = layout.make_mesh()
+
+    def body(w, x):
+        y = x @ jax.lax.all_gather(w, "fsdp", tiled=True)
+        return jax.lax.psum_scatter(y, "fsdp", scatter_dimension=1, tiled=True)
+
+    step = jax_trn2.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("fsdp"), P()),
+                                      out_specs=P(None, "fsdp")), topology=layout.topology)
+    return step, (jax.ShapeDtypeStruct((2048, 2048), jnp.bfloat16),
+                  jax.ShapeDtypeStruct((1024, 2048), jnp.bfloat16))
+
+
+def test_communication_by_collective_kind_and_the_busiest_links():
+    """Each kind's time is its collective's planned time; the kinds add up to the step's
+    communication and exposed communication; on trn2's 4x4 torus the rotated rings carry
+    (n-1)/n of each message over 4 link directions, so the busiest link carries
+    (8 MiB + 4 MiB) x 15/16 / 4."""
+    step, args = gather_and_scatter(FSDP16)
+    lowered = step.lower(*args)
+    info = lowered.cost_analysis()["trn2"]
+    plans = {type(i).__name__: i.plan for i in lowered.program.instructions
+             if getattr(i, "plan", None) is not None}
+    kinds = info["communication_by_kind"]
+    assert set(kinds) == {"all-gather", "reduce-scatter"}
+    for kind, name in (("all-gather", "AllGather"), ("reduce-scatter", "ReduceScatter")):
+        assert kinds[kind]["count"] == 1
+        assert kinds[kind]["seconds"] == pytest.approx(plans[name].expected_seconds, rel=1e-12)
+        assert 0 < kinds[kind]["exposed_seconds"] <= kinds[kind]["seconds"]
+    assert sum(t["seconds"] for t in kinds.values()) == pytest.approx(
+        info["communication_seconds"], rel=1e-12)
+    assert sum(t["exposed_seconds"] for t in kinds.values()) == pytest.approx(
+        info["exposed_communication_seconds"], rel=1e-12)
+    busiest = (8 + 4) * 2**20 * 15 / 16 / 4
+    link = info["busiest_links"][0]
+    assert link["bytes"] == busiest
+    assert link["seconds"] == pytest.approx(busiest / CHIP_LINK_BANDWIDTH, rel=1e-12)
+    (p,) = plan.sweep(gather_and_scatter, [FSDP16], workers=1, progress=False)
+    row = p.row()
+    assert row["all-gather_count"] == 1 and row["reduce-scatter_count"] == 1
+    assert row["all-gather_seconds"] == kinds["all-gather"]["seconds"]
+    assert row["reduce-scatter_exposed_seconds"] == kinds["reduce-scatter"]["exposed_seconds"]
+    assert row["busiest_links"][0]["bytes"] == busiest
+    assert "AG 1x" in str(plan.Sweep([p])) and "RS 1x" in str(plan.Sweep([p]))
+
+
+def test_the_sweep_splits_each_plans_peak():
+    """The in-place update w - g: at the peak each chip holds its pieces of w (donated)
+    and g (128 MiB / 16 each), nothing else."""
+    (p,) = plan.sweep(build, [FSDP16], workers=1, progress=False)
+    piece = N * M * 4 // 16
+    split = p.estimate.peak_split
+    assert (split.donated_arguments, split.other_arguments, split.outputs,
+            split.temporaries) == (piece, piece, 0, 0)
+    row = p.row()
+    assert (row["peak_donated_argument_bytes"], row["peak_other_argument_bytes"],
+            row["peak_output_bytes"], row["peak_temporary_bytes"]) == (piece, piece, 0, 0)
+
+
+def test_sweep_plot_labels_do_not_overlap(two_layouts):
+    """Eight layouts within 1% of each other and one apart: every rank is labelled, no two
+    labels overlap (close points share one), and the key beside the plot names each."""
+    pytest.importorskip("matplotlib")
+    import dataclasses
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from jax_trn2.core.plot import sweep_figure
+
+    base = two_layouts[0].estimate
+    layouts = [Layout.of(fsdp=16 // d, tp=d, topology=TOPOLOGY) for d in (1, 2, 4, 8, 16)] + \
+        [Layout.of(dp=d, fsdp=16 // d, topology=TOPOLOGY) for d in (2, 4, 8, 16)]
+    plans = [plan.Plan(layout, dataclasses.replace(
+        base, peak_bytes=int(base.peak_bytes * (1 + k / 1000 if k < 8 else 3)),
+        step_seconds=base.step_seconds * (1 + k / 1000 if k < 8 else 2)))
+        for k, layout in enumerate(layouts)]
+    figure = sweep_figure(plan.Sweep(plans))
+    axes, key = figure.axes
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    labels = [t for t in axes.texts if not t.get_text().startswith("HBM per chip")]
+    ranks = sorted(int(r) for t in labels for r in t.get_text().split(", "))
+    assert ranks == list(range(1, 10))
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    assert len(labels) >= 2  # the far point keeps its own
+    listed = key.texts[0].get_text()
+    assert all(p.layout.name in listed for p in plans)
+
+
+def test_a_duration_column_has_one_unit():
+    from jax_trn2.planner.tables import column_durations
+    assert column_durations([5921.23, 2.7 * 3600]) == ["1.6 h", "2.7 h"]  # not '5,921.23 s'
+    # the longest sets the unit; a short one keeps two significant digits
+    assert column_durations([0.0, 0.0123, 2.5]) == ["0.000 s", "0.012 s", "2.500 s"]
+    assert column_durations([3 * 86400, 86400 / 2]) == ["3.00 days", "0.50 days"]
+    assert column_durations([]) == []
+
+
+def test_the_sweep_table_shows_each_duration_column_in_one_unit(two_layouts):
+    lines = str(two_layouts).splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("#  layout"))
+    rows = lines[head + 2:head + 4]
+    starts = [lines[head].index(h) for h in ("step (expected)", "time to train")]
+    for start in starts:  # the unit after each row's number in the column
+        units = {row[start:].split()[1] for row in rows}
+        assert len(units) == 1, rows

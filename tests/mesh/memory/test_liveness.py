@@ -202,3 +202,24 @@ def test_a_broadcast_that_only_adds_unit_dimensions_is_a_view(shape, dimensions,
     program = program_of(instrs, {0: F32, 1: F32, 2: isa.TensorType(shape, "float32")},
                          (0,), (2,))
     assert liveness(program).peak_bytes == peak
+
+
+def test_the_peak_split_adds_up_to_the_peak_by_role():
+    # chain(): instr 1 holds x (argument) and t1, t2 (temporaries): 3 F at the peak.
+    split = MemoryAnalysis(chain(), ChipSpec()).stats().peak_split
+    assert (split.donated_arguments, split.other_arguments, split.outputs,
+            split.temporaries) == (0, F, 0, 2 * F)
+    # x donated and dead after instr 0: the peak, 2 F, is first reached at instr 0, which
+    # holds x and its result t1.
+    split = MemoryAnalysis(chain(donated_inputs=((0, 0),)), ChipSpec()).stats().peak_split
+    assert (split.donated_arguments, split.other_arguments, split.outputs,
+            split.temporaries) == (F, 0, 0, F)
+    # x + y with x donated: the sum is written into x, y is held: at the add x (donated)
+    # and y are live, then the output takes x's buffer.
+    add = isa.Elementwise((2,), (0, 1), op="add")
+    program = program_of([add], {0: F32, 1: F32, 2: F32}, (0, 1), (2,),
+                         donated_inputs=((0, 0),))
+    stats = MemoryAnalysis(program, ChipSpec()).stats()
+    assert stats.peak_split.total == stats.peak_memory_in_bytes == 2 * F
+    assert stats.peak_split.other_arguments == F
+    assert "at the peak: donated arguments" in MemoryAnalysis(program, ChipSpec()).summary()
