@@ -18,7 +18,7 @@ from mesh import isa
 from mesh.perf.schedule import ENGINES
 from mesh.perf.trace import chrome_trace
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 M, K, N = 64, 256, 128  # global a[M, K] @ b[K, N]; K split over y, M over x
 TIMED_LINE = re.compile(r"^\s+\d[\d,]*\.\d{3} \+\s*\d[\d,]*\.\d{3}[* ]  %")
 

@@ -10,7 +10,7 @@ import pytest
 from jax_trn2 import plan, serving
 from jax_trn2.planner.layout import Layout
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "examples"))
 from support import llama  # noqa: E402
 
 TINY = llama.Llama(layers=2, d_model=256, heads=8, kv_heads=2, d_ff=512, vocab=1024,

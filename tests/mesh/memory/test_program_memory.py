@@ -114,7 +114,7 @@ def test_out_of_hbm_names_chips_sizes_and_source_lines():
     message = str(error.value)
     assert re.search(r"needs 107\.\d\d GiB of HBM per chip .* than the 96\.00 GiB", message)
     assert "float32[120000,120000] (53.64 GiB)" in message
-    assert f"test_memory.py:{too_big.__code__.co_firstlineno + 1}" in message
+    assert f"test_program_memory.py:{too_big.__code__.co_firstlineno + 1}" in message
     assert error.value.chips == (0,) and error.value.stats.peak_memory_in_bytes > 96 * GIB
     compiled = lowered.compile(check_memory=False)  # told not to check: it compiles
     assert compiled.memory_analysis().peak_memory_in_bytes == stats.peak_memory_in_bytes

@@ -89,7 +89,7 @@ def test_loop_time_is_split_among_the_engines_and_lines_inside():
     lines = info["critical_path_by_source"]
     assert sum(lines.values()) == pytest.approx(info["step_seconds"])
     busiest = max(lines, key=lines.get)  # the layer's line: its matmul and tanh
-    assert busiest.rsplit(":", 1)[0].endswith("test_estimates.py")
+    assert busiest.rsplit(":", 1)[0].endswith("test_program_estimates.py")
 
 
 def test_listing_times_every_instruction_inside_a_loop():
