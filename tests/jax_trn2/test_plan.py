@@ -55,7 +55,7 @@ def test_two_layouts_worked_by_hand(two_layouts):
     assert (first.layout, second.layout) == (FSDP16, FSDP4_TP2)  # ranked: the fastest first
     for p, chips in ((first, 16), (second, 8)):
         piece = N * M * 4 // chips
-        assert p.estimate.chips == chips
+        assert p.estimate.devices == chips
         assert p.estimate.peak_bytes == 2 * piece
         assert p.estimate.ideal_step_seconds == pytest.approx(3 * piece / CHIP.hbm_bandwidth,
                                                               rel=1e-9)
@@ -63,7 +63,7 @@ def test_two_layouts_worked_by_hand(two_layouts):
         assert p.estimate.step_seconds >= p.estimate.ideal_step_seconds
         assert p.estimate.busiest_engine == "Vector" and p.estimate.mfu == 0.0
         assert p.tokens_per_second == pytest.approx(1000 / p.estimate.step_seconds)
-        assert p.tokens_per_second_per_chip == pytest.approx(p.tokens_per_second / chips)
+        assert p.tokens_per_second_per_device == pytest.approx(p.tokens_per_second / chips)
     assert first.estimate.step_seconds < second.estimate.step_seconds
 
 
@@ -96,7 +96,7 @@ def test_the_table_says_what_each_column_is(two_layouts):
     text = str(two_layouts)
     assert "2 layouts planned" in text and "ranked: fitting first" in text
     assert "expected (with the Neuron runtime's measured costs)" in text
-    assert "MFU: the chips' matmuls" in text  # no model_flops given: the estimate's MFU
+    assert "MFU: the devices' matmuls" in text  # no model_flops given: the estimate's MFU
     assert "cost at 3 per chip-hour" in text
     lines = text.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("#  layout"))
@@ -161,7 +161,7 @@ def test_warnings_are_kept_with_their_plan(recwarn):
 def test_progress_lines(capsys):
     plan.sweep(build, [FSDP16], workers=1)
     err = capsys.readouterr().err
-    assert err.startswith(f"[1/1] fsdp 16 on {TOPOLOGY}: 16.00 MiB/chip, step ")
+    assert err.startswith(f"[1/1] fsdp 16 on {TOPOLOGY}: 16.00 MiB/device, step ")
     assert "expected (planned in" in err
 
 
@@ -202,7 +202,7 @@ def test_a_step_made_for_another_machine_is_an_error_in_its_row():
 
 def test_layout_specs_names_and_grid():
     layout = Layout.of(dp=2, fsdp=4, tp=8, remat="full")
-    assert layout.name == "dp 2 x fsdp 4 x tp 8, remat full" and layout.chips == 64
+    assert layout.name == "dp 2 x fsdp 4 x tp 8, remat full" and layout.devices == 64
     assert layout.spec("batch", None, "embed") == P(("dp", "fsdp"))  # fsdp splits batch
     assert layout.spec("embed", "mlp") == P("fsdp", "tp")
     assert Layout.of(tp=4, rules={"batch": "tp"}).spec("batch") == P("tp")
@@ -224,7 +224,7 @@ def test_layout_specs_names_and_grid():
         Layout.of(tp=0)
     layouts = grid(64, ("dp", "fsdp", "tp"), remats=(None, "full"), limits={"dp": 4, "tp": 8})
     assert len(layouts) == 24
-    assert all(l.chips == 64 and l.size("dp") <= 4 and l.size("tp") <= 8 for l in layouts)
+    assert all(l.devices == 64 and l.size("dp") <= 4 and l.size("tp") <= 8 for l in layouts)
     assert len({(l.axes, l.remat) for l in layouts}) == 24
     assert Layout.of(pp=4, microbatches=8, schedule="1f1b").name == \
         "pp 4, 1f1b, 8 microbatches"
@@ -235,7 +235,7 @@ def test_sweep_plot_writes_an_image(two_layouts, tmp_path):
     path = tmp_path / "sweep.svg"
     two_layouts.plot(path)
     svg = path.read_text()
-    assert "<svg" in svg and "fsdp 4 x tp 2" in svg and "HBM per chip" in svg
+    assert "<svg" in svg and "fsdp 4 x tp 2" in svg and "HBM per device" in svg
 
 
 def test_jax_trn2_plan_command(tmp_path, capsys):
@@ -449,7 +449,7 @@ def test_sweep_plot_labels_do_not_overlap(two_layouts):
     figure = sweep_figure(plan.Sweep(plans))
     axes, key = figure.axes
     renderer = FigureCanvasAgg(figure).get_renderer()
-    labels = [t for t in axes.texts if not t.get_text().startswith("HBM per chip")]
+    labels = [t for t in axes.texts if not t.get_text().startswith("HBM per device")]
     ranks = sorted(int(r) for t in labels for r in t.get_text().split(", "))
     assert ranks == list(range(1, 10))
     boxes = [t.get_window_extent(renderer) for t in labels]

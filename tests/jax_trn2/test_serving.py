@@ -41,16 +41,16 @@ def table():
 
 
 def test_serving_figures_worked_by_hand(table):
-    assert [(p.chips, p.batch) for p in table] == [(1, 1), (1, 4), (2, 1), (2, 4)]
+    assert [(p.devices, p.batch) for p in table] == [(1, 1), (1, 4), (2, 1), (2, 4)]
     for p in table:
         assert p.ok and p.fits and not p.errors
         # k and v: [layers, batch, kv_length, kv heads per chip, head_dim] on each chip
-        heads = TINY.kv_heads // p.chips
+        heads = TINY.kv_heads // p.devices
         assert p.kv_cache_bytes == 2 * TINY.layers * p.batch * KV * heads * TINY.head_dim * BYTES
         assert p.ttft_seconds == p.prefill.step_seconds > 0
         assert p.decode_seconds == p.decode.step_seconds > 0
         assert p.tokens_per_second == pytest.approx(p.batch / p.decode_seconds)
-        assert p.tokens_per_second_per_chip == pytest.approx(p.tokens_per_second / p.chips)
+        assert p.tokens_per_second_per_device == pytest.approx(p.tokens_per_second / p.devices)
         assert p.prefill_tokens_per_second == pytest.approx(p.batch * PROMPT / p.ttft_seconds)
     one, four = table[2], table[3]
     assert four.decode_seconds > one.decode_seconds  # four times the cache to read
@@ -70,7 +70,7 @@ def test_the_table_and_rows(table):
     assert "steps planned" in text and f"KV cache of {KV:,} positions" in text
     assert "TTFT: the prefill step; per token: one decode step" in text
     row = table.rows()[1]
-    assert row["batch"] == 4 and row["chips"] == 1 and row["kv_cache_bytes"] == \
+    assert row["batch"] == 4 and row["devices"] == 1 and row["kv_cache_bytes"] == \
         table[1].kv_cache_bytes and row["max_batch"] == table[1].max_batch
 
 
