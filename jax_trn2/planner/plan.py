@@ -287,9 +287,9 @@ class Sweep:
 
     @property
     def recommendation(self) -> Recommendation:
-        """The fastest plan that fits, and why the layouts nearest it lost: those faster
-        that do not fit (their peak against a device's HBM) and the next fitting ones
-        (what made their step longer). Printed under the table."""
+        """The fastest plan that fits, and why others lost: the fastest that do not fit
+        (their peak against a device's HBM, and what holds most of it) and the next
+        fitting ones (what made their step longer). Printed under the table."""
         return recommend(self.plans)
 
     def rows(self) -> list[dict[str, Any]]:

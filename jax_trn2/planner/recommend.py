@@ -22,13 +22,14 @@ Two kinds of runner-up lose for two kinds of reason, each read from the plans' o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Any, Sequence
 
 from jax_trn2.planner.tables import duration_text
 from mesh.units import bytes_text
 
-if TYPE_CHECKING:
-    from jax_trn2.planner.plan import Plan
+# A jax_trn2.plan.Plan (which module imports this one: its name only, to keep imports one
+# way).
+Plan = Any
 
 RUNNERS_UP = 3  # of each kind (faster but too big; fitting but slower)
 # A part of the step-time gap is named when it is at least this share of the gap; the two
@@ -49,9 +50,9 @@ class RunnerUp:
 
 @dataclass(frozen=True)
 class Recommendation:
-    """The fastest plan that fits (`best`; None when none does) and the runners-up nearest
-    it with the reason each lost: the faster layouts that do not fit, then the next
-    fitting ones (when nothing fits: the layouts nearest to fitting)."""
+    """The fastest plan that fits (`best`; None when none does) and runners-up with the
+    reason each lost: the fastest layouts that do not fit, then the next fitting ones
+    (when nothing fits: the layouts nearest to fitting)."""
 
     best: Plan | None
     runners_up: tuple[RunnerUp, ...] = ()
@@ -73,9 +74,9 @@ class Recommendation:
 
 
 def recommend(plans: Sequence[Plan], count: int = RUNNERS_UP) -> Recommendation:
-    """The recommendation of a sweep's plans: the fastest that fits, up to `count` faster
-    ones that do not fit (those nearest it in step time) and the `count` fitting ones
-    after it, each with the reason it lost."""
+    """The recommendation of a sweep's plans: the fastest that fits, the `count` fastest
+    that are faster but do not fit and the `count` fitting ones after it, each with the
+    reason it lost."""
     planned = sorted((p for p in plans if p.ok), key=lambda p: p.step_seconds)
     fitting = [p for p in planned if p.fits]
     if not fitting:
@@ -84,7 +85,7 @@ def recommend(plans: Sequence[Plan], count: int = RUNNERS_UP) -> Recommendation:
                                           for p in nearest[:count]))
     best = fitting[0]
     too_big = [p for p in planned if not p.fits and p.step_seconds < best.step_seconds]
-    runners = [RunnerUp(p, memory_reason(p)) for p in too_big[max(len(too_big) - count, 0):]]
+    runners = [RunnerUp(p, memory_reason(p)) for p in too_big[:count]]
     runners += [RunnerUp(p, time_reason(p, best)) for p in fitting[1:count + 1]]
     return Recommendation(best, tuple(runners))
 

@@ -565,6 +565,7 @@ def made_plan(step_ms, peak_gib=20.0, all_reduce_ms=0.0, mfu=0.5, remat=None,
 def test_the_recommendation_is_the_fastest_fitting_layout_and_says_why_the_next_lost():
     best = made_plan(10.0, fsdp=16, tp=4)
     too_big = made_plan(8.0, peak_gib=26.0, fsdp=64)  # faster, 26 GiB > 24 GiB
+    too_big_too = made_plan(9.0, peak_gib=25.0, dp=2, fsdp=32)
     # model FLOPs at 40% of 64 devices' peak over the step, against an MFU of 50%: a
     # bubble of 1 - 0.4 / 0.5 = 20% of the 12.5 ms, 2.5 ms
     piped = made_plan(12.5, model_flops=0.4 * 64 * 1e12 * 12.5e-3, pp=4, fsdp=4, tp=4)
@@ -572,12 +573,15 @@ def test_the_recommendation_is_the_fastest_fitting_layout_and_says_why_the_next_
     remat = made_plan(14.0, remat="full", fsdp=16, tp=4)  # 4 ms more of compute
     slow_and_big = made_plan(30.0, peak_gib=30.0, dp=2, fsdp=32)  # neither: not a runner-up
     failed = plan.Plan(Layout.of(tp=64, topology=INSTANCE), None, "ValueError: tp=64 ...")
-    sweep = plan.Sweep([remat, failed, reduced, piped, slow_and_big, too_big, best])
+    sweep = plan.Sweep([remat, failed, too_big_too, reduced, piped, slow_and_big, too_big,
+                        best])
     rec = sweep.recommendation
     assert rec.best is best is sweep.best
     assert [(r.plan, r.reason) for r in rec.runners_up] == [
         (too_big, "does not fit: peak 26.00 GiB > 24.00 GiB per device (temporaries "
                   "20.00 GiB of it)"),
+        (too_big_too, "does not fit: peak 25.00 GiB > 24.00 GiB per device (temporaries "
+                      "19.00 GiB of it)"),
         (piped, "2.5 ms slower (1.25x the step): pipeline bubble 20% (2.5 ms more)"),
         (reduced, "3.1 ms slower (1.31x the step): exposed all-reduce 3.1 ms more"),
         (remat, "4.0 ms slower (1.40x the step): compute 4.0 ms more (busiest engine Tensor; "
@@ -588,7 +592,7 @@ def test_the_recommendation_is_the_fastest_fitting_layout_and_says_why_the_next_
     text = str(sweep)
     assert text.index(str(rec)) > text.index("#  layout")  # printed under the table
     assert [r.plan for r in plan.recommend(sweep.plans, count=1).runners_up] == \
-        [too_big, piped]
+        [too_big, piped]  # the fastest that does not fit, the next that does
     nothing = plan.Sweep([too_big, slow_and_big]).recommendation
     assert nothing.best is None and [r.plan for r in nothing.runners_up] == \
         [too_big, slow_and_big]  # nearest to fitting first
