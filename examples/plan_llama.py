@@ -6,12 +6,15 @@ A Llama-3 training step (grouped-query attention as the fused flash-attention ke
 embeddings, SwiGLU, untied output head, float32 master weights and Adam moments, bfloat16
 compute, layers run by a scan; examples/support/decoder.py) is built for each layout from jax.ShapeDtypeStructs, and
 jax_trn2.plan.sweep partitions, lowers and estimates every one and ranks them: peak HBM
-per chip against 96 GiB, step time (expected and ideal), MFU by the model's FLOPs,
-tokens/s, exposed communication, the busiest engine, and the time and chip-hours to train
-on 15T tokens (Llama 3's pre-training corpus).
+per device against its HBM (96 GiB a chip; 24 GiB a logical NeuronCore of a
+trn2.48xlarge), step time (expected and ideal), MFU by the model's FLOPs, tokens/s, exposed
+communication, the busiest engine, and the time and chip-hours to train on 15T tokens
+(Llama 3's pre-training corpus); then the recommendation: the fastest layout that fits and
+why the next ones lost.
 
     python examples/plan_llama.py                  # Llama-3 70B: 12 layouts x remat off/on
     python examples/plan_llama.py --model 8B --price 2.5 --plot sweep.png
+    python examples/plan_llama.py --model 8B --topology trn2.48xlarge   # 64 LNC=2 cores
     python examples/plan_llama.py --tiny           # a small configuration, seconds
 """
 
@@ -41,17 +44,17 @@ MODELS = {
     "tiny": decoder.Decoder(layers=2, d_model=256, heads=8, kv_heads=2, d_ff=512, vocab=1024,
                             **LLAMA),
 }
-# Sequences per step and their length: one 8192-token sequence (Llama 3's context) per chip.
+# Sequences per step and their length: one 8192-token sequence (Llama 3's context) per device.
 SHAPES = {"8B": (64, 8192), "70B": (64, 8192), "tiny": (64, 64)}
 TRAIN_TOKENS = 15e12  # Llama 3's pre-training tokens
 LOGICAL_AXES = ("batch", "embed", "heads", "kv_heads", "mlp", "vocab")
 
 
-def layouts(chips: int = 64) -> list[plan.Layout]:
-    """Every dp x fsdp x tp of the chips with dp <= 4 and tp <= 8 (Llama 3 has 8 KV heads),
-    without and with full remat."""
-    return plan.grid(chips, ("dp", "fsdp", "tp"), remats=(None, "full"),
-                     limits={"dp": 4, "tp": 8})
+def layouts(devices: int = 64, topology: str = "trn2-ultra") -> list[plan.Layout]:
+    """Every dp x fsdp x tp of the devices with dp <= 4 and tp <= 8 (Llama 3 has 8 KV
+    heads), without and with full remat."""
+    return plan.grid(devices, ("dp", "fsdp", "tp"), remats=(None, "full"),
+                     topologies=(topology,), limits={"dp": 4, "tp": 8})
 
 
 def build(model: str, layout: plan.Layout):
@@ -112,9 +115,12 @@ if __name__ == "__main__":
     parser.add_argument("--price", type=float, metavar="PER_CHIP_HOUR",
                         help="price of a chip-hour, for the cost of training (no default: "
                              "see jax_trn2.training)")
+    parser.add_argument("--topology", default="trn2-ultra",
+                        help="the machine: trn2-ultra (64 chips, the default) or "
+                             "trn2.48xlarge (16 chips, 64 LNC=2 logical cores)")
     parser.add_argument("--plot", metavar="OUT.png", help="draw step time against peak HBM")
     parser.add_argument("--workers", type=int, help="planning processes (default: one per "
                                                     "core)")
     args = parser.parse_args()
-    run("tiny" if args.tiny else args.model, price_per_chip_hour=args.price, plot=args.plot,
-        workers=args.workers)
+    run("tiny" if args.tiny else args.model, layouts(topology=args.topology),
+        price_per_chip_hour=args.price, plot=args.plot, workers=args.workers)

@@ -27,18 +27,22 @@ def add_plan(subparsers) -> None:
     parser = subparsers.add_parser(
         "plan", help="plan a step under many layouts; print them ranked",
         description="Build script.py:build(layout) for every layout, partition, lower and "
-                    "estimate each, and print the plans ranked: peak HBM per chip and "
+                    "estimate each, and print the plans ranked: peak HBM per device and "
                     "whether it fits, step time (expected and ideal), MFU, tokens/s, "
                     "exposed communication, the busiest engine, time and cost to train, and "
-                    "why a layout failed.")
+                    "why a layout failed; then the recommendation: the fastest layout that "
+                    "fits and why the next ones lost. A device is a chip on the whole-chip "
+                    "presets (trn2, trn2-ultra), a logical NeuronCore on the instances "
+                    "(trn2.48xlarge: 64 devices of 24 GiB, tp on the cores of a chip).")
     parser.add_argument("target", help="script.py:build, a function of a jax_trn2.plan.Layout "
                                        "returning (jax_trn2.jit function, args)")
     parser.add_argument("--layout", type=layout_axes, action="append", default=[],
                         metavar="AXIS=SIZE,...", help="a layout's mesh axes, e.g. "
                         f"dp=4,fsdp=4,tp=4 (axes: {', '.join(KINDS)} or others the build "
                         "knows); repeatable")
-    parser.add_argument("--grid", type=int, metavar="CHIPS",
-                        help="every layout of CHIPS chips over --axes")
+    parser.add_argument("--grid", type=int, metavar="DEVICES",
+                        help="every layout of DEVICES devices over --axes (64 fill a "
+                             "trn2.48xlarge, 16 chips x 4 logical cores)")
     parser.add_argument("--axes", type=names, default=("dp", "fsdp", "tp"),
                         help="the mesh axes of --grid (default: dp,fsdp,tp)")
     parser.add_argument("--max", type=layout_axes, default=(), metavar="AXIS=SIZE,...",
@@ -60,7 +64,7 @@ def add_plan(subparsers) -> None:
     parser.add_argument("--workers", type=int, help="planning processes (default: one per "
                                                     "core, when it pays)")
     parser.add_argument("--plot", type=Path, metavar="OUT.png",
-                        help="also draw step time against peak HBM per chip (needs "
+                        help="also draw step time against peak HBM per device (needs "
                              "matplotlib: pip install 'jax-trn2[plot]')")
     parser.add_argument("--json", type=Path, metavar="OUT.json",
                         help="also write the rows (one object per plan) as JSON")

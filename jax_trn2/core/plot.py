@@ -318,8 +318,9 @@ def save_sweep_plot(sweep: Any, path: str | os.PathLike) -> None:
 def sweep_figure(sweep: Any) -> Any:
     """A matplotlib Figure of a jax_trn2.plan.Sweep: each planned layout's expected step
     time (a dot; its ideal step a tick below it, joined by a line) against its peak HBM
-    per chip, layouts that fit in one colour and those that do not in another, the chips'
-    HBM capacity a vertical line, each point labelled with its rank in the sweep's table
+    per device (a chip, or a logical NeuronCore on the instance presets), layouts that fit
+    in one colour and those that do not in another, a device's HBM capacity a vertical
+    line, each point labelled with its rank in the sweep's table
     (points whose labels would overlap share one label: '3, 7') and a key of ranks and
     layouts beside the plot (failed layouts have no point)."""
     plans = [p for p in sweep.plans if p.ok]
@@ -344,17 +345,17 @@ def sweep_figure(sweep: Any) -> Any:
                   color=colour, label=f"{label} (expected step; ideal: tick)")
     capacity = plans[0].estimate.hbm_bytes
     axes.axvline(capacity / size, color=FAILED, linestyle="--")
-    axes.annotate(f"HBM per chip {bytes_text(capacity)}", (capacity / size, 1.0),
+    axes.annotate(f"HBM per device {bytes_text(capacity)}", (capacity / size, 1.0),
                   xycoords=("data", "axes fraction"), textcoords="offset points",
                   xytext=(-4, -12), fontsize=8, color=FAILED, ha="right")
     peaks = [p.estimate.peak_bytes for p in plans] + [capacity]
     if max(peaks) / max(min(peaks), 1) > LOG_SCALE_RANGE:
         axes.set_xscale("log")
-    axes.set_xlabel(f"peak HBM per chip ({size_unit})")
+    axes.set_xlabel(f"peak HBM per device ({size_unit})")
     axes.set_ylabel(f"step time ({unit})")
     axes.set_ylim(bottom=0)
     axes.legend(loc="lower right", fontsize=8)
-    axes.set_title(f"{len(plans)} layouts planned: step time against peak HBM per chip "
+    axes.set_title(f"{len(plans)} layouts planned: step time against peak HBM per device "
                    f"(rank in the sweep's table)", fontsize=10, loc="left")
     ranked = [(rank, p) for rank, p in enumerate(sweep.plans, 1) if p.ok]
     _label_points(figure, axes, [([rank], (p.estimate.peak_bytes / size,

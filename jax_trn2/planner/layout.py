@@ -4,6 +4,17 @@ logical axes map onto it, the rematerialisation policy and the machine.
     layout = Layout.of(dp=4, fsdp=4, tp=4, remat="full")       # 64 chips of trn2-ultra
     mesh = layout.make_mesh()                                    # ('dp', 'fsdp', 'tp')
     w = layout.sharding(mesh, "embed", "mlp")                    # P('fsdp', 'tp')
+    Layout.of(tp=4, fsdp=16, topology="trn2.48xlarge")          # 64 devices: 16 chips x 4
+
+A layout counts devices, what JAX sees: a chip on the whole-chip presets (trn2,
+trn2-ultra, ...), a logical NeuronCore on the machines as AWS rents them (trn2.48xlarge:
+16 chips x 4 at LNC=2, each device 24 GiB). Its mesh axes go outermost first in
+`MESH_ORDER`, whatever order they were given in, because make_mesh puts a mesh's innermost
+axes on the cores of a chip (mesh.machine.place_mesh) and the outer ones over the chips'
+torus: tp takes a chip's devices first (TP inside a chip, as AWS advises for Trn2), then
+cp, ep and fsdp the chips, dp and pp outermost (the chips' part of a mesh is laid on the
+torus by place_mesh's rules: on an UltraCluster an axis as long as its UltraServers takes
+the EFA axis between them).
 
 Mesh axes are named for the parallelism they carry, and logical axes (MaxText's names for the
 dims of parameters and activations) go to mesh axes by `DEFAULT_RULES` unless a layout
@@ -36,6 +47,11 @@ from jax_trn2.frontend.meshes import make_mesh
 from mesh.machine import Topology, get_topology
 
 KINDS = ("dp", "fsdp", "tp", "pp", "ep", "cp")
+# The parallelism axes in mesh order, outermost first: the heaviest traffic (tp's per-layer
+# all-reduces) innermost, on the fastest links (a chip's cores, then its torus neighbours),
+# the lightest (dp's one gradient reduction a step, pp's activations between stages)
+# outermost. A layout with axes of other names keeps the order it was given.
+MESH_ORDER = ("dp", "pp", "fsdp", "ep", "cp", "tp")
 
 # Logical axis -> the mesh axes (in this order) that split it, where the layout has them;
 # () for a dim never split. The names are MaxText's (its configs/base.yml
@@ -82,7 +98,8 @@ class UnknownLogicalAxisError(ValueError):
 
 @dataclass(frozen=True)
 class Layout:
-    """One way to run a step: mesh axes (name, size) in order, the rematerialisation policy
+    """One way to run a step: mesh axes (name, size; ordered by MESH_ORDER when every name
+    is one of its kinds), the rematerialisation policy
     the step should apply (None: none; a name the step's builder understands, e.g.
     "full"), the machine, logical-axis rules, and for a pipeline its microbatch count (to
     show the bubble formula beside the measured bubble) and schedule."""
@@ -108,12 +125,15 @@ class Layout:
                                  "positive ints")
         if self.microbatches is not None and self.microbatches < 1:
             raise ValueError(f"Layout: microbatches must be >= 1, got {self.microbatches}")
+        if set(names) <= set(MESH_ORDER):
+            object.__setattr__(self, "axes", tuple(sorted(
+                self.axes, key=lambda axis: MESH_ORDER.index(axis[0]))))
 
     @classmethod
     def of(cls, *, remat: str | None = None, topology: str | Topology = DEFAULT_TOPOLOGY,
            rules: Mapping[str, Sequence[str]] | None = None, microbatches: int | None = None,
            schedule: str | None = None, label: str = "", **axes: int) -> Layout:
-        """A layout from mesh axis sizes by name, in order: `Layout.of(dp=2, tp=8)`.
+        """A layout from mesh axis sizes by name: `Layout.of(dp=2, tp=8)`.
         `rules` override DEFAULT_RULES for the logical axes they name."""
         merged = dict(DEFAULT_RULES)
         merged.update({k: (v,) if isinstance(v, str) else tuple(v)
@@ -145,10 +165,16 @@ class Layout:
         return self.machine.name
 
     @property
-    def chips(self) -> int:
+    def devices(self) -> int:
         """Devices the layout's mesh takes (chips, or logical NeuronCores on the instance
         presets): the product of its axis sizes."""
         return math.prod(size for _, size in self.axes)
+
+    @property
+    def chips(self) -> int:
+        """Chips the layout's devices occupy (a chip rented whole even when the mesh uses
+        only some of its cores): what chip-hours count."""
+        return -(-self.devices // self.machine.devices_per_chip)
 
     @property
     def placement_error(self) -> str | None:
@@ -156,17 +182,19 @@ class Layout:
         ('fsdp=32 needs 32 devices; trn2 has 16'); None when it can. A layout is data, so
         one the machine cannot hold is still a layout: a sweep marks it."""
         have = self.machine.num_devices
-        if self.chips <= have:
+        if self.devices <= have:
             return None
         axes = " x ".join(f"{n}={s}" for n, s in self.axes if s > 1)
-        return f"{axes} needs {self.chips} devices; {self.machine.name} has {have}"
+        return f"{axes} needs {self.devices} devices; {self.machine.name} has {have}"
 
     def size(self, axis: str) -> int:
         """The size of mesh axis `axis` (1 when the layout has none)."""
         return dict(self.axes).get(axis, 1)
 
     def make_mesh(self) -> Mesh:
-        """The layout's mesh on its topology (jax_trn2.make_mesh): pass the same topology
+        """The layout's mesh on its topology (jax_trn2.make_mesh), its axes in the layout's
+        order (MESH_ORDER: tp innermost, on the cores of a chip on the instance presets),
+        or an error when the machine cannot hold it. Pass the same topology
         to jax_trn2.jit (topology=layout.topology), as make_mesh remembers only one machine
         per mesh shape and names."""
         if self.placement_error:
@@ -206,24 +234,25 @@ class Layout:
                             is_leaf=lambda x: isinstance(x, tuple))
 
 
-def grid(chips: int, kinds: Sequence[str] = ("dp", "fsdp", "tp"),
+def grid(devices: int, kinds: Sequence[str] = ("dp", "fsdp", "tp"),
          remats: Iterable[str | None] = (None,),
          topologies: Iterable[str | Topology] = (DEFAULT_TOPOLOGY,),
          limits: Mapping[str, int] | None = None, **options: Any) -> list[Layout]:
-    """Every layout of `chips` chips over the mesh axes `kinds` (each size a divisor, their
-    product `chips`; sizes above `limits[kind]` left out), for every remat policy and
-    topology. `options` go to Layout.of (rules, microbatches). Layouts a topology cannot
-    hold are kept: a sweep marks them (Layout.placement_error)."""
-    if chips < 1:
-        raise ValueError(f"grid: chips must be >= 1, got {chips}")
+    """Every layout of `devices` devices (chips on the whole-chip presets, logical
+    NeuronCores on the instance presets: 64 on a trn2.48xlarge) over the mesh axes `kinds`
+    (each size a divisor, their product `devices`; sizes above `limits[kind]` left out),
+    for every remat policy and topology. `options` go to Layout.of (rules, microbatches).
+    Layouts a topology cannot hold are kept: a sweep marks them (Layout.placement_error)."""
+    if devices < 1:
+        raise ValueError(f"grid: devices must be >= 1, got {devices}")
     unknown = [k for k in (limits or {}) if k not in kinds]
     if unknown:
         raise ValueError(f"grid: limits name {unknown}, which are not among kinds {tuple(kinds)}")
-    divisors = [d for d in range(1, chips + 1) if chips % d == 0]
+    divisors = [d for d in range(1, devices + 1) if devices % d == 0]
     layouts = []
     for sizes in itertools.product(divisors, repeat=len(kinds)):
-        if math.prod(sizes) != chips or any(
-                s > (limits or {}).get(k, chips) for k, s in zip(kinds, sizes)):
+        if math.prod(sizes) != devices or any(
+                s > (limits or {}).get(k, devices) for k, s in zip(kinds, sizes)):
             continue
         for topology in topologies:
             for remat in remats:

@@ -10,7 +10,12 @@ planner's units (step time, tokens/s, time to train, chip-hours, money).
                                 tokens_per_step=64 * 8192, model_flops=6 * n * 64 * 8192)
     print(table)                             # ranked: what fits, fastest first
     table.rows()                             # a list of dicts, for a notebook
-    table.plot("sweep.png")                  # step time against peak HBM per chip
+    table.plot("sweep.png")                  # step time against peak HBM per device
+    print(table.recommendation)              # the fastest that fits; why the next ones lost
+
+A device is what JAX sees: a chip on the whole-chip presets (trn2, trn2-ultra, ...), a
+logical NeuronCore on the machines as AWS rents them (trn2.48xlarge: 64 of 24 GiB); memory
+and throughput are per device, chip-hours count the chips the devices occupy.
 
 Each layout's step is built, partitioned, lowered and estimated (jax_trn2.jit's Lowered:
 cost_analysis and memory_analysis), in worker processes when the sweep is large enough to
@@ -19,12 +24,12 @@ built or lowered (a shape that does not divide over its mesh, an op without a lo
 rule) is kept in the table with the reason; one that does not fit in HBM is planned and
 marked.
 
-Utilisations. `mfu` is the estimate's: the time the matmuls the chips run would take at
+Utilisations. `mfu` is the estimate's: the time the matmuls the devices run would take at
 their dtype's peak, jax.checkpoint's recomputation left out, over the step. It cannot see
 work that is not the model's, such as a pipeline's bubble, where stages compute on no
 microbatch: with `model_flops` (the step's FLOPs by the model's own count, e.g. 6 per
-parameter per token), `model_mfu` is those FLOPs over the chips' BF16 peak for the step,
-and a pipeline's `bubble` is the share of the chips' matmul work that is not the model's.
+parameter per token), `model_mfu` is those FLOPs over the devices' BF16 peak for the step,
+and a pipeline's `bubble` is the share of the devices' matmul work that is not the model's.
 """
 
 from __future__ import annotations
@@ -42,8 +47,9 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from jax_trn2.planner.layout import (DEFAULT_RULES, KINDS, Layout, UnknownLogicalAxisError,
-                                    grid)
+from jax_trn2.planner.layout import (DEFAULT_RULES, KINDS, MESH_ORDER, Layout,
+                                    UnknownLogicalAxisError, grid)
+from jax_trn2.planner.recommend import Recommendation, RunnerUp, recommend
 from jax_trn2.planner.tables import duration_text, sweep_table
 from jax_trn2.planner.training import TrainingRun, training_run
 from mesh.machine import Topology, get_topology
@@ -52,8 +58,9 @@ from mesh.perf.estimate import CollectiveTimes
 from mesh.perf.schedule import ENGINES
 from mesh.units import bytes_text
 
-__all__ = ["DEFAULT_RULES", "KINDS", "Layout", "Plan", "StepEstimate", "Sweep",
-           "UnknownLogicalAxisError", "estimate", "grid", "sweep"]
+__all__ = ["DEFAULT_RULES", "KINDS", "MESH_ORDER", "Layout", "Plan", "Recommendation",
+           "RunnerUp", "StepEstimate", "Sweep", "UnknownLogicalAxisError", "estimate", "grid",
+           "recommend", "sweep"]
 
 # A worker process takes about this long to start (spawn, import jax and the user's module,
 # the first trace): worth it only when it saves more than that (measured on a 2-core AMD
@@ -64,12 +71,13 @@ REASON_CHARS = 160  # of a failure's reason shown in a progress line
 
 @dataclass(frozen=True)
 class StepEstimate:
-    """The figures of one lowered step that a plan reports (per chip unless named)."""
+    """The figures of one lowered step that a plan reports (per device unless named: a
+    chip, or a logical NeuronCore on the instance presets)."""
 
-    chips: int  # chips the step runs on (its mesh's devices)
+    devices: int  # devices the step runs on (its mesh's)
     topology: str
-    peak_bytes: int  # peak HBM in use on the fullest chip
-    hbm_bytes: int  # a chip's HBM
+    peak_bytes: int  # peak HBM in use on the fullest device
+    hbm_bytes: int  # a device's HBM (24 GiB for an LNC=2 core, 96 GiB for a chip)
     step_seconds: float  # expected (with the Neuron runtime's measured costs)
     ideal_step_seconds: float  # the hardware's limits
     mfu: float  # the estimate's (expected step), recomputation left out
@@ -78,9 +86,9 @@ class StepEstimate:
     exposed_communication_seconds: float
     busiest_engine: str
     busiest_seconds: float
-    peak_flops: float  # one chip's BF16 peak, FLOP/s
+    peak_flops: float  # one device's BF16 peak, FLOP/s
     # of the arguments the step updates in place (its outputs written into donated
-    # arguments), per chip
+    # arguments), per device
     donated_bytes: int
     # what holds the peak at its instant (mesh.memory.PeakSplit: donated arguments, other
     # arguments, outputs, temporaries; they sum to peak_bytes)
@@ -92,7 +100,7 @@ class StepEstimate:
 
     @property
     def fits(self) -> bool:
-        """Whether the peak HBM in use fits in a chip's HBM."""
+        """Whether the peak HBM in use fits in a device's HBM."""
         return self.peak_bytes <= self.hbm_bytes
 
 
@@ -100,7 +108,7 @@ def estimate(jitted: Any, args: Sequence[Any],
              topology: str | Topology | None = None) -> StepEstimate:
     """Lower `jitted` (a jax_trn2.jit function) for `args` (arrays or
     jax.ShapeDtypeStructs) and read its estimate; nothing runs or is allocated.
-    `topology`: the machine it was made for (its chip's peak; default: the preset of the
+    `topology`: the machine it was made for (its device's peak; default: the preset of the
     name the estimate gives)."""
     lowered = jitted.lower(*args)
     memory = lowered.memory_analysis()
@@ -111,7 +119,7 @@ def estimate(jitted: Any, args: Sequence[Any],
     if not isinstance(topology, Topology):
         topology = get_topology(topology or info["topology"])
     return StepEstimate(
-        chips=max(program.mesh.num_devices, 1), topology=info["topology"],
+        devices=max(program.mesh.num_devices, 1), topology=info["topology"],
         peak_bytes=memory.peak_memory_in_bytes, hbm_bytes=memory.hbm_bytes,
         step_seconds=info["step_seconds"], ideal_step_seconds=info["ideal_step_seconds"],
         mfu=info["mfu"], hfu=info["hfu"], ideal_mfu=info["ideal_mfu"],
@@ -144,12 +152,12 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        """Planned, and its peak HBM fits in a chip's."""
+        """Planned, and its peak HBM fits in a device's."""
         return self.ok and self.estimate.fits
 
     @property
     def headroom_bytes(self) -> int | None:
-        """HBM left on the fullest chip at the peak (negative: over capacity)."""
+        """HBM left on the fullest device at the peak (negative: over capacity)."""
         return None if not self.ok else self.estimate.hbm_bytes - self.estimate.peak_bytes
 
     @property
@@ -159,29 +167,29 @@ class Plan:
 
     @property
     def tokens_per_second(self) -> float | None:
-        """Tokens per second over all chips (expected step)."""
+        """Tokens per second over all devices (expected step)."""
         if not self.ok or not self.tokens_per_step or not self.estimate.step_seconds:
             return None
         return self.tokens_per_step / self.estimate.step_seconds
 
     @property
-    def tokens_per_second_per_chip(self) -> float | None:
-        """tokens_per_second over the chips the step runs on."""
+    def tokens_per_second_per_device(self) -> float | None:
+        """tokens_per_second over the devices the step runs on."""
         rate = self.tokens_per_second
-        return None if rate is None else rate / self.estimate.chips
+        return None if rate is None else rate / self.estimate.devices
 
     def model_mfu(self, ideal: bool = False) -> float | None:
-        """The model's FLOPs per step over the chips' BF16 peak for the expected (or
+        """The model's FLOPs per step over the devices' BF16 peak for the expected (or
         ideal) step; None without model_flops."""
         if not self.ok or self.model_flops is None:
             return None
         e = self.estimate
         step = e.ideal_step_seconds if ideal else e.step_seconds
-        return self.model_flops / (e.chips * e.peak_flops * step) if step else None
+        return self.model_flops / (e.devices * e.peak_flops * step) if step else None
 
     @property
     def bubble(self) -> float | None:
-        """A pipeline's bubble: the share of the chips' matmul work that is not the
+        """A pipeline's bubble: the share of the devices' matmul work that is not the
         model's (1 - model MFU / MFU), for a layout with a `pp` axis and model_flops."""
         model = self.model_mfu()
         if model is None or self.layout.size("pp") < 2 or not self.estimate.mfu:
@@ -198,19 +206,21 @@ class Plan:
 
     def training(self, tokens: float, price_per_chip_hour: float | None = None
                  ) -> TrainingRun | None:
-        """Training `tokens` tokens with this plan's expected step (None when it could not
-        be planned or no tokens_per_step was given)."""
+        """Training `tokens` tokens with this plan's expected step on the chips its
+        devices occupy (None when it could not be planned or no tokens_per_step was
+        given)."""
         if not self.ok or not self.tokens_per_step:
             return None
         return training_run(self.estimate.step_seconds, self.tokens_per_step,
-                            self.estimate.chips, tokens, price_per_chip_hour)
+                            self.layout.chips, tokens, price_per_chip_hour)
 
     def row(self, train_tokens: float | None = None,
             price_per_chip_hour: float | None = None) -> dict[str, Any]:
         """The plan as a flat dict (seconds, bytes, shares), for a notebook's table."""
         row: dict[str, Any] = {"layout": self.layout.name, "topology":
                                self.layout.topology_name, "remat": self.layout.remat,
-                               "chips": self.layout.chips, "error": self.error,
+                               "devices": self.layout.devices, "chips": self.layout.chips,
+                               "error": self.error,
                                "planned_seconds": self.planned_seconds}
         row.update({k: v for k, v in self.layout.axes})
         if not self.ok:
@@ -222,7 +232,7 @@ class Plan:
             ideal_step_seconds=e.ideal_step_seconds, mfu=e.mfu, ideal_mfu=e.ideal_mfu,
             hfu=e.hfu, model_mfu=self.model_mfu(), ideal_model_mfu=self.model_mfu(ideal=True),
             tokens_per_second=self.tokens_per_second,
-            tokens_per_second_per_chip=self.tokens_per_second_per_chip,
+            tokens_per_second_per_device=self.tokens_per_second_per_device,
             exposed_communication_seconds=e.exposed_communication_seconds,
             busiest_engine=e.busiest_engine,
             busiest_engine_share=e.busiest_seconds / e.step_seconds if e.step_seconds else 0.0,
@@ -275,13 +285,20 @@ class Sweep:
         """The fastest plan that fits (None if none does)."""
         return self.plans[0] if self.plans and self.plans[0].fits else None
 
+    @property
+    def recommendation(self) -> Recommendation:
+        """The fastest plan that fits, and why others lost: the fastest that do not fit
+        (their peak against a device's HBM, and what holds most of it) and the next
+        fitting ones (what made their step longer). Printed under the table."""
+        return recommend(self.plans)
+
     def rows(self) -> list[dict[str, Any]]:
         """One dict per plan, in rank order (`pandas.DataFrame(sweep.rows())`)."""
         return [dict(rank=i + 1, **p.row(self.train_tokens, self.price_per_chip_hour))
                 for i, p in enumerate(self.plans)]
 
     def plot(self, path: str | os.PathLike) -> None:
-        """Draw expected step time against peak HBM per chip, one point per planned
+        """Draw expected step time against peak HBM per device, one point per planned
         layout, the HBM capacity marked (jax_trn2.plot; needs matplotlib)."""
         from jax_trn2.core.plot import save_sweep_plot
         save_sweep_plot(self, path)
@@ -348,10 +365,10 @@ def _progress_printer(done: int, total: int, plan: Plan) -> None:
 
 def progress_line(done: int, total: int, name: str, estimate_: StepEstimate | None,
                   error: str | None, seconds: float) -> str:
-    """'[3/24] fsdp 64 on trn2-ultra: 42.46 GiB/chip, step 20.62 s expected (planned in
+    """'[3/24] fsdp 64 on trn2-ultra: 42.46 GiB/device, step 20.62 s expected (planned in
     2.1 s)', or the first line of why it failed."""
     if estimate_ is not None:
-        what = (f"{bytes_text(estimate_.peak_bytes)}/chip"
+        what = (f"{bytes_text(estimate_.peak_bytes)}/device"
                 f"{'' if estimate_.fits else ' (does NOT fit)'}, step "
                 f"{duration_text(estimate_.step_seconds)} expected")
     else:

@@ -1,5 +1,5 @@
 """Serving questions from the user's own prefill and decode steps: time to first token,
-time per output token, KV-cache bytes per chip, the largest batch that fits, tokens/s.
+time per output token, KV-cache bytes per device, the largest batch that fits, tokens/s.
 
     def prefill(layout, batch, prompt_tokens):   # -> (jax_trn2.jit function, its args)
     def decode(layout, batch, kv_length):        # one token for each of `batch` sequences
@@ -12,7 +12,7 @@ Each (layout, batch) is planned twice: the prefill of `prompt_tokens` tokens per
 (its step time is the time to first token of every sequence in the batch) and one decode
 step reading a KV cache of `kv_length` positions (its step time is the time per output
 token). The KV cache is what the decode step updates in place: the arguments it donates
-(`donate_argnums`, as servers keep the cache on the chips); its bytes per chip are those
+(`donate_argnums`, as servers keep the cache on the chips); its bytes per device are those
 arguments' pieces. The largest batch that fits is searched per layout: decode's peak HBM
 grows linearly with the batch (weights stay, cache and activations grow), so two planned
 batches predict it, and plans at the prediction and one above confirm it (or a bisection
@@ -79,13 +79,14 @@ class ServingPlan:
 
     @property
     def fits(self) -> bool:
-        """Both steps planned, and both fit in a chip's HBM."""
+        """Both steps planned, and both fit in a device's HBM."""
         return self.ok and self.prefill.fits and self.decode.fits
 
     @property
-    def chips(self) -> int:
-        """Chips the layout's mesh takes."""
-        return self.layout.chips
+    def devices(self) -> int:
+        """Devices the layout's mesh takes (chips, or logical NeuronCores on the instance
+        presets)."""
+        return self.layout.devices
 
     @property
     def ttft_seconds(self) -> float | None:
@@ -99,7 +100,7 @@ class ServingPlan:
 
     @property
     def kv_cache_bytes(self) -> int | None:
-        """Bytes of the KV cache on each chip (the decode step's donated arguments)."""
+        """Bytes of the KV cache on each device (the decode step's donated arguments)."""
         return self.decode.donated_bytes if self.decode else None
 
     @property
@@ -108,10 +109,10 @@ class ServingPlan:
         return self.batch / self.decode.step_seconds if self.decode else None
 
     @property
-    def tokens_per_second_per_chip(self) -> float | None:
-        """tokens_per_second over the layout's chips."""
+    def tokens_per_second_per_device(self) -> float | None:
+        """tokens_per_second over the layout's devices."""
         rate = self.tokens_per_second
-        return None if rate is None else rate / self.chips
+        return None if rate is None else rate / self.devices
 
     @property
     def prefill_tokens_per_second(self) -> float | None:
@@ -123,13 +124,14 @@ class ServingPlan:
         """The plan as a flat dict, for a notebook's table."""
         row: dict[str, Any] = {
             "layout": self.layout.name, "topology": self.layout.topology_name,
-            "chips": self.chips, "batch": self.batch, "prompt_tokens": self.prompt_tokens,
+            "devices": self.devices, "chips": self.layout.chips, "batch": self.batch,
+            "prompt_tokens": self.prompt_tokens,
             "kv_length": self.kv_length, "errors": list(self.errors),
             "ttft_seconds": self.ttft_seconds, "decode_seconds": self.decode_seconds,
             "ideal_ttft_seconds": self.prefill.ideal_step_seconds if self.prefill else None,
             "ideal_decode_seconds": self.decode.ideal_step_seconds if self.decode else None,
             "tokens_per_second": self.tokens_per_second,
-            "tokens_per_second_per_chip": self.tokens_per_second_per_chip,
+            "tokens_per_second_per_device": self.tokens_per_second_per_device,
             "prefill_tokens_per_second": self.prefill_tokens_per_second,
             "kv_cache_bytes": self.kv_cache_bytes, "max_batch": self.max_batch}
         for kind, e in ((PREFILL, self.prefill), (DECODE, self.decode)):

@@ -81,9 +81,9 @@ def sweep_table(sweep: Any) -> str:
     with_bubble = any(p.bubble is not None for p in plans)
     run_tokens = sweep.train_tokens if with_tokens else None
     headers = ["#", "layout"] + (["topology"] if len(topologies) > 1 else []) + [
-        "chips", "peak HBM/chip", "fits", "step (expected)", "ideal", "MFU exp/ideal"]
+        "devices", "peak HBM/device", "fits", "step (expected)", "ideal", "MFU exp/ideal"]
     if with_tokens:
-        headers += ["tokens/s", "per chip"]
+        headers += ["tokens/s", "per device"]
     headers += ["peak: donated + args + out + temp", "exposed comm",
                 "comm by kind: count, total (exposed)", "busiest link", "busiest engine"]
     if with_bubble:
@@ -106,12 +106,12 @@ def sweep_table(sweep: Any) -> str:
             else (e.mfu, e.ideal_mfu)
         row = [str(rank), plan.layout.name] + (
             [plan.layout.topology_name] if len(topologies) > 1 else []) + [
-            str(e.chips), bytes_text(e.peak_bytes), fits_text(e.peak_bytes, e.hbm_bytes),
+            str(e.devices), bytes_text(e.peak_bytes), fits_text(e.peak_bytes, e.hbm_bytes),
             steps[rank - 1], ideals[rank - 1],
             f"{mfu:.1%} / {ideal_mfu:.1%}" if mfu is not None else "-"]
         if with_tokens:
             rate = plan.tokens_per_second
-            row += [amount_text(rate), amount_text(plan.tokens_per_second_per_chip)] if rate \
+            row += [amount_text(rate), amount_text(plan.tokens_per_second_per_device)] if rate \
                 else ["-", "-"]
         share = e.busiest_seconds / e.step_seconds if e.step_seconds else 0.0
         row += [peak_split_cell(e.peak_split), exposed[rank - 1],
@@ -130,7 +130,7 @@ def sweep_table(sweep: Any) -> str:
         rows.append(row)
     lines = [_sweep_header(sweep, with_model, run_tokens), ""]
     if rows:
-        lines.append(format_table(headers, rows))
+        lines += [format_table(headers, rows), "", str(sweep.recommendation)]
     for plan in failed:
         what = "not placed" if plan.layout.placement_error else "failed"
         lines.append(f"{what}  {plan.layout.name} on {plan.layout.topology_name}: "
@@ -178,12 +178,14 @@ def _sweep_header(sweep: Any, with_model: bool, run_tokens: float | None) -> str
     where = f"{sweep.workers} worker processes" if sweep.workers > 1 else "this process"
     lines = [f"{count} layout{'s' if count != 1 else ''} planned in {sweep.wall_seconds:.1f} s "
              f"({where}); ranked: fitting first, then by expected step time"]
+    lines.append(devices_text({p.layout.machine for p in sweep.plans}))
     lines.append("step: expected (with the Neuron runtime's measured costs) and ideal (the "
                  "hardware's limits); " + (
-                     "MFU: the model's FLOPs (as given) over the chips' BF16 peak for the step"
-                     if with_model else
-                     "MFU: the chips' matmuls, recomputation left out, at their dtype's peak"))
-    lines.append("peak: what holds the peak HBM per chip at its instant (donated arguments, "
+                     "MFU: the model's FLOPs (as given) over the devices' BF16 peak for the "
+                     "step" if with_model else
+                     "MFU: the devices' matmuls, recomputation left out, at their dtype's "
+                     "peak"))
+    lines.append("peak: what holds the peak HBM per device at its instant (donated arguments, "
                  "other arguments, outputs, temporaries); comm: AG all-gather, RS "
                  "reduce-scatter, AR all-reduce, A2A all-to-all, CP collective-permute; "
                  "busiest link: bytes per step on the busiest torus link")
@@ -195,23 +197,36 @@ def _sweep_header(sweep: Any, with_model: bool, run_tokens: float | None) -> str
     return "\n".join(lines)
 
 
+def devices_text(machines: Any) -> str:
+    """What a device is on each machine: 'a device: a chip on trn2 (96.00 GiB)', or on the
+    machines as rented 'an LNC=2 logical core of a chip on trn2.48xlarge (4 per chip,
+    24.00 GiB)'."""
+    kinds = []
+    for machine in sorted(machines, key=lambda m: m.name):
+        memory = bytes_text(machine.device.hbm_bytes)
+        kinds.append(f"a chip on {machine.name} ({memory})" if machine.lnc is None else
+                     f"an {machine.device_kind} of a chip on {machine.name} "
+                     f"({machine.devices_per_chip} per chip, {memory})")
+    return "a device: " + "; ".join(kinds)
+
+
 def serving_table(table: Any) -> str:
     """A jax_trn2.serving.ServingTable as text: per layout and batch, time to first token
     and per output token (expected / ideal), decode tokens/s, KV cache and peak HBM per
-    chip, the largest batch that fits; then the steps that failed and why."""
+    device, the largest batch that fits; then the steps that failed and why."""
     plans = table.plans
     topologies = {p.layout.topology_name for p in plans}
     headers = ["layout"] + (["topology"] if len(topologies) > 1 else []) + [
-        "chips", "batch", "TTFT exp / ideal", "per token exp / ideal", "tokens/s", "per chip",
-        "KV cache/chip", "peak HBM/chip", "fits", "max batch"]
+        "devices", "batch", "TTFT exp / ideal", "per token exp / ideal", "tokens/s",
+        "per device", "KV cache/device", "peak HBM/device", "fits", "max batch"]
     rows, failed = [], []
     for p in plans:
         row = [p.layout.name] + ([p.layout.topology_name] if len(topologies) > 1 else []) + [
-            str(p.chips), str(p.batch)]
+            str(p.devices), str(p.batch)]
         row += [_pair(p.prefill), _pair(p.decode)]
         if p.decode is not None:
             peak = max(e.peak_bytes for e in (p.prefill, p.decode) if e is not None)
-            row += [amount_text(p.tokens_per_second), amount_text(p.tokens_per_second_per_chip),
+            row += [amount_text(p.tokens_per_second), amount_text(p.tokens_per_second_per_device),
                     bytes_text(p.kv_cache_bytes), bytes_text(peak),
                     fits_text(peak, p.decode.hbm_bytes).split(",")[0]]
         else:
@@ -229,7 +244,8 @@ def serving_table(table: Any) -> str:
              f"{first.prompt_tokens:,} tokens, KV cache of {first.kv_length:,} positions",
              "TTFT: the prefill step; per token: one decode step; exp: expected (with the "
              "Neuron runtime's measured costs), ideal: the hardware's limits; tokens/s: "
-             "decoding; max batch: the largest decode batch that fits at this KV length", "",
+             "decoding; max batch: the largest decode batch that fits at this KV length",
+             devices_text({p.layout.machine for p in plans}), "",
              format_table(headers, rows, left=(0,))]
     return "\n".join(lines + failed + notes)
 

@@ -2,6 +2,7 @@
 chip-hours and cost), failed and oversized layouts, worker processes, the table, the rows,
 the plot and `jax-trn2 plan`."""
 
+import functools
 import json
 import math
 import textwrap
@@ -55,7 +56,7 @@ def test_two_layouts_worked_by_hand(two_layouts):
     assert (first.layout, second.layout) == (FSDP16, FSDP4_TP2)  # ranked: the fastest first
     for p, chips in ((first, 16), (second, 8)):
         piece = N * M * 4 // chips
-        assert p.estimate.chips == chips
+        assert p.estimate.devices == chips
         assert p.estimate.peak_bytes == 2 * piece
         assert p.estimate.ideal_step_seconds == pytest.approx(3 * piece / CHIP.hbm_bandwidth,
                                                               rel=1e-9)
@@ -63,7 +64,7 @@ def test_two_layouts_worked_by_hand(two_layouts):
         assert p.estimate.step_seconds >= p.estimate.ideal_step_seconds
         assert p.estimate.busiest_engine == "Vector" and p.estimate.mfu == 0.0
         assert p.tokens_per_second == pytest.approx(1000 / p.estimate.step_seconds)
-        assert p.tokens_per_second_per_chip == pytest.approx(p.tokens_per_second / chips)
+        assert p.tokens_per_second_per_device == pytest.approx(p.tokens_per_second / chips)
     assert first.estimate.step_seconds < second.estimate.step_seconds
 
 
@@ -96,7 +97,7 @@ def test_the_table_says_what_each_column_is(two_layouts):
     text = str(two_layouts)
     assert "2 layouts planned" in text and "ranked: fitting first" in text
     assert "expected (with the Neuron runtime's measured costs)" in text
-    assert "MFU: the chips' matmuls" in text  # no model_flops given: the estimate's MFU
+    assert "MFU: the devices' matmuls" in text  # no model_flops given: the estimate's MFU
     assert "cost at 3 per chip-hour" in text
     lines = text.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("#  layout"))
@@ -161,7 +162,7 @@ def test_warnings_are_kept_with_their_plan(recwarn):
 def test_progress_lines(capsys):
     plan.sweep(build, [FSDP16], workers=1)
     err = capsys.readouterr().err
-    assert err.startswith(f"[1/1] fsdp 16 on {TOPOLOGY}: 16.00 MiB/chip, step ")
+    assert err.startswith(f"[1/1] fsdp 16 on {TOPOLOGY}: 16.00 MiB/device, step ")
     assert "expected (planned in" in err
 
 
@@ -202,7 +203,7 @@ def test_a_step_made_for_another_machine_is_an_error_in_its_row():
 
 def test_layout_specs_names_and_grid():
     layout = Layout.of(dp=2, fsdp=4, tp=8, remat="full")
-    assert layout.name == "dp 2 x fsdp 4 x tp 8, remat full" and layout.chips == 64
+    assert layout.name == "dp 2 x fsdp 4 x tp 8, remat full" and layout.devices == 64
     assert layout.spec("batch", None, "embed") == P(("dp", "fsdp"))  # fsdp splits batch
     assert layout.spec("embed", "mlp") == P("fsdp", "tp")
     assert Layout.of(tp=4, rules={"batch": "tp"}).spec("batch") == P("tp")
@@ -224,7 +225,7 @@ def test_layout_specs_names_and_grid():
         Layout.of(tp=0)
     layouts = grid(64, ("dp", "fsdp", "tp"), remats=(None, "full"), limits={"dp": 4, "tp": 8})
     assert len(layouts) == 24
-    assert all(l.chips == 64 and l.size("dp") <= 4 and l.size("tp") <= 8 for l in layouts)
+    assert all(l.devices == 64 and l.size("dp") <= 4 and l.size("tp") <= 8 for l in layouts)
     assert len({(l.axes, l.remat) for l in layouts}) == 24
     assert Layout.of(pp=4, microbatches=8, schedule="1f1b").name == \
         "pp 4, 1f1b, 8 microbatches"
@@ -235,7 +236,7 @@ def test_sweep_plot_writes_an_image(two_layouts, tmp_path):
     path = tmp_path / "sweep.svg"
     two_layouts.plot(path)
     svg = path.read_text()
-    assert "<svg" in svg and "fsdp 4 x tp 2" in svg and "HBM per chip" in svg
+    assert "<svg" in svg and "fsdp 4 x tp 2" in svg and "HBM per device" in svg
 
 
 def test_jax_trn2_plan_command(tmp_path, capsys):
@@ -449,7 +450,7 @@ def test_sweep_plot_labels_do_not_overlap(two_layouts):
     figure = sweep_figure(plan.Sweep(plans))
     axes, key = figure.axes
     renderer = FigureCanvasAgg(figure).get_renderer()
-    labels = [t for t in axes.texts if not t.get_text().startswith("HBM per chip")]
+    labels = [t for t in axes.texts if not t.get_text().startswith("HBM per device")]
     ranks = sorted(int(r) for t in labels for r in t.get_text().split(", "))
     assert ranks == list(range(1, 10))
     boxes = [t.get_window_extent(renderer) for t in labels]
@@ -476,3 +477,122 @@ def test_the_sweep_table_shows_each_duration_column_in_one_unit(two_layouts):
     for start in starts:  # the unit after each row's number in the column
         units = {row[start:].split()[1] for row in rows}
         assert len(units) == 1, rows
+
+
+# Layouts over the devices users rent: a trn2.48xlarge is 16 chips x 4 logical NeuronCores
+# (LNC=2) of 24 GiB each.
+INSTANCE = "trn2.48xlarge"
+GIB = 2**30
+
+
+def test_a_trn2_48xlarge_grid_counts_its_64_devices_and_puts_tp_on_a_chip():
+    from mesh.machine import place_mesh
+    layouts = grid(64, ("fsdp", "tp"), topologies=(INSTANCE,), limits={"tp": 4})
+    assert sorted(l.name for l in layouts) == ["fsdp 16 x tp 4", "fsdp 32 x tp 2", "fsdp 64"]
+    assert all(l.devices == 64 and l.chips == 16 and l.placement_error is None
+               for l in layouts)
+    assert Layout.of(tp=2, topology=INSTANCE).chips == 1  # two cores of one chip
+    # the mesh's axes go outermost first (MESH_ORDER), whatever order they were given in
+    layout = Layout.of(tp=4, fsdp=16, topology=INSTANCE)
+    assert layout == Layout.of(fsdp=16, tp=4, topology=INSTANCE)
+    assert Layout.of(tp=2, pp=2, cp=2, ep=2, fsdp=2, dp=2).name == \
+        "dp 2 x pp 2 x fsdp 2 x ep 2 x cp 2 x tp 2"
+    assert Layout.of(tensor=4, data=2).name == "tensor 4 x data 2"  # not the planner's names
+    mesh = layout.make_mesh()
+    assert mesh.axis_names == ("fsdp", "tp") and mesh.devices.shape == (16, 4)
+    chips = place_mesh(layout.machine, (16, 4), ("fsdp", "tp")).device_to_chip
+    groups = [chips[4 * f:4 * f + 4] for f in range(16)]  # the tp group of each fsdp index
+    assert all(len(set(g)) == 1 for g in groups)  # each on one chip
+    assert sorted(g[0] for g in groups) == list(range(16))  # fsdp over the 16 chips
+
+
+def big_update(rows, layout):
+    """build() with w and g of [rows, 2**16] float32: each device holds its two pieces."""
+    mesh = layout.make_mesh()
+    s = layout.sharding(mesh, "embed", "mlp")
+    step = jax_trn2.jit(update, in_shardings=(s, s), out_shardings=s, donate_argnums=0,
+                        topology=layout.topology)
+    x = jax.ShapeDtypeStruct((rows, 2**16), jnp.float32)
+    return step, (x, x)
+
+
+@pytest.mark.parametrize("gib", [22, 26])
+def test_the_fit_limit_on_a_trn2_48xlarge_is_24_gib_per_device(gib):
+    """fsdp 16 x tp 4: each device holds a (rows / 16, 2**16 / 4) piece of w and one of g,
+    gib / 2 GiB each: 22 GiB fits a device's 24 GiB, 26 does not (a chip would hold 4 x)."""
+    rows = gib // 2 * 2**18  # a piece is rows / 16 x 2**14 float32 = gib / 2 GiB
+    layout = Layout.of(fsdp=16, tp=4, topology=INSTANCE)
+    (p,) = plan.sweep(functools.partial(big_update, rows), [layout], workers=1,
+                      tokens_per_step=1000, train_tokens=1e6, progress=False)
+    assert p.estimate.devices == 64 and p.estimate.hbm_bytes == 24 * GIB
+    assert p.estimate.peak_bytes == gib * GIB and p.fits == (gib < 24)
+    assert p.tokens_per_second_per_device == pytest.approx(p.tokens_per_second / 64)
+    assert p.training(1e6).chip_hours == pytest.approx(16 * p.training(1e6).seconds / 3600)
+    row = p.row()
+    assert (row["devices"], row["chips"]) == (64, 16)
+    text = str(plan.Sweep([p]))
+    assert "a device: an LNC=2 logical core of a chip on trn2.48xlarge (4 per chip, " \
+        "24.00 GiB)" in text
+    assert "devices  peak HBM/device" in text
+    if gib < 24:
+        assert "recommended: fsdp 16 x tp 4 on trn2.48xlarge" in text
+    else:
+        assert "recommended: none: no planned layout fits in a device's HBM" in text
+        assert "fsdp 16 x tp 4: does not fit: peak 26.00 GiB > 24.00 GiB per device" in text
+
+
+def made_plan(step_ms, peak_gib=20.0, all_reduce_ms=0.0, mfu=0.5, remat=None,
+              model_flops=None, **axes):
+    """A plan on a trn2.48xlarge with these figures (64 devices of 1 TFLOP/s): the
+    recommendation reads nothing else."""
+    from mesh.memory import PeakSplit
+    from mesh.perf.estimate import CollectiveTimes
+    step = step_ms * 1e-3
+    communication = (CollectiveTimes("all-reduce", 2, 2 * all_reduce_ms * 1e-3,
+                                     all_reduce_ms * 1e-3),) if all_reduce_ms else ()
+    e = plan.StepEstimate(
+        devices=64, topology=INSTANCE, peak_bytes=int(peak_gib * GIB), hbm_bytes=24 * GIB,
+        step_seconds=step, ideal_step_seconds=step / 2, mfu=mfu, hfu=mfu, ideal_mfu=mfu,
+        exposed_communication_seconds=all_reduce_ms * 1e-3, busiest_engine="Tensor",
+        busiest_seconds=step / 2, peak_flops=1e12, donated_bytes=0,
+        peak_split=PeakSplit(donated_arguments=int(4 * GIB), other_arguments=int(2 * GIB),
+                             temporaries=int((peak_gib - 6) * GIB)),
+        communication=communication)
+    layout = Layout.of(remat=remat, topology=INSTANCE, **axes)
+    return plan.Plan(layout, e, model_flops=model_flops)
+
+
+def test_the_recommendation_is_the_fastest_fitting_layout_and_says_why_the_next_lost():
+    best = made_plan(10.0, fsdp=16, tp=4)
+    too_big = made_plan(8.0, peak_gib=26.0, fsdp=64)  # faster, 26 GiB > 24 GiB
+    too_big_too = made_plan(9.0, peak_gib=25.0, dp=2, fsdp=32)
+    # model FLOPs at 40% of 64 devices' peak over the step, against an MFU of 50%: a
+    # bubble of 1 - 0.4 / 0.5 = 20% of the 12.5 ms, 2.5 ms
+    piped = made_plan(12.5, model_flops=0.4 * 64 * 1e12 * 12.5e-3, pp=4, fsdp=4, tp=4)
+    reduced = made_plan(13.1, all_reduce_ms=3.1, dp=4, fsdp=4, tp=4)  # 3.1 ms of AR exposed
+    remat = made_plan(14.0, remat="full", fsdp=16, tp=4)  # 4 ms more of compute
+    slow_and_big = made_plan(30.0, peak_gib=30.0, dp=2, fsdp=32)  # neither: not a runner-up
+    failed = plan.Plan(Layout.of(tp=64, topology=INSTANCE), None, "ValueError: tp=64 ...")
+    sweep = plan.Sweep([remat, failed, too_big_too, reduced, piped, slow_and_big, too_big,
+                        best])
+    rec = sweep.recommendation
+    assert rec.best is best is sweep.best
+    assert [(r.plan, r.reason) for r in rec.runners_up] == [
+        (too_big, "does not fit: peak 26.00 GiB > 24.00 GiB per device (temporaries "
+                  "20.00 GiB of it)"),
+        (too_big_too, "does not fit: peak 25.00 GiB > 24.00 GiB per device (temporaries "
+                      "19.00 GiB of it)"),
+        (piped, "2.5 ms slower (1.25x the step): pipeline bubble 20% (2.5 ms more)"),
+        (reduced, "3.1 ms slower (1.31x the step): exposed all-reduce 3.1 ms more"),
+        (remat, "4.0 ms slower (1.40x the step): compute 4.0 ms more (busiest engine Tensor; "
+                "remat full recomputes)")]
+    assert str(rec).splitlines()[:2] == [
+        "recommended: fsdp 16 x tp 4 on trn2.48xlarge: step 10.0 ms expected, peak "
+        "20.00 GiB of 24.00 GiB per device", "why not the next ones:"]
+    text = str(sweep)
+    assert text.index(str(rec)) > text.index("#  layout")  # printed under the table
+    assert [r.plan for r in plan.recommend(sweep.plans, count=1).runners_up] == \
+        [too_big, piped]  # the fastest that does not fit, the next that does
+    nothing = plan.Sweep([too_big, slow_and_big]).recommendation
+    assert nothing.best is None and [r.plan for r in nothing.runners_up] == \
+        [too_big, slow_and_big]  # nearest to fitting first

@@ -41,16 +41,16 @@ def table():
 
 
 def test_serving_figures_worked_by_hand(table):
-    assert [(p.chips, p.batch) for p in table] == [(1, 1), (1, 4), (2, 1), (2, 4)]
+    assert [(p.devices, p.batch) for p in table] == [(1, 1), (1, 4), (2, 1), (2, 4)]
     for p in table:
         assert p.ok and p.fits and not p.errors
         # k and v: [layers, batch, kv_length, kv heads per chip, head_dim] on each chip
-        heads = TINY.kv_heads // p.chips
+        heads = TINY.kv_heads // p.devices
         assert p.kv_cache_bytes == 2 * TINY.layers * p.batch * KV * heads * TINY.head_dim * BYTES
         assert p.ttft_seconds == p.prefill.step_seconds > 0
         assert p.decode_seconds == p.decode.step_seconds > 0
         assert p.tokens_per_second == pytest.approx(p.batch / p.decode_seconds)
-        assert p.tokens_per_second_per_chip == pytest.approx(p.tokens_per_second / p.chips)
+        assert p.tokens_per_second_per_device == pytest.approx(p.tokens_per_second / p.devices)
         assert p.prefill_tokens_per_second == pytest.approx(p.batch * PROMPT / p.ttft_seconds)
     one, four = table[2], table[3]
     assert four.decode_seconds > one.decode_seconds  # four times the cache to read
@@ -70,7 +70,7 @@ def test_the_table_and_rows(table):
     assert "steps planned" in text and f"KV cache of {KV:,} positions" in text
     assert "TTFT: the prefill step; per token: one decode step" in text
     row = table.rows()[1]
-    assert row["batch"] == 4 and row["chips"] == 1 and row["kv_cache_bytes"] == \
+    assert row["batch"] == 4 and row["devices"] == 1 and row["kv_cache_bytes"] == \
         table[1].kv_cache_bytes and row["max_batch"] == table[1].max_batch
 
 
@@ -86,3 +86,24 @@ def test_a_failed_step_is_named():
     assert "failed  tp 2, batch 1: prefill: " in str(serving.ServingTable([p], 0.0, 1, 2))
     with pytest.raises(ValueError, match="batch sizes must be >= 1"):
         serving.serve(prefill, decode, LAYOUTS, batches=(0,), prompt_tokens=8, kv_length=8)
+
+
+def test_serving_on_the_cores_of_one_chip_of_a_trn2_48xlarge():
+    """tp 2 on a trn2.48xlarge: two logical NeuronCores of one chip, each holding its half
+    of the KV heads; the largest batch is the one whose decode fits a device's 24 GiB."""
+    layout = Layout.of(tp=2, topology="trn2.48xlarge")
+    (p,) = serving.serve(prefill, decode, [layout], batches=(4,), prompt_tokens=PROMPT,
+                         kv_length=KV, workers=1, progress=False)
+    assert p.ok and p.fits and (p.devices, p.layout.chips) == (2, 1)
+    assert p.decode.hbm_bytes == 24 * 2**30
+    heads = TINY.kv_heads // 2
+    assert p.kv_cache_bytes == 2 * TINY.layers * 4 * KV * heads * TINY.head_dim * BYTES
+    assert p.tokens_per_second_per_device == pytest.approx(p.tokens_per_second / 2)
+    for batch, fits in ((p.max_batch, True), (p.max_batch + 1, False)):
+        e = plan.estimate(*decode(layout, batch, KV))
+        assert e.fits == fits and (e.peak_bytes <= 24 * 2**30) == fits
+    row = p.row()
+    assert (row["devices"], row["chips"]) == (2, 1)
+    text = str(serving.ServingTable([p], 0.0, 1, 2))
+    assert "devices  batch" in text and "KV cache/device  peak HBM/device" in text
+    assert "a device: an LNC=2 logical core of a chip on trn2.48xlarge" in text
