@@ -20,6 +20,11 @@ StableHLO approximations, except some it keeps as composites named after the op
 would expand (lgamma, digamma, ...) are lowered here as such composites too, so that both
 of jax_trn2's front doors give the same bits.
 
+jax lowers `jax.lax.ragged_dot` for the CPU as a dense dot over every group with a masked
+[groups, rows, k] operand (groups times the work and the memory of the grouped matmul); the
+trn2 platform lowers it as for the TPU, to `chlo.ragged_dot`, which lowering computes as one
+matmul per group (mesh.isa.RaggedMatmul), with the CPU's dtype handling of dot_general.
+
 This uses jax's private lowering tables (jax._src.interpreters.mlir): there is no public
 API to share another platform's rules.
 """
@@ -27,6 +32,7 @@ API to share another platform's rules.
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import types
 from typing import Any
@@ -105,6 +111,8 @@ def register(platform: str) -> None:
                       debugging.debug_callback_p, debugging.debug_print_p):
         cpu_rule = (tables["cpu"].get(primitive) or mlir._lowerings[primitive]).rule
         tables[platform][primitive] = mlir.LoweringRuleEntry(_with_global_ids(cpu_rule), True)
+    tables[platform][lax.ragged_dot_general_p] = mlir.LoweringRuleEntry(
+        functools.partial(lax._ragged_dot_general_lower, platform="cpu"), True)
     for primitive, name in _EXPANDED_CHLO.items():
         cpu_rule = (tables["cpu"].get(primitive) or mlir._lowerings[primitive]).rule
         tables[platform][primitive] = mlir.LoweringRuleEntry(
