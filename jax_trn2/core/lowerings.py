@@ -20,6 +20,14 @@ StableHLO approximations, except some it keeps as composites named after the op
 would expand (lgamma, digamma, ...) are lowered here as such composites too, so that both
 of jax_trn2's front doors give the same bits.
 
+jax lowers `jax.lax.ragged_dot` for the CPU as a dense dot over every group with a masked
+[groups, rows, k] operand (groups times the work and the memory of the grouped matmul); the
+trn2 platform lowers it as for the TPU, to `chlo.ragged_dot`, which lowering computes as one
+matmul per group (mesh.isa.RaggedMatmul), with the CPU's dtype handling of dot_general.
+Except where the lhs has several free dims: jaxlib's serialization for a plugin infers a
+wrong result shape for such a chlo.ragged_dot (it keeps the rhs group dim) and fails, so
+those keep the CPU's rule (a mixture of experts' [rows, d] lhs has one).
+
 This uses jax's private lowering tables (jax._src.interpreters.mlir): there is no public
 API to share another platform's rules.
 """
@@ -27,6 +35,7 @@ API to share another platform's rules.
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import types
 from typing import Any
@@ -95,6 +104,26 @@ def _as_composite(primitive: Any, name: str, cpu_rule: Any):
     return rule
 
 
+def _cpu_rule(primitive: Any) -> Any:
+    """The lowering rule jax uses for `primitive` on the CPU."""
+    tables = mlir._platform_specific_lowerings
+    return (tables["cpu"].get(primitive) or mlir._lowerings[primitive]).rule
+
+
+def _ragged_dot_rule(cpu_rule):
+    """ragged_dot_general as chlo.ragged_dot (jax's TPU rule, with the CPU's dtype handling
+    of dots), or by `cpu_rule` where the lhs has several free dims (see the module doc)."""
+    grouped = functools.partial(lax._ragged_dot_general_lower, platform="cpu")
+
+    def rule(ctx, lhs, rhs, group_sizes, *, ragged_dot_dimension_numbers, **params):
+        (lhs_contract, _), (lhs_batch, _) = ragged_dot_dimension_numbers.dot_dimension_numbers
+        free = ctx.avals_in[0].ndim - len(lhs_contract) - len(lhs_batch)
+        chosen = grouped if free <= 1 else cpu_rule
+        return chosen(ctx, lhs, rhs, group_sizes,
+                      ragged_dot_dimension_numbers=ragged_dot_dimension_numbers, **params)
+    return rule
+
+
 def register(platform: str) -> None:
     """Lower for `platform` as for the CPU (once per process)."""
     tables = mlir._platform_specific_lowerings
@@ -103,9 +132,10 @@ def register(platform: str) -> None:
     tables[platform] = collections.ChainMap(dict(tables.get(platform, {})), tables["cpu"])
     for primitive in (callback.pure_callback_p, callback.io_callback_p,
                       debugging.debug_callback_p, debugging.debug_print_p):
-        cpu_rule = (tables["cpu"].get(primitive) or mlir._lowerings[primitive]).rule
-        tables[platform][primitive] = mlir.LoweringRuleEntry(_with_global_ids(cpu_rule), True)
-    for primitive, name in _EXPANDED_CHLO.items():
-        cpu_rule = (tables["cpu"].get(primitive) or mlir._lowerings[primitive]).rule
         tables[platform][primitive] = mlir.LoweringRuleEntry(
-            _as_composite(primitive, name, cpu_rule), True)
+            _with_global_ids(_cpu_rule(primitive)), True)
+    tables[platform][lax.ragged_dot_general_p] = mlir.LoweringRuleEntry(
+        _ragged_dot_rule(_cpu_rule(lax.ragged_dot_general_p)), True)
+    for primitive, name in _EXPANDED_CHLO.items():
+        tables[platform][primitive] = mlir.LoweringRuleEntry(
+            _as_composite(primitive, name, _cpu_rule(primitive)), True)

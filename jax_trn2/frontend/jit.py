@@ -266,17 +266,14 @@ def _refuse_unreduced(program: isa.Program) -> None:
             "jax.devices('trn2'), or reduce the value inside it")
 
 
-def _host_callbacks(jax_lowered) -> list:
-    """The Python functions of the lowered module's host callbacks (jax.debug.print,
-    pure_callback, ...), by the index their custom calls carry: jax keeps them in its
-    lowering's compile arguments (there is no public accessor), but a module lowered for
-    the plugin's platform (arguments on trn2 devices) numbers them by their global ids
-    (jax_trn2.core.lowerings)."""
-    compile_args = _compile_args(jax_lowered)
-    backend = compile_args.get("backend")
-    if backend is not None and backend.platform == PLATFORM_NAME:
-        return lowerings.CALLBACKS
-    return list(compile_args.get("host_callbacks", ()))
+def _lowered_for_trn2(traced) -> Any:
+    """jax's Lowered of a traced function, lowered as for the trn2 plugin's devices whatever
+    the arguments' devices (the CPU's for host arrays): with the trn2 platform's rules
+    (jax_trn2.core.lowerings: ragged_dot as a grouped matmul, not the CPU's dense masked
+    dot; host callbacks by their global ids in lowerings.CALLBACKS), as jax.jit on
+    jax.devices("trn2") lowers it."""
+    lowerings.register(PLATFORM_NAME)
+    return traced.lower(lowering_platforms=(PLATFORM_NAME,))
 
 
 def _compile_args(jax_lowered) -> dict:
@@ -809,7 +806,7 @@ class Jitted:
         return self.trace(*args, **kwargs).lower()
 
     def _lower_traced(self, traced, args: tuple, kwargs: dict) -> Lowered:
-        jax_lowered = traced.lower()
+        jax_lowered = _lowered_for_trn2(traced)
         _, dyn_args, dyn_kwargs = self._split(args, kwargs)
         module = jax_lowered.compiler_ir("stablehlo")
         names = self._arg_names(dyn_args, dyn_kwargs, len(args))
@@ -817,7 +814,7 @@ class Jitted:
         executable = LoadedExecutable.from_stablehlo(
             self.options.topology, module, arg_names=[names[i] for i in kept],
             rounding=self.options.rounding, executor_devices=self._executor_devices,
-            host_callbacks=_host_callbacks(jax_lowered))
+            host_callbacks=lowerings.CALLBACKS)
         return Lowered(jax_lowered, executable, jax_lowered.in_tree, jax_lowered.out_tree,
                        traced.jaxpr.out_avals, kept, self.options.check_memory)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from lowering import mlir
 from lowering.registry import rule
 from lowering.walker import LoweringContext, Op
 from mesh import isa
@@ -28,7 +29,7 @@ def ragged_dot(ctx: LoweringContext, op: Op):
     """ragged_dot (jax.lax.ragged_dot: grouped matmuls of a mixture of experts) as one
     matmul per group. A ragged batch dim groups whole batch elements, each already a matmul
     of its own: that is dot_general (as XLA computes it on CPU)."""
-    dims = op.attrs["ragged_dot_dimension_numbers"]
+    dims = _ragged_dot_dims(op.attrs["ragged_dot_dimension_numbers"])
     if len(dims.lhs_ragged) != 1:
         raise NotImplementedError(f"ragged_dot with lhs ragged dims {list(dims.lhs_ragged)} "
                                   "(exactly one is supported)")
@@ -47,3 +48,13 @@ def ragged_dot(ctx: LoweringContext, op: Op):
                     lhs_contract=dims.lhs_contract, rhs_contract=dims.rhs_contract,
                     lhs_ragged=ragged, rhs_group=None if contracted else dims.rhs_group[0],
                     out_dtype=out_dtype)
+
+
+def _ragged_dot_dims(attr) -> mlir.RaggedDotDims:
+    """chlo.ragged_dot's dimension numbers: the op's attribute, or, in a module serialized
+    for a PJRT plugin (where the op is a composite), the composite's six lists of dims in
+    the attribute's order (lhs batch, rhs batch, lhs contracting, rhs contracting, lhs
+    ragged, rhs group: XLA's chlo-preserve-high-level-ops pass)."""
+    if isinstance(attr, mlir.RaggedDotDims):
+        return attr
+    return mlir.RaggedDotDims(*(tuple(int(d) for d in dims) for dims in attr))

@@ -19,7 +19,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_trn2
-from e2e_reference import assert_matches, cpu_mesh, random_array
+from e2e_reference import assert_matches, assert_same_bits, cpu_mesh, random_array, \
+    trn2_mesh
 
 SLICES = 2  # slices each member sends each other member
 ROW = (3,)  # the trailing dims of a row
@@ -93,10 +94,15 @@ def simulated_body(operand, output, input_offsets, send_sizes, output_offsets, r
 
 
 def run_both(shape, names, axis, args):
+    """(simulated, CPU reference) results; the simulated one through both front doors,
+    jax_trn2.jit and plain jax.jit on the trn2 plugin's devices, which agree bit for bit."""
     sim = jax_trn2.jit(ragged_program(jax_trn2.make_mesh(shape, names), names, axis,
                                       simulated_body))
+    plain = jax.jit(ragged_program(trn2_mesh(shape, names), names, axis, simulated_body))
     ref = jax.jit(ragged_program(cpu_mesh(shape, names), names, axis, reference_body))
-    return sim(*args), ref(*args)
+    got = sim(*args)
+    assert_same_bits(plain(*args), got)
+    return got, ref(*args)
 
 
 CASES = [((8,), ("x",), "x"), ((2, 4), ("data", "model"), "model"),

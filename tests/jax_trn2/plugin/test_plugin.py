@@ -14,6 +14,7 @@ from jax_trn2.core.options import ClientOptions
 from mesh.executor import EXACT_PRECISION
 from mesh.machine import get_topology
 from tests.e2e.e2e_reference import cpu_mesh, trn2_mesh
+from tests.e2e.test_remaining_ops import RAGGED_FORMS
 
 
 @pytest.fixture(scope="module")
@@ -269,6 +270,37 @@ def test_functions_computed_as_on_the_cpu_and_subnormal_constants_kept(devices):
         want = np.asarray(jax.jit(f, compiler_options=EXACT_PRECISION)(x))
         np.testing.assert_array_equal(got.view(f"u{got.itemsize}"),
                                       want.view(f"u{want.itemsize}"))
+
+
+@pytest.mark.parametrize("form", RAGGED_FORMS)
+def test_ragged_dot_is_the_grouped_matmul_through_both_doors(form, devices, rng):
+    """ragged_dot_general lowers for the plugin's platform as for the TPU, to
+    chlo.ragged_dot (a composite in the module jaxlib serializes for a plugin), not as for
+    the CPU (a dense dot over every group with a masked operand), where the lhs has one
+    free dim (jaxlib cannot serialize it with more: those keep the CPU's rule). Every form
+    through jax.jit on the trn2 devices and through jax_trn2.jit, with the same bits and
+    CPU JAX's values."""
+    lhs_shape, rhs_shape, sizes, dims = RAGGED_FORMS[form]
+    numbers = jax.lax.RaggedDotDimensionNumbers(*dims)
+
+    def f(lhs, rhs, group_sizes):
+        return jax.lax.ragged_dot_general(lhs, rhs, group_sizes, numbers)
+
+    args = (rng.standard_normal(lhs_shape).astype(np.float32),
+            rng.standard_normal(rhs_shape).astype(np.float32), np.array(sizes, np.int32))
+    plain = jax.jit(f).lower(*jax.device_put(args, devices[0])).compile()
+    simulated = jax_trn2.jit(f).lower(*args).compile()
+    (lhs_contract, _), (lhs_batch, _) = numbers.dot_dimension_numbers
+    if len(lhs_shape) - len(lhs_contract) - len(lhs_batch) == 1:
+        grouped = "Tensor.Matmul(" if form == "batch" else "Tensor.RaggedMatmul("
+        assert grouped in simulated.as_text()
+        assert plain.memory_analysis().temp_size_in_bytes == 0  # no masked operand
+    got = np.asarray(simulated(*args))
+    np.testing.assert_array_equal(np.asarray(plain(*jax.device_put(args, devices[0]))), got)
+    # as tests/e2e/test_remaining_ops.py: FP32 products rounded to FP32 and summed in
+    # another order than CPU JAX's, |error| <= (K + 1) * 2**-24 * sum|a_k b_k|, K <= 10
+    bound = 11 * 2.0 ** -24 * np.abs(args[0]).max() * np.abs(args[1]).max() * 10
+    np.testing.assert_allclose(got, np.asarray(jax.jit(f)(*args)), rtol=0, atol=bound)
 
 
 def test_out_of_hbm_is_resource_exhausted(devices):
