@@ -59,16 +59,25 @@ def is_partitioned(module: ir.Module) -> bool:
     return PARAMETER_SHARDINGS_ATTR in attributes or OUTPUT_SHARDING_ATTR in attributes
 
 
+# jax.debug.inspect_array_sharding (and visualize_sharding) inside jit: a custom call XLA's
+# partitioner answers, calling jax's callback (named in its backend_config) with the
+# value's HloSharding, and then removes (jaxlib registers the call's partitioner).
+_INSPECT_SHARDING_TARGET = "InspectSharding"
+
+
 def needs_partitioning(module: ir.Module) -> bool:
     """Whether a module is a global program over a mesh of several devices whose values
     carry shardings outside shard_map bodies (what XLA's partitioner would split), or
     whose shard_maps are over several meshes of the same devices (a (2, 4) mesh and its
-    flattening, say): the partitioner makes one per-chip program of them all.
+    flattening, say): the partitioner makes one per-chip program of them all. So is one
+    that inspects a value's sharding, which only the partitioner can say.
 
     A program whose shardings are all at shard_map boundaries of one mesh is already
     per-chip code inside the bodies and runs as it is (lowering.rules.structure)."""
     if is_partitioned(module):
         return False
+    if _calls(module.operation, _INSPECT_SHARDING_TARGET):
+        return True
     if _sdy_mesh_devices(module) > 1:
         return _has_sdy_sharding(module) or len(_distinct_meshes(module)) > 1
     return _has_gspmd_tiling(module)
@@ -308,9 +317,14 @@ def _remove_stop(module: ir.Module) -> None:
 
 
 def _calls_stop(operation) -> bool:
+    return _calls(operation, _STOP_TARGET)
+
+
+def _calls(operation, target: str) -> bool:
+    """Whether a custom call to `target` is among the ops inside `operation`, at any depth."""
     return any(op.operation.name == "stablehlo.custom_call" and
-               ir.StringAttr(op.operation.attributes["call_target_name"]).value == _STOP_TARGET
-               or _calls_stop(op.operation)
+               ir.StringAttr(op.operation.attributes["call_target_name"]).value == target
+               or _calls(op.operation, target)
                for region in operation.regions for block in region.blocks
                for op in block.operations)
 
