@@ -159,6 +159,16 @@ def test_donation_deletes_the_donor(mesh):
     np.testing.assert_array_equal(np.asarray(b), np.ones(64, np.float32))
 
 
+def test_a_donated_buffer_also_read_by_the_call_is_refused(mesh):
+    add = jax.jit(lambda u, v: u + v, donate_argnums=0)
+    a = jax.device_put(np.zeros(64, np.float32), NamedSharding(mesh, P("a")))
+    with pytest.raises(RuntimeError, match="donate a buffer which is also used"):
+        add(a, a)
+    assert not a.is_deleted()
+    b = jax.device_put(np.ones(64, np.float32), NamedSharding(mesh, P("a")))
+    np.testing.assert_array_equal(np.asarray(add(a, b)), np.ones(64, np.float32))
+
+
 def test_cost_and_memory_analysis_are_the_estimates(mesh):
     x = jax.device_put(np.ones((64, 16), np.float32), NamedSharding(mesh, P("a", "b")))
     compiled = jax.jit(lambda x: (x @ x.T).sum()).lower(x).compile()
