@@ -237,8 +237,27 @@ def _for_xla(module: ir.Module) -> bytes:
     op after the partitioner (the module itself is not changed)."""
     copy = ir.Module.parse(jax_mlir.module_to_bytecode(module), module.context)
     _kernels_as_calls(copy)
+    _without_dot_algorithms(copy)
     _insert_stop(copy)
     return jax_mlir.module_to_bytecode(copy)
+
+
+def _without_dot_algorithms(module: ir.Module) -> None:
+    """Drop dot_general's `algorithm` (lax.dot's precision=DotAlgorithmPreset...) from the
+    copy for XLA: XLA:CPU's compiler crashes (SIGSEGV) on those it cannot compute, before
+    the partitioner, which does not read them. jax has converted the operands to the
+    algorithm's input types already, and lowering reads no algorithm either: the
+    partitioned module computes the same."""
+    def visit(operation) -> None:
+        for region in operation.regions:
+            for block in region.blocks:
+                for op in block.operations:
+                    if op.operation.name == "stablehlo.dot_general" and \
+                            "algorithm" in op.operation.attributes:
+                        del op.operation.attributes["algorithm"]
+                    visit(op.operation)
+
+    visit(module.operation)
 
 
 def _kernels_as_calls(module: ir.Module) -> None:
