@@ -59,16 +59,25 @@ def is_partitioned(module: ir.Module) -> bool:
     return PARAMETER_SHARDINGS_ATTR in attributes or OUTPUT_SHARDING_ATTR in attributes
 
 
+# jax.debug.inspect_array_sharding (and visualize_sharding) inside jit: a custom call XLA's
+# partitioner answers, calling jax's callback (named in its backend_config) with the
+# value's HloSharding, and then removes (jaxlib registers the call's partitioner).
+_INSPECT_SHARDING_TARGET = "InspectSharding"
+
+
 def needs_partitioning(module: ir.Module) -> bool:
     """Whether a module is a global program over a mesh of several devices whose values
     carry shardings outside shard_map bodies (what XLA's partitioner would split), or
     whose shard_maps are over several meshes of the same devices (a (2, 4) mesh and its
-    flattening, say): the partitioner makes one per-chip program of them all.
+    flattening, say): the partitioner makes one per-chip program of them all. So is one
+    that inspects a value's sharding, which only the partitioner can say.
 
     A program whose shardings are all at shard_map boundaries of one mesh is already
     per-chip code inside the bodies and runs as it is (lowering.rules.structure)."""
     if is_partitioned(module):
         return False
+    if _calls(module.operation, _INSPECT_SHARDING_TARGET):
+        return True
     if _sdy_mesh_devices(module) > 1:
         return _has_sdy_sharding(module) or len(_distinct_meshes(module)) > 1
     return _has_gspmd_tiling(module)
@@ -228,8 +237,27 @@ def _for_xla(module: ir.Module) -> bytes:
     op after the partitioner (the module itself is not changed)."""
     copy = ir.Module.parse(jax_mlir.module_to_bytecode(module), module.context)
     _kernels_as_calls(copy)
+    _without_dot_algorithms(copy)
     _insert_stop(copy)
     return jax_mlir.module_to_bytecode(copy)
+
+
+def _without_dot_algorithms(module: ir.Module) -> None:
+    """Drop dot_general's `algorithm` (lax.dot's precision=DotAlgorithmPreset...) from the
+    copy for XLA: XLA:CPU's compiler crashes (SIGSEGV) on those it cannot compute, before
+    the partitioner, which does not read them. jax has converted the operands to the
+    algorithm's input types already, and lowering reads no algorithm either: the
+    partitioned module computes the same."""
+    def visit(operation) -> None:
+        for region in operation.regions:
+            for block in region.blocks:
+                for op in block.operations:
+                    if op.operation.name == "stablehlo.dot_general" and \
+                            "algorithm" in op.operation.attributes:
+                        del op.operation.attributes["algorithm"]
+                    visit(op.operation)
+
+    visit(module.operation)
 
 
 def _kernels_as_calls(module: ir.Module) -> None:
@@ -308,9 +336,14 @@ def _remove_stop(module: ir.Module) -> None:
 
 
 def _calls_stop(operation) -> bool:
+    return _calls(operation, _STOP_TARGET)
+
+
+def _calls(operation, target: str) -> bool:
+    """Whether a custom call to `target` is among the ops inside `operation`, at any depth."""
     return any(op.operation.name == "stablehlo.custom_call" and
-               ir.StringAttr(op.operation.attributes["call_target_name"]).value == _STOP_TARGET
-               or _calls_stop(op.operation)
+               ir.StringAttr(op.operation.attributes["call_target_name"]).value == target
+               or _calls(op.operation, target)
                for region in operation.regions for block in region.blocks
                for op in block.operations)
 

@@ -77,10 +77,19 @@ def _pass_on(line: bytes, stderr: int, held: list[str]) -> None:
     os.write(stderr, (FATAL_PREFACE if FATAL.match(line) else b"") + line + b"\n")
 
 
+def _avoidable(match: re.Match | None) -> re.Match | None:
+    """A rematerialization warning's match, unless its target sharding is one device's."""
+    if match is None or match.group(2).startswith("{maximal"):
+        return None
+    return match
+
+
 def report(lines: Sequence[str]) -> None:
     """Warn once about the values XLA's partitioner rematerialized in full (once per
-    process for the same values); write every other line back to stderr."""
-    found = [(line, FULL_REMATERIALIZATION.search(line)) for line in lines]
+    process for the same values); write every other line back to stderr, among them those
+    about a value gathered to one device (`{maximal device=N}`): a host callback's operand
+    (jax.debug.print, pure_callback), which jax gathers by design and no sharding avoids."""
+    found = [(line, _avoidable(FULL_REMATERIALIZATION.search(line))) for line in lines]
     others = [line for line, match in found if match is None]
     if others:
         sys.stderr.write("\n".join(others) + "\n")

@@ -4,7 +4,8 @@ The simulator runs the StableHLO jax emits for a CPU: the LAPACK custom calls of
 `jnp.linalg`, and host callbacks as `xla_ffi_python_cpu_callback` custom calls (lowering
 handles both). jax looks lowering rules up by the platform name the client reports, and
 has CPU-only rules for those primitives, so the CPU's rules are made the trn2 platform's
-(rules registered for it later still take precedence).
+(rules registered for it later still take precedence), but dot_general's, which is jax's
+own (the CPU's refuses the dot algorithms XLA:CPU lacks).
 
 A host callback's custom call names its Python function by an index into the host
 callbacks jax keeps beside the module and passes to the backend's compile, which a PJRT
@@ -134,6 +135,10 @@ def register(platform: str) -> None:
                       debugging.debug_callback_p, debugging.debug_print_p):
         tables[platform][primitive] = mlir.LoweringRuleEntry(
             _with_global_ids(_cpu_rule(primitive)), True)
+    # jax's own dot_general rule, not the CPU's: the CPU's refuses the dot algorithms
+    # XLA:CPU cannot compute (TF32, F16_F16_F32, BF16_BF16_F32_X9, FP8 ...), which the
+    # Tensor Engine takes; both rules convert the operands to the algorithm's types alike
+    tables[platform][lax.dot_general_p] = mlir._lowerings[lax.dot_general_p]
     tables[platform][lax.ragged_dot_general_p] = mlir.LoweringRuleEntry(
         _ragged_dot_rule(_cpu_rule(lax.ragged_dot_general_p)), True)
     for primitive, name in _EXPANDED_CHLO.items():

@@ -9,7 +9,8 @@ selects the simulator with `jax.devices("trn2")` or `JAX_PLATFORMS=trn2`.
 The client reports the platform name "neuron", AWS's name for Trainium, for which jax
 lowers programs, donates buffers and keeps its persistent compilation cache (it does
 neither for a platform it does not know); the simulator's devices are listed under the
-plugin's name, "trn2" (docs/plugin.md says what a user sees).
+plugin's name, "trn2", and under "neuron" too when no other plugin has that name (so
+`jax.devices(x.device.platform)` finds x's devices; docs/plugin.md says what a user sees).
 
 Device ids number the chips with the fastest links innermost (x, then y inside a server,
 then z across servers: mesh.machine.device_order), and jax.make_mesh places a mesh of the
@@ -57,3 +58,26 @@ def initialize() -> None:
     # jax-trn2, on any backend, would print it. docs/plugin.md says what the simulator runs.
     xla_bridge._nonexperimental_plugins.add(PLUGIN_NAME)
     xla_bridge.register_plugin(PLUGIN_NAME, priority=PRIORITY, library_path=path)
+    xla_bridge.register_backend_initialization_hook(answer_to_platform_name)
+
+
+def answer_to_platform_name(backend) -> None:
+    """List the simulator's backend under the platform its devices report, "neuron", as
+    well as under "trn2", so that `jax.devices(device.platform)`, a common idiom, finds the
+    simulator's devices (jax looks a backend up by the name it was registered under).
+
+    Not if a plugin registered itself as "neuron" (AWS's own, on a Trainium host): that
+    name is then its, whether or not jax started it (JAX_PLATFORMS). jax calls this for
+    every backend it starts, under its backend lock: the simulator's is the one that
+    reports "neuron" when no "neuron" backend is registered.
+    """
+    from jax._src import xla_bridge
+
+    from jax_trn2.core.platform import PLATFORM_NAME
+
+    if (backend.platform == PLATFORM_NAME
+            and PLATFORM_NAME not in xla_bridge._backend_factories
+            and PLATFORM_NAME not in xla_bridge._backends):
+        # jax's table of started backends, which jax.devices(name) reads: the same client
+        # under a second name (jax.devices() and the default backend are unchanged)
+        xla_bridge._backends[PLATFORM_NAME] = backend

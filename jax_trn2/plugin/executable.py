@@ -102,6 +102,7 @@ class Executable:
             if len(row) != count:
                 raise ValueError(f"device {d} got {len(row)} arguments; the program takes "
                                  f"{count}")
+        _check_donations(arguments, [i for i in self.donated if i not in non_donatable])
         self.loaded.prefetch_workspace()  # a first call's: made while arguments assemble
         results = self.loaded.run([self._argument(i, [row[k] for row in arguments])
                                    for k, i in enumerate(self.arg_slots) if i is not None])
@@ -262,6 +263,19 @@ def deserialize(client: Any, data: bytes, compile_options: bytes | None) -> Exec
 # array; the simulator makes its tokens inside a program, and runs in order anyway.
 _TOKEN = np.zeros(0, np.bool_)
 _TOKEN.flags.writeable = False
+
+
+def _check_donations(arguments: Sequence[Sequence[Buffer]], donated: Sequence[int]) -> None:
+    """ValueError (INVALID_ARGUMENT) if a buffer donated to this call is also another of
+    its arguments: the program would write over a value it still reads (PJRT's Execute
+    refuses it too, and jax raises it, e.g. for f(x, x) with x donated)."""
+    for d, row in enumerate(arguments):
+        for i in donated:
+            for k, other in enumerate(row):
+                if k != i and other is row[i]:
+                    raise ValueError(
+                        f"Attempt to donate a buffer which is also used by the same call to "
+                        f"Execute() (flattened argument {i}, also argument {k}, device {d})")
 
 
 def _slots(values: Sequence[Any]) -> list[int | None]:

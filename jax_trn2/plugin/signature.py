@@ -14,6 +14,7 @@ jaxlib's own converter.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from jax._src.interpreters import mlir as jax_mlir
@@ -58,7 +59,7 @@ def signature_module(executable: Any, module: ir.Module,
             for i, (v, t) in enumerate(zip(returned_values, res_types))]
     returned = ", ".join(f"%r{i}" for i in range(len(res_types)))
     text = "\n".join([
-        f"module @{executable.name} attributes {{mhlo.num_partitions = "
+        f"module @{_symbol(executable.name)} attributes {{mhlo.num_partitions = "
         f"{executable.num_partitions} : i32, mhlo.num_replicas = {executable.num_replicas} : i32}} {{",
         f"  func.func public @main({args}) -> ({results}) {{",
         *body,
@@ -73,6 +74,17 @@ def signature_module(executable: Any, module: ir.Module,
     return proto.hlo_module_with_config(
         computation.as_serialized_hlo_module_proto(), names,
         [_op_sharding(s) for s in arg_shardings], [_op_sharding(s) for s in res_shardings])
+
+
+def _symbol(name: str) -> str:
+    """A module name as MLIR spells the symbol: bare if it is an identifier, else quoted
+    (jax names a primitive's program after it: `jit_scatter-add`)."""
+    if _BARE_ID.fullmatch(name):
+        return name
+    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+_BARE_ID = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*")  # MLIR's bare-id
 
 
 def _op_sharding(text: str) -> bytes:

@@ -3,6 +3,7 @@ asker after the lowering (the trn2 plugin's optimized program)."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import lowering
@@ -38,3 +39,22 @@ def test_fields_left_out_of_a_message():
     message = protobuf.field_varint(1, 7) + protobuf.field_bytes(12, b"ab") + \
         protobuf.field_bytes(14, b"c") + protobuf.field_bytes(2, b"kept")
     assert list(protobuf.fields(protobuf.without(message, {12, 14}))) == [(1, 7), (2, b"kept")]
+
+
+def test_a_programs_inspected_shardings_are_the_partitioners():
+    """jax.debug.inspect_array_sharding inside jit, on the plugin's devices: in a program
+    with nothing else to partition (a shard_map, a replicated value), as XLA:CPU says."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices("trn2")[:8]).reshape(2, 4), ("x", "y"))
+    seen = []
+
+    def inspected(a):
+        jax.debug.inspect_array_sharding(a, callback=seen.append)
+        return a + 1
+
+    body = jax.jit(jax.shard_map(inspected, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    x = np.arange(32.0).reshape(8, 4)
+    np.testing.assert_array_equal(body(jax.device_put(x, NamedSharding(mesh, P("x")))), x + 1)
+    whole = jax.jit(inspected, in_shardings=NamedSharding(mesh, P()))
+    np.testing.assert_array_equal(whole(x), x + 1)
+    assert [s.spec for s in seen] == [P(), P()]
+    assert all(s.mesh == mesh for s in seen)

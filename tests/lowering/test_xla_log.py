@@ -73,6 +73,13 @@ def test_rematerializations_become_one_warning_and_other_lines_pass_on(capfd):
     assert not again
 
 
+def test_a_value_gathered_for_a_host_callback_is_no_warning(recwarn, capfd):
+    to_one_device = REMAT.replace("to {replicated}", "to {maximal device=0}")
+    xla_log.report([to_one_device])
+    assert not recwarn
+    assert capfd.readouterr().err == to_one_device + "\n"  # XLA's line, as on XLA:CPU
+
+
 def test_no_log_no_warning(recwarn, capfd):
     xla_log.report([])
     assert not recwarn and capfd.readouterr().err == ""

@@ -160,6 +160,31 @@ def test_donation_deletes_the_donor(mesh):
     np.testing.assert_array_equal(np.asarray(b), np.ones(64, np.float32))
 
 
+def test_a_donated_buffer_also_read_by_the_call_is_refused(mesh):
+    add = jax.jit(lambda u, v: u + v, donate_argnums=0)
+    a = jax.device_put(np.zeros(64, np.float32), NamedSharding(mesh, P("a")))
+    with pytest.raises(RuntimeError, match="donate a buffer which is also used"):
+        add(a, a)
+    assert not a.is_deleted()
+    b = jax.device_put(np.ones(64, np.float32), NamedSharding(mesh, P("a")))
+    np.testing.assert_array_equal(np.asarray(add(a, b)), np.ones(64, np.float32))
+
+
+@pytest.mark.parametrize("algorithm", ["TF32_TF32_F32", "F16_F16_F32", "BF16_BF16_F32_X9"])
+def test_dot_algorithms_xla_cpu_refuses_run(mesh, devices, algorithm, rng):
+    """jax's CPU lowering refuses these algorithms; the plugin takes them, on one device and
+    in a program XLA's partitioner partitions (whose XLA:CPU compile would crash on them)."""
+    a, b = rng.standard_normal((16, 8), np.float32), rng.standard_normal((8, 4), np.float32)
+    dot = jax.jit(lambda x, y: jax.lax.dot(x, y, precision=algorithm))
+    # operands rounded to the algorithm's input type by jax, products summed in float32
+    tol = 2e-2 if algorithm == "F16_F16_F32" else 1e-5
+    np.testing.assert_allclose(dot(jax.device_put(a, devices[0]), jax.device_put(b, devices[0])),
+                               a @ b, rtol=tol, atol=tol)
+    sharded = dot(jax.device_put(a, NamedSharding(mesh, P("a"))),
+                  jax.device_put(b, NamedSharding(mesh, P())))
+    np.testing.assert_allclose(sharded, a @ b, rtol=tol, atol=tol)
+
+
 def test_cost_and_memory_analysis_are_the_estimates(mesh):
     x = jax.device_put(np.ones((64, 16), np.float32), NamedSharding(mesh, P("a", "b")))
     compiled = jax.jit(lambda x: (x @ x.T).sum()).lower(x).compile()

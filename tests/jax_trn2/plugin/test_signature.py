@@ -73,3 +73,14 @@ def test_eager_ops_keep_a_sharding_over_a_mesh_with_axes_of_size_1():
                          axis_types=(AxisType.Auto,) * 3)
     x = jax.device_put(jnp.arange(32).reshape(1, -1, 1), NamedSharding(mesh, P("x", "y", "z")))
     assert (x + 1).sharding == x.sharding
+
+
+def test_a_program_named_with_a_hyphen_gives_its_shardings(mesh):
+    """jax names an eager primitive's program after it (`jit_scatter-add`), a name MLIR
+    must quote: over several devices, its result's sharding is read from the signature."""
+    z = jax.device_put(np.zeros(6, np.int32), NamedSharding(mesh, P()))
+    w = z.at[np.array([0, 1])].add(1)
+    assert w.sharding == NamedSharding(mesh, P())
+    scatter = jax.jit(lambda a: a.at[np.array([0, 1])].add(1)).lower(z).compile()
+    assert scatter.output_shardings == NamedSharding(mesh, P())
+    np.testing.assert_array_equal(w - 1, [0, 0, -1, -1, -1, -1])
