@@ -2,7 +2,6 @@
 on-chip reduction and broadcast through the chip's HBM, around the stage between chips,
 pinned to hand-worked formulas."""
 
-from dataclasses import replace
 
 import numpy as np
 import pytest
