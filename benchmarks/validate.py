@@ -16,10 +16,11 @@ and ideal estimates next to the measurement. Rows are of two kinds, kept apart:
 
 Conventions the measurements need (docs/validation.md says more):
 - nccom-test ranks are logical NeuronCores: at Trn2's default LNC=2 a chip has 4, so a
-  16-rank collective runs on 4 chips. The simulator's device is a chip: a case holds the
-  4 ranks' buffers of each chip, combines them on the chip, runs the collective between
-  chips and gives each rank its copy, as the runtime does (its intra-chip stages).
-- A tensor-parallel degree counts logical cores too: TP64 is 16 chips, TP8 2 chips, TP4 1.
+  16-rank collective runs on 4 chips. Each rank is a device of the machine as rented
+  (a trn2.48xlarge: 64 devices), so the collective runs the runtime's stages among the
+  ranks of each chip around the stage between chips.
+- A tensor-parallel degree counts logical cores too: TP64 is the 64 devices of a
+  trn2.48xlarge (16 chips), TP8 8 of its devices (2 chips), TP4 a trn2.3xlarge (1 chip).
 - Serving figures (vLLM, llmperf, guidellm) are measured at the client: they include the
   server's own time per request and, at a concurrency above one, waiting behind other
   requests' steps. The device estimate has neither.
@@ -74,31 +75,27 @@ def estimate(case: Case) -> tuple[float, float]:
 
 # --- collectives: nccom-test -------------------------------------------------------------
 
-def _all_reduce(ranks_buffers, axis):
-    """Each chip: its ranks' buffers summed, the sums all-reduced between chips, the
-    result given to every rank."""
-    return jnp.broadcast_to(jax.lax.psum(ranks_buffers.sum(0), axis), ranks_buffers.shape)
-
-
-def _all_gather(ranks_buffers, axis):
-    gathered = jax.lax.all_gather(ranks_buffers, axis, tiled=True)  # every rank's buffer
-    return jnp.broadcast_to(gathered, (RANKS_PER_CHIP, *gathered.shape))
+NCCOM_MACHINE = "trn2.48xlarge"  # 64 ranks: 16 chips of 4 logical NeuronCores (LNC=2)
 
 
 def nccom(op: str, ranks: int, size: int, dtype, groups: int = 1):
-    """An nccom-test collective over `ranks` ranks (in `groups` concurrent groups) of
-    `size` bytes (nccom's size: each rank's buffer for all-reduce, the gathered output for
-    all-gather)."""
+    """An nccom-test collective over `ranks` ranks (in `groups` concurrent groups of
+    consecutive ranks) of `size` bytes (nccom's size: each rank's buffer for all-reduce,
+    the gathered output for all-gather), one rank per device of a trn2.48xlarge."""
     def build():
-        chips = ranks // RANKS_PER_CHIP
         itemsize = jnp.dtype(dtype).itemsize
         per_rank = size // itemsize if op == "all-reduce" else size // (ranks * itemsize)
-        mesh = jax_trn2.make_mesh((groups, chips), ("group", "chip"), topology="trn2")
-        body = partial(_all_reduce if op == "all-reduce" else _all_gather, axis="chip")
-        spec = P(("group", "chip"))
-        f = jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)
-        args = (jax.ShapeDtypeStruct((groups * chips * RANKS_PER_CHIP, max(per_rank, 1)),
-                                     dtype),)
+        mesh = jax_trn2.make_mesh((groups, ranks), ("group", "rank"), topology=NCCOM_MACHINE)
+
+        def body(buffer):
+            if op == "all-reduce":
+                return jax.lax.psum(buffer, "rank")
+            return jax.lax.all_gather(buffer, "rank", tiled=True)
+
+        spec = P(("group", "rank"))
+        out_spec = spec if op == "all-reduce" else P("group")
+        f = jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=out_spec, check_vma=False)
+        args = (jax.ShapeDtypeStruct((groups * ranks * max(per_rank, 1),), dtype),)
         return jax_trn2.jit(f), args
     return build
 
@@ -108,21 +105,22 @@ C2 = ("16-rank all-reduce bf16 in 4 groups (16 chips), nccom-test --streams-json
       "example; a 64-rank all-gather ran concurrently on another stream")
 C3 = "32-rank all-gather fp32 (8 chips), nccom-test --show-input-output-size, SDK 2.24 example"
 C5 = "8-rank all-gather fp32 (2 chips), nccom-test --stats, SDK 2.28 example"
+C6 = "4-rank all-gather fp16 (1 chip), nccom-test allgv -N 1 --variable-size-op-metadata example"
 
-CAPTURED = ("models the runtime's algorithm by size, its fixed costs, per-hop latency and "
-            "collective-DMA/HBM-bound transfer, and the chips combining and copying out their "
-            "4 ranks' buffers")
+CAPTURED = ("models the runtime's algorithm by size, its launch, per-hop latency and "
+            "collective-DMA/HBM-bound transfer, and the stages among each chip's 4 ranks")
 COLLECTIVES = [
     *(Case(f"all-reduce {size:,} B", "calibration", C1, us * 1e-6, NCCOM,
            nccom("all-reduce", 16, size, jnp.float32),
-           f"{CAPTURED}; the instance is not stated (KangaRing implies Trn2); this example's "
-           "300 us floor is 3x the SDK 2.32 example's: not modelled")
+           f"{CAPTURED}; the instance is not stated (KangaRing implies Trn2); below 32 MiB this "
+           "example's standalone all-reduces floor at 300-690 us, 10x what a collective costs "
+           "inside a program (~25 us in a DeepSeek-V3 TP64 decode profile): not modelled")
       for size, us in ((4, 299.91), (8192, 299.74), (131072, 574.15), (2097152, 686.32),
                        (33554432, 2754.15), (536870912, 9689.51))),
     *(Case(f"all-reduce {size:,} B", "calibration", C2, us * 1e-6, NCCOM,
            nccom("all-reduce", 16, size, jnp.bfloat16, groups=4),
-           f"{CAPTURED}; the concurrent stream's contention is not modelled (the source of "
-           "reduction_launch_seconds)")
+           f"{CAPTURED}; the concurrent stream's contention is not modelled (it slowed that "
+           "stream's 1 KiB all-gathers to 258 us)")
       for size, us in ((1024, 101.14), (65536, 103.28), (262144, 107.37),
                        (1048576, 117.67))),
     *(Case(f"all-gather {size:,} B", "calibration", C3, us * 1e-6, NCCOM,
@@ -133,6 +131,10 @@ COLLECTIVES = [
            nccom("all-gather", 8, size, jnp.float32),
            f"{CAPTURED}; the instance is not stated (Trn1 or Trn2)")
       for size, us in ((1024, 10.0), (65536, 11.31), (524288, 14.83))),
+    Case("all-gather 2,048 B", "calibration", C6, 16.28e-6, NCCOM,
+         nccom("all-gather", 4, 2048, jnp.float16),
+         f"{CAPTURED}; the source of on_chip_stage_seconds (equal send counts, as its "
+         "metadata gives)"),
 ]
 
 
@@ -161,77 +163,81 @@ ENGINES = [
 
 # --- whole programs: inference -----------------------------------------------------------
 
-def decode(config: llama.Llama, chips: int, batch: int, bucket: int):
+def machine_for(tp: int) -> str:
+    """The instance a published tensor-parallel degree ran on: TP4 is one chip (a
+    trn2.3xlarge), larger degrees the chips of a trn2.48xlarge (4 ranks a chip)."""
+    return "trn2.3xlarge" if tp <= RANKS_PER_CHIP else "trn2.48xlarge"
+
+
+def decode(config: llama.Llama, tp: int, batch: int, bucket: int):
     def build():
-        split = llama.Split(config, chips)
-        mesh = jax_trn2.make_mesh((chips,), (llama.TP,), topology="trn2")
+        split = llama.Split(config, tp)
+        mesh = jax_trn2.make_mesh((tp,), (llama.TP,), topology=machine_for(tp))
         return llama.decode_step(split, mesh), llama.decode_args(split, batch, bucket)
     return build
 
 
-def prefill(config: llama.Llama, chips: int, length: int):
+def prefill(config: llama.Llama, tp: int, length: int):
     def build():
-        split = llama.Split(config, chips)
-        mesh = jax_trn2.make_mesh((chips,), (llama.TP,), topology="trn2")
+        split = llama.Split(config, tp)
+        mesh = jax_trn2.make_mesh((tp,), (llama.TP,), topology=machine_for(tp))
         return llama.prefill(split, mesh), llama.prefill_args(split, 1, length)
     return build
 
 
 DECODE = ("models the weights and the cache bucket streamed from HBM, two all-reduces a layer "
-          "at the runtime's fixed cost, per-instruction DMA and warm-up costs; ")
+          "with their stages among each chip's ranks, per-instruction DMA and warm-up costs; ")
 PREFILL = ("models the matmuls at the PE array's rate, attention as the fused kernel, the "
            "sequence-parallel all-gathers and reduce-scatters at the collective DMA's rate; ")
 SERVED = "leaves out the server's own time (measured at the client through vLLM)"
-ONE_CHIP = ("; leaves out the combining of a chip's 4 logical cores (TP4 on one chip runs "
-            "intra-chip collectives; the simulator's device is a whole chip)")
 PROGRAMS = [
     Case("Llama-3.3-70B TPOT", "validation",
          "TP64 (16 chips) BF16, batch 1, decode at 10,000-11,500 tokens (12,800 bucket); "
          "vLLM + llmperf, SDK 2.22 docs", 19.6e-3, f"{NXDI}/trn2-llama3.3-70b-tutorial.rst",
-         decode(llama.LLAMA_3_70B, 16, 1, 12800), DECODE + SERVED),
+         decode(llama.LLAMA_3_70B, 64, 1, 12800), DECODE + SERVED),
     Case("Llama-3.3-70B TTFT", "validation",
          "TP64 (16 chips) BF16, batch 1, 10,000-token prompt (12,288 bucket); SDK 2.22 docs",
          814.2e-3, f"{NXDI}/trn2-llama3.3-70b-tutorial.rst",
-         prefill(llama.LLAMA_3_70B, 16, 12288), PREFILL + SERVED),
+         prefill(llama.LLAMA_3_70B, 64, 12288), PREFILL + SERVED),
     Case("Llama-3.3-70B TTFT", "validation",
          "as above, the SDK 2.21 version of the tutorial", 575.6e-3,
          f"{NXDI}/trn2-llama3.3-70b-tutorial.rst (commit 06f33784)",
-         prefill(llama.LLAMA_3_70B, 16, 12288), PREFILL + SERVED),
+         prefill(llama.LLAMA_3_70B, 64, 12288), PREFILL + SERVED),
     Case("Llama-3.1-405B TPOT", "validation",
          "TP64 (16 chips) BF16, batch 1, decode at ~10,000-11,800 tokens (12,800 bucket)",
          37.9e-3, f"{NXDI}/trn2-llama3.1-405b-speculative-tutorial.rst",
-         decode(llama.LLAMA_3_405B, 16, 1, 12800), DECODE + SERVED),
+         decode(llama.LLAMA_3_405B, 64, 1, 12800), DECODE + SERVED),
     Case("Llama-3.1-405B TTFT", "validation",
          "TP64 (16 chips) BF16, batch 1, 10,000-token prompt (12,288 bucket)", 2442e-3,
          f"{NXDI}/trn2-llama3.1-405b-speculative-tutorial.rst",
-         prefill(llama.LLAMA_3_405B, 16, 12288), PREFILL + SERVED),
+         prefill(llama.LLAMA_3_405B, 64, 12288), PREFILL + SERVED),
     Case("Llama-3.1-8B TPOT", "validation",
          "TP8 (2 chips) BF16, 2 requests at a time (batch 2, 2,048 bucket), ~512 in / 128 "
          "out; vLLM-Neuron, SDK 2.32 (\"illustrative\")", 10.52e-3,
          "vllm-neuron/docs/tutorials/tutorial-eagle3-speculative-decoding-llama-3-1.md",
-         decode(llama.LLAMA_3_8B, 2, 2, 2048), DECODE + SERVED),
+         decode(llama.LLAMA_3_8B, 8, 2, 2048), DECODE + SERVED),
     Case("Llama-3.1-8B TTFT", "validation",
          "TP8 (2 chips) BF16, ~512-token prompt, 2 requests at a time", 51.07e-3,
          "vllm-neuron/docs/tutorials/tutorial-eagle3-speculative-decoding-llama-3-1.md",
-         prefill(llama.LLAMA_3_8B, 2, 512),
+         prefill(llama.LLAMA_3_8B, 8, 512),
          PREFILL + SERVED + ", and waiting behind the other request's decode steps"),
     Case("Llama-3.1-8B inter-token latency", "validation",
          "trn2.3xlarge (1 chip, TP4) BF16, compiled for batch 32 and 4,096 tokens, one "
          "request at a time (~1,500 in / 250 out); optimum-neuron + guidellm", 22.136e-3,
-         f"{OPTIMUM}/llama3.1-8b (commit b52f1a3a)", decode(llama.LLAMA_3_8B, 1, 32, 4096),
-         DECODE + SERVED + ONE_CHIP + "; the batch-32 graph runs padded"),
+         f"{OPTIMUM}/llama3.1-8b (commit b52f1a3a)", decode(llama.LLAMA_3_8B, 4, 32, 4096),
+         DECODE + SERVED + "; the batch-32 graph runs padded"),
     Case("Llama-3.1-8B TTFT", "validation",
          "trn2.3xlarge (1 chip, TP4) BF16, ~1,500-token prompt (2,048 bucket)", 197.2e-3,
-         f"{OPTIMUM}/llama3.1-8b (commit b52f1a3a)", prefill(llama.LLAMA_3_8B, 1, 2048),
-         PREFILL + SERVED + ONE_CHIP),
+         f"{OPTIMUM}/llama3.1-8b (commit b52f1a3a)", prefill(llama.LLAMA_3_8B, 4, 2048),
+         PREFILL + SERVED),
     Case("Qwen3-32B inter-token latency", "validation",
          "trn2.3xlarge (1 chip, TP4) BF16, compiled for batch 2 and 4,096 tokens, one "
          "request at a time", 32.084e-3, f"{OPTIMUM}/qwen3-32b (commit 56c35e6d)",
-         decode(llama.QWEN_3_32B, 1, 2, 4096), DECODE + SERVED + ONE_CHIP),
+         decode(llama.QWEN_3_32B, 4, 2, 4096), DECODE + SERVED),
     Case("Qwen3-32B TTFT", "validation",
          "trn2.3xlarge (1 chip, TP4) BF16, ~1,500-token prompt (2,048 bucket)", 770.9e-3,
-         f"{OPTIMUM}/qwen3-32b (commit 56c35e6d)", prefill(llama.QWEN_3_32B, 1, 2048),
-         PREFILL + SERVED + ONE_CHIP),
+         f"{OPTIMUM}/qwen3-32b (commit 56c35e6d)", prefill(llama.QWEN_3_32B, 4, 2048),
+         PREFILL + SERVED),
 ]
 
 CASES = COLLECTIVES + ENGINES + PROGRAMS
@@ -282,8 +288,8 @@ runtime constants come from (mesh/machine/trn2_facts.md, "Runtime costs"); valid
 whole programs, to which nothing was fitted.
 
 Conventions: nccom-test ranks and tensor-parallel degrees count logical NeuronCores, 4 per
-chip at Trn2's default LNC=2 (TP64 is 16 chips, TP4 one chip); the simulator's device is a
-chip. Serving figures were measured at the client through vLLM and include the server's own
+chip at Trn2's default LNC=2, and each is a device of the machine as rented (TP64 is the 64
+devices of a trn2.48xlarge, TP4 the 4 of a trn2.3xlarge). Serving figures were measured at the client through vLLM and include the server's own
 time per request (a DeepSeek-V3 comparison in NxD Inference's contrib models measured
 about 2 ms per token between the native and the served decode).
 

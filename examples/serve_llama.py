@@ -1,15 +1,16 @@
-"""How fast does Llama-3 8B answer on 1, 4 and 16 Trainium2 chips, at batch 1 and 32, and how
-many sequences fit? Planned from shapes alone, with jax_trn2.serving.
+"""How fast does Llama-3 8B answer on 1, 4 and 8 Trainium2 chips (TP4, TP16, TP32), at batch
+1 and 32, and how many sequences fit? Planned from shapes alone, with jax_trn2.serving.
 
 The prefill and decode steps are examples/support/llama.py's: tensor parallel over the
-chips as NxD Inference lays them out (prefill sequence-parallel with the fused
-flash-attention kernel, decode reading the whole KV-cache bucket), on the 16 chips of a
-trn2.48xlarge (topology trn2). For each chip count and batch: time to first token of a
-1,024-token prompt, time per output token with a 4,096-position KV cache, decode tokens/s,
-KV-cache bytes per chip, and the largest batch whose decode fits in HBM.
+devices as NxD Inference lays them out (prefill sequence-parallel with the fused
+flash-attention kernel, decode reading the whole KV-cache bucket), on a trn2.48xlarge as
+Neuron exposes it: 64 logical NeuronCores (LNC=2), 4 per chip, so TP4 is one chip, TP16
+four and TP32 eight. For each degree and batch: time to first token of a 1,024-token
+prompt, time per output token with a 4,096-position KV cache, decode tokens/s, KV-cache
+bytes per device, and the largest batch whose decode fits in a device's share of HBM.
 
     python examples/serve_llama.py
-    python examples/serve_llama.py --chips 4 --batch 8 --kv-length 8192
+    python examples/serve_llama.py --tp 16 --batch 8 --kv-length 8192
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from jax_trn2 import serving
 from jax_trn2.planner.layout import Layout
 
 MODEL = llama.LLAMA_3_8B
-TOPOLOGY = "trn2"  # a trn2.48xlarge: 16 chips on a 4x4 torus
+TOPOLOGY = "trn2.48xlarge"  # 16 chips on a 4x4 torus, 4 devices (logical cores) each
 
 
 def prefill(layout: Layout, batch: int, prompt_tokens: int):
@@ -38,13 +39,13 @@ def decode(layout: Layout, batch: int, kv_length: int):
     return step, llama.decode_args(split, batch, kv_length)
 
 
-def run(chips=(1, 4, 16), batches=(1, 32), prompt_tokens: int = 1024,
+def run(tp=(4, 16, 32), batches=(1, 32), prompt_tokens: int = 1024,
         kv_length: int = 4096, workers: int | None = None) -> serving.ServingTable:
-    """Plan the serving of Llama-3 8B tensor parallel over each chip count; print and
-    return the table."""
+    """Plan the serving of Llama-3 8B at each tensor-parallel degree (in devices, 4 per
+    chip); print and return the table."""
     print(f"Llama-3 8B: {MODEL.param_count() / 1e9:.2f}B parameters, bfloat16, tensor "
           f"parallel on {TOPOLOGY}", flush=True)
-    layouts = [Layout.of(**{llama.TP: n}, topology=TOPOLOGY) for n in chips]
+    layouts = [Layout.of(**{llama.TP: n}, topology=TOPOLOGY) for n in tp]
     table = serving.serve(prefill, decode, layouts, batches, prompt_tokens=prompt_tokens,
                           kv_length=kv_length, workers=workers)
     print(table)
@@ -54,8 +55,9 @@ def run(chips=(1, 4, 16), batches=(1, 32), prompt_tokens: int = 1024,
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--chips", type=int, action="append",
-                        help="tensor-parallel chips (repeatable; default: 1, 4 and 16)")
+    parser.add_argument("--tp", type=int, action="append",
+                        help="tensor-parallel degree in devices, 4 per chip (repeatable; "
+                             "default: 4, 16 and 32; Llama-3 8B has 32 heads)")
     parser.add_argument("--batch", type=int, action="append",
                         help="sequences per step (repeatable; default: 1 and 32)")
     parser.add_argument("--prompt-tokens", type=int, default=1024)
@@ -63,5 +65,5 @@ if __name__ == "__main__":
     parser.add_argument("--workers", type=int, help="planning processes (default: one per "
                                                     "core)")
     args = parser.parse_args()
-    run(tuple(args.chips or (1, 4, 16)), tuple(args.batch or (1, 32)), args.prompt_tokens,
+    run(tuple(args.tp or (4, 16, 32)), tuple(args.batch or (1, 32)), args.prompt_tokens,
         args.kv_length, args.workers)

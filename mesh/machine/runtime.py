@@ -11,7 +11,7 @@ cost zero and every efficiency one (`RuntimeSpec.ideal()`).
 Each default below names its source; the figures are collected, with their configurations,
 in mesh/machine/trn2_facts.md ("Runtime costs") and checked against published whole-program
 measurements by benchmarks/validate.py (docs/validation.md). Every one can be overridden:
-``get_topology("trn2-ultra", runtime=RuntimeSpec(reduction_launch_seconds=50e-6))``.
+``get_topology("trn2-ultra", runtime=RuntimeSpec(on_chip_stage_seconds=5e-6))``.
 """
 
 from __future__ import annotations
@@ -32,25 +32,22 @@ class RuntimeSpec:
     # cores and the first DMA. nccom-test's smallest all-gathers: 6.16 us over 32 ranks,
     # 10.0 us over 8 (tools/neuron-sys-tools/nccom-test.rst, SDK 2.24 and 2.28 examples).
     collective_launch_seconds: float = 5e-6
-    # Added to a collective that reduces (all-reduce, reduce-scatter): the reduction's own
-    # synchronisation of every rank's partial sums. A 1 KiB bf16 all-reduce over 16 ranks
-    # (4 chips) took 101 us (nccom-test --streams-json example, SDK 2.32), against ~6-10 us
-    # for an all-gather.
-    reduction_launch_seconds: float = 95e-6
     # Fixed cost of each stage among the ranks (logical NeuronCores) of one chip: the
     # semaphore handshake of the chip's local ranks' collective cores around one step of
-    # DMA through HBM (its DMA start, dma_fixed_seconds, is added beside it). The Neuron
-    # runtime's intra-chip reduction and broadcast (intra-node collectives page); nccom-test
-    # runs of 2 and 4 ranks on one chip floor at tens of microseconds (trn2_facts.md, "How
-    # Trn2 is rented and programmed"): the low end of that, ~25 us for a small all-reduce
-    # (collective_launch_seconds + two stages), gives 10 us a stage. A collective among a
-    # chip's ranks does not pay reduction_launch_seconds, the synchronisation between chips.
+    # DMA through HBM (its DMA start, dma_fixed_seconds, is added beside it): the Neuron
+    # runtime's intra-chip reduction and broadcast (intra-node collectives page). A 2 KiB
+    # all-gather among the 4 ranks of one chip (nccom-test allgv -r 4 -N 1, its
+    # variable-size example) took 16.28 us: collective_launch_seconds, one broadcast stage
+    # and its DMA start (5 + 10 + 1.3 us). Stages between chips have no such cost beyond
+    # their hops' latency (1-2 us per hop, the same page).
     on_chip_stage_seconds: float = 10e-6
-    # Bytes per second a chip's collective DMA rings move: a 32 MiB permute ran at 37.52
-    # GB/s per rank (nccom-test --custom-src-target-pairs example), and a chip has 4 ranks
-    # at the default logical-core setting LNC=2. Below the links' bandwidth: the runtime's
-    # collectives are DMA-bound, as its documentation says of large messages.
-    collective_dma_bytes_per_second: float = 4 * 37.52e9
+    # Bytes per second a chip's collective DMA rings send: the 16-rank (4-chip) fp32
+    # all-reduce of 512 MiB, contention-free, ran at 103.89 GB/s bus bandwidth per rank
+    # (nccom-test --show-algorithm example, SDK 2.28, KangaRing), which is the rate each rank
+    # sends (a ring all-reduce sends 2(n-1)/n of the buffer per rank); a chip has 4 ranks at
+    # the default LNC=2. The large-message end of the sweep, where the fixed costs are under
+    # 1% of the time. (A 32 MiB permute ran at 37.52 GB/s per rank: one stream per pair.)
+    collective_dma_bytes_per_second: float = 4 * 103.89e9
     # The runtime picks the algorithm by message size (intra-node collectives page,
     # "Algorithm Comparison"): mesh (all-to-all in one or two steps) below 1 MB, recursive
     # halving-doubling from 1 to 56 MB, rings (KangaRing) above.
@@ -98,8 +95,7 @@ class RuntimeSpec:
     def ideal() -> RuntimeSpec:
         """The hardware's limits: no fixed costs, every rate at its peak, collectives as
         fast as their links allow."""
-        return RuntimeSpec(collective_launch_seconds=0.0, reduction_launch_seconds=0.0,
-                           on_chip_stage_seconds=0.0,
+        return RuntimeSpec(collective_launch_seconds=0.0, on_chip_stage_seconds=0.0,
                            collective_dma_bytes_per_second=float("inf"), efa_efficiency=1.0,
                            hbm_efficiency=1.0, dma_fixed_seconds=0.0,
                            instruction_overhead_cycles=0.0, tensor_ramp_seconds=0.0)

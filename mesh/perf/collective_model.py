@@ -37,7 +37,7 @@ The expected time is what the Neuron runtime takes (mesh.machine.runtime.Runtime
   - the algorithm it picks by message size (its intra-node collectives page): mesh (the
     direct algorithms) below 1 MB, recursive halving-doubling to 56 MB, rings above; the
     fastest of that family;
-  - a fixed cost per collective, and a larger one for a reduction;
+  - a fixed cost per collective (its launch), and per stage among the ranks of a chip;
   - the per-hop latency of every step, as in the ideal;
   - the transfer time: the busiest link (EFA at its sustained share), the bytes a chip's
     collective DMA rings send, or the HBM traffic the collective makes, whichever is
@@ -1019,7 +1019,6 @@ def _trivial(kind, message_bytes, size, logical) -> CollectivePlan:
 
 # Which candidates belong to the runtime's algorithm families (see _with_expected).
 MESH_FAMILY = ("direct", "one-shot", "two-shot", "direct axis by axis")
-REDUCTIONS = ("all-reduce", "reduce-scatter")
 
 
 def _family(name: str) -> str:
@@ -1053,8 +1052,7 @@ def _expected(kind: str, name: str, cost: _StepCost,
     """(fixed, latency, transfer seconds, what bounds the transfer, HBM bytes) of one
     candidate as the runtime runs it."""
     runtime = topology.runtime
-    fixed = runtime.collective_launch_seconds + \
-        runtime.reduction_launch_seconds * (kind in REDUCTIONS)
+    fixed = runtime.collective_launch_seconds
     # the share of the bytes a chip receives that it adds into its own (reading both and
     # writing the sum): all of them in a reduce-scatter and a one-shot all-reduce, the
     # reduce-scatter half of any other all-reduce

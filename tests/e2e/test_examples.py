@@ -53,7 +53,7 @@ def test_plan_pipeline_measures_the_bubble(monkeypatch):
 
 def test_serve_llama_answers_a_serving_question(monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLES))
-    table = importlib.import_module("serve_llama").run(chips=(4,), batches=(1, 8), workers=1)
+    table = importlib.import_module("serve_llama").run(tp=(4,), batches=(1, 8), workers=1)
     one, eight = table
     assert one.fits and eight.fits and one.max_batch == eight.max_batch > 8
     assert eight.kv_cache_bytes == 8 * one.kv_cache_bytes
