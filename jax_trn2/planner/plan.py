@@ -62,7 +62,7 @@ from mesh.units import bytes_text
 
 __all__ = ["DEFAULT_RULES", "KINDS", "MESH_ORDER", "Layout", "Plan", "Recommendation",
            "RunnerUp", "StepEstimate", "Sweep", "UnknownLogicalAxisError", "estimate", "grid",
-           "recommend", "sweep"]
+           "recommend", "sweep", "search", "Search", "Pruned", "Variant", "variants"]
 
 # A worker process takes about this long to start (spawn, import jax and the user's module,
 # the first trace): worth it only when it saves more than that (measured on a 2-core AMD
@@ -461,10 +461,12 @@ def progress_line(done: int, total: int, name: str, estimate_: StepEstimate | No
 
 
 def plan_jobs(build: Callable, jobs: Sequence[Any], workers: int | None,
-              done: Callable[[Any, tuple], None]) -> int:
+              done: Callable[[Any, tuple], None],
+              skip: Callable[[Any], bool] | None = None) -> int:
     """Plan every job, `estimate(*build(job))`, calling `done(job, (StepEstimate | None,
     error | None, seconds, warnings))` as each completes; returns the worker processes used
-    (1: this process alone).
+    (1: this process alone). A job for which `skip(job)` is true when its turn comes (asked
+    then, so that it can weigh the plans done so far) is not planned.
 
     `workers` processes plan in parallel (spawned: jax's threads do not survive a fork);
     None plans the first job here and starts one per core for the rest if that saves more
@@ -474,26 +476,42 @@ def plan_jobs(build: Callable, jobs: Sequence[Any], workers: int | None,
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     done = functools.partial(_raise_unavoidable, jobs, done)
+    pending = iter([job for job in jobs])
+
+    def next_job() -> Any:
+        return next((job for job in pending if skip is None or not skip(job)), None)
+
     if not _spawnable(build):
         workers = 1
     if workers is None and jobs:
-        first, jobs = jobs[0], jobs[1:]
+        first = next_job()
+        if first is None:
+            return 1
         outcome = _plan_one(build, first)
         done(first, outcome)
         cores = os.cpu_count() or 1
-        saved = outcome[2] * len(jobs) * (1 - 1 / cores)
-        workers = min(cores, len(jobs)) if cores > 1 and saved > WORKER_START_SECONDS else 1
+        saved = outcome[2] * (len(jobs) - 1) * (1 - 1 / cores)
+        workers = min(cores, len(jobs) - 1) if cores > 1 and saved > WORKER_START_SECONDS \
+            else 1
     workers = max(1, min(workers or 1, len(jobs)))
     if workers == 1:
-        for job in jobs:
+        while (job := next_job()) is not None:
             done(job, _plan_one(build, job))
         return 1
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        futures = {pool.submit(_plan_one, build, job): job for job in jobs}
+        # as many in flight as workers: each next job is asked `skip` when a worker frees
+        running: dict[concurrent.futures.Future, Any] = {}
         try:
-            for future in concurrent.futures.as_completed(futures):
-                done(futures[future], future.result())
+            while True:
+                while len(running) < workers and (job := next_job()) is not None:
+                    running[pool.submit(_plan_one, build, job)] = job
+                if not running:
+                    break
+                finished, _ = concurrent.futures.wait(
+                    running, return_when=concurrent.futures.FIRST_COMPLETED)
+                for future in finished:
+                    done(running.pop(future), future.result())
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)
             raise
@@ -609,3 +627,8 @@ def _spawnable(fn: Callable) -> bool:
     except (pickle.PicklingError, AttributeError, TypeError):
         return False
     return True
+
+
+# jax_trn2.plan.search: planning a large space, pruning what cannot fit or win (it builds on
+# this module's sweep, so it is imported after it)
+from jax_trn2.planner.search import Pruned, Search, search  # noqa: E402
