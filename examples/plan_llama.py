@@ -41,11 +41,13 @@ MODELS = {
                           vocab=128256, **LLAMA),
     "70B": decoder.Decoder(layers=80, d_model=8192, heads=64, kv_heads=8, d_ff=28672,
                            vocab=128256, **LLAMA),
+    "405B": decoder.Decoder(layers=126, d_model=16384, heads=128, kv_heads=8, d_ff=53248,
+                            vocab=128256, **LLAMA),
     "tiny": decoder.Decoder(layers=2, d_model=256, heads=8, kv_heads=2, d_ff=512, vocab=1024,
                             **LLAMA),
 }
 # Sequences per step and their length: one 8192-token sequence (Llama 3's context) per device.
-SHAPES = {"8B": (64, 8192), "70B": (64, 8192), "tiny": (64, 64)}
+SHAPES = {"8B": (64, 8192), "70B": (64, 8192), "405B": (256, 8192), "tiny": (64, 64)}
 TRAIN_TOKENS = 15e12  # Llama 3's pre-training tokens
 LOGICAL_AXES = ("batch", "embed", "heads", "kv_heads", "mlp", "vocab")
 
@@ -57,10 +59,11 @@ def layouts(devices: int = 64, topology: str = "trn2-ultra") -> list[plan.Layout
                      topologies=(topology,), limits={"dp": 4, "tp": 8})
 
 
-def build(model: str, layout: plan.Layout):
-    """The model's Adam training step under `layout`, and its arguments' shapes."""
+def build(model: str, layout: plan.Layout, batch: int | None = None, seq: int | None = None):
+    """The model's Adam training step under `layout` for `batch` sequences of `seq` tokens
+    (default: SHAPES[model]), and its arguments' shapes."""
     mesh = layout.make_mesh()
-    batch, seq = SHAPES[model]
+    batch, seq = batch or SHAPES[model][0], seq or SHAPES[model][1]
     config = dataclasses.replace(
         MODELS[model], remat=layout.remat is not None,
         activation_sharding=layout.sharding(mesh, "batch", None, None))

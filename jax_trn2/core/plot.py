@@ -389,7 +389,7 @@ def _label_points(figure: Any, axes: Any, groups: list[tuple[list[int], tuple]])
 def _draw_key(key: Any, ranked: list[tuple[int, Any]]) -> None:
     """The ranks and names of the planned layouts, as the table lists them."""
     key.axis("off")
-    lines = [f"{rank:>3}  {p.layout.name[:MAX_LABEL_CHARS]}" for rank, p in ranked[:KEY_LINES]]
+    lines = [f"{rank:>3}  {p.name[:MAX_LABEL_CHARS]}" for rank, p in ranked[:KEY_LINES]]
     if len(ranked) > KEY_LINES:
         lines.append(f"     ... {len(ranked) - KEY_LINES} more: the sweep's table")
     key.text(0.0, 1.0, "\n".join(lines), va="top", ha="left", family="monospace",

@@ -719,6 +719,9 @@ class Jitted:
                                                                     static_argnames)
         self._jax_jit = jax.jit(fun, static_argnums=self._static_argnums,
                                 static_argnames=self._static_argnames, **jit_options)
+        # as given (a prefix of the dynamic arguments' pytree): what a planner reads to
+        # bound the arguments' bytes per device before tracing
+        self.in_shardings = jit_options.get("in_shardings", UNSPECIFIED)
         self._cache = _programs_of(fun, (self._static_argnums, self._static_argnames,
                                          options, executor_devices,
                                          tuple(sorted(jit_options.items()))))

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 import jax
@@ -112,6 +112,10 @@ class Layout:
     microbatches: int | None = None
     schedule: str | None = None  # a pipeline schedule the step's builder knows ("1f1b")
     label: str = ""  # the name shown in tables; by default made from the axes and remat
+    # the logical axes each PartitionSpec `spec` gave was asked for (spec entries -> the
+    # logical-axis tuples), so that an error about a split dimension can name the
+    # logical axis ('tp=8 does not divide heads (12)'); not part of the layout's identity
+    asked: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         names = [name for name, _ in self.axes]
@@ -222,7 +226,16 @@ class Layout:
                            else tuple(mesh_axes))
         while entries and entries[-1] is None:
             entries.pop()
+        self.asked.setdefault(tuple(entries), set()).add(tuple(logical))
         return P(*entries)
+
+    def logical_axis(self, spec: Sequence[Any], dim: int, rank: int) -> str | None:
+        """The logical axis of dimension `dim` of a rank-`rank` value split as `spec` (its
+        entries), when every value `spec()` gave that spec with that rank names the same
+        one; None when none did or they differ (e.g. heads and mlp both split by tp)."""
+        names = {axes[dim] for axes in self.asked.get(tuple(spec), ())
+                 if len(axes) == rank and axes[dim] is not None}
+        return names.pop() if len(names) == 1 else None
 
     def sharding(self, mesh: Mesh, *logical: str | None) -> NamedSharding:
         """NamedSharding of a value with these logical axes on `mesh` (see `spec`)."""

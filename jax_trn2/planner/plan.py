@@ -37,6 +37,8 @@ from __future__ import annotations
 import ast
 import concurrent.futures
 import functools
+import itertools
+import math
 import multiprocessing
 import os
 import pickle
@@ -45,7 +47,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from jax_trn2.planner.layout import (DEFAULT_RULES, KINDS, MESH_ORDER, Layout,
                                     UnknownLogicalAxisError, grid)
@@ -60,7 +62,7 @@ from mesh.units import bytes_text
 
 __all__ = ["DEFAULT_RULES", "KINDS", "MESH_ORDER", "Layout", "Plan", "Recommendation",
            "RunnerUp", "StepEstimate", "Sweep", "UnknownLogicalAxisError", "estimate", "grid",
-           "recommend", "sweep"]
+           "recommend", "sweep", "search", "Search", "Pruned", "Variant", "variants"]
 
 # A worker process takes about this long to start (spawn, import jax and the user's module,
 # the first trace): worth it only when it saves more than that (measured on a 2-core AMD
@@ -144,6 +146,23 @@ class Plan:
     tokens_per_step: float | None = None  # given to the sweep
     model_flops: float | None = None  # the model's FLOPs per step, given to the sweep
     warnings: tuple[str, ...] = ()  # what planning warned of (XLA's partitioner, say)
+    # the build function's parameters for this plan (a sweep's `params`): (name, value)
+    params: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The layout's name and the plan's parameters: 'fsdp 64, batch 16, seq 8192'."""
+        return ", ".join([self.layout.name] + [f"{k} {v}" for k, v in self.params])
+
+    @property
+    def rank_seconds(self) -> float | None:
+        """What a sweep ranks by: the expected step per token when tokens_per_step is
+        known (so that variants training other numbers of tokens a step compare), else
+        the expected step; None when not planned."""
+        if not self.ok:
+            return None
+        step = self.estimate.step_seconds
+        return step / self.tokens_per_step if self.tokens_per_step else step
 
     @property
     def ok(self) -> bool:
@@ -223,6 +242,8 @@ class Plan:
                                "error": self.error,
                                "planned_seconds": self.planned_seconds}
         row.update({k: v for k, v in self.layout.axes})
+        row.update(self.params)
+        row.update(tokens_per_step=self.tokens_per_step, model_flops=self.model_flops)
         if not self.ok:
             return row
         e = self.estimate
@@ -254,8 +275,9 @@ class Plan:
 
 
 def _rank_key(plan: Plan) -> tuple:
-    """Planned before failed, fitting before not, then the fastest expected step."""
-    return (not plan.ok, not plan.fits, plan.step_seconds if plan.ok else 0.0)
+    """Planned before failed, fitting before not, then the fastest expected step (per
+    token, when tokens_per_step is known)."""
+    return (not plan.ok, not plan.fits, plan.rank_seconds if plan.ok else 0.0)
 
 
 class Sweep:
@@ -311,54 +333,116 @@ class Sweep:
         return sweep_table(self)
 
 
-def sweep(build: Callable[[Layout], tuple[Any, Sequence[Any]]], layouts: Iterable[Layout], *,
-          tokens_per_step: float | None = None, model_flops: float | None = None,
-          train_tokens: float | None = None, price_per_chip_hour: float | None = None,
-          workers: int | None = None, progress: bool | Callable[[int, int, Plan], None] = True
-          ) -> Sweep:
-    """Plan `build(layout)` for every layout and rank the plans.
+# A figure given per sweep (a number) or per variant (a function of the build's parameters).
+PerVariant = float | Callable[..., float] | None
 
-    `build(layout)` returns `(jitted, args)`: a jax_trn2.jit function set up for the layout
-    (its shardings, remat and `topology=layout.topology`) and its arguments, usually
-    jax.ShapeDtypeStructs. `tokens_per_step` gives tokens/s and the training columns
-    (`train_tokens`: time to train that many, chip-hours, and the cost at
-    `price_per_chip_hour`); `model_flops` (the model's FLOPs per step) gives the model
-    FLOP utilisation and a pipeline's bubble. `workers`: processes planning in parallel
-    (None: one per core, when there are enough plans to pay for starting them; 1: this
-    process). `progress`: True prints a line per plan to stderr; a function is called as
-    progress(done, total, plan)."""
+
+@dataclass(frozen=True)
+class Variant:
+    """One job of a sweep: a layout and the build function's parameters for it."""
+
+    layout: Layout
+    params: tuple[tuple[str, Any], ...] = ()
+
+    def figure(self, given: PerVariant) -> float | None:
+        """`given` for this variant: a number as it is, a function called with the
+        variant's parameters (`model_flops(batch=16, seq=8192)`)."""
+        return given(**dict(self.params)) if callable(given) else given
+
+
+def variants(layouts: Iterable[Layout], params: Mapping[str, Sequence[Any]] | None = None
+             ) -> list[Variant]:
+    """Every layout with every combination of the parameters' values, layouts outermost:
+    variants([a, b], {"batch": [8, 16]}) -> a with batch 8, a with 16, b with 8, b with
+    16."""
     layouts = list(layouts)
     for i, layout in enumerate(layouts):
         if not isinstance(layout, Layout):
-            raise TypeError(f"sweep: layouts[{i}] is a {type(layout).__name__}, not a "
+            raise TypeError(f"layouts[{i}] is a {type(layout).__name__}, not a "
                             "jax_trn2.plan.Layout")
+    params = dict(params or {})
+    for name, values in params.items():
+        if isinstance(values, (str, bytes)) or not isinstance(values, Iterable) or \
+                not list(values):
+            raise ValueError(f"params[{name!r}] must be a non-empty list of values, got "
+                             f"{values!r}")
+    names = list(params)
+    combos = list(itertools.product(*(list(params[n]) for n in names)))
+    return [Variant(layout, tuple(zip(names, combo))) for layout in layouts
+            for combo in combos]
+
+
+def sweep(build: Callable[..., tuple[Any, Sequence[Any]]], layouts: Iterable[Layout], *,
+          params: Mapping[str, Sequence[Any]] | None = None,
+          tokens_per_step: PerVariant = None, model_flops: PerVariant = None,
+          train_tokens: float | None = None, price_per_chip_hour: float | None = None,
+          workers: int | None = None, progress: bool | Callable[[int, int, Plan], None] = True
+          ) -> Sweep:
+    """Plan `build(layout)` for every layout (with `params`: `build(layout, **values)` for
+    every layout and every combination of the values) and rank the plans.
+
+    `build(layout)` returns `(jitted, args)`: a jax_trn2.jit function set up for the layout
+    (its shardings, remat and `topology=layout.topology`) and its arguments, usually
+    jax.ShapeDtypeStructs. `params` sweeps what else the step is built with, e.g.
+    `{"batch": [8, 16], "remat": ["none", "full"]}`: each a column of the table.
+    `tokens_per_step` gives tokens/s and the training columns (`train_tokens`: time to
+    train that many, chip-hours, and the cost at `price_per_chip_hour`); `model_flops`
+    (the model's FLOPs per step) gives the model FLOP utilisation and a pipeline's bubble.
+    Each is a number, or a function of the parameters giving each variant its own
+    (`tokens_per_step=lambda batch, seq: batch * seq`); with tokens_per_step the plans rank
+    by expected time per token. `workers`: processes planning in parallel (None: one per
+    core, when there are enough plans to pay for starting them; 1: this process).
+    `progress`: True prints a line per plan to stderr; a function is called as
+    progress(done, total, plan)."""
+    jobs = variants(layouts, params)
+    check_figures(tokens_per_step, train_tokens, price_per_chip_hour)
+    report = _progress_printer if progress is True else progress or None
+    started = time.perf_counter()
+    plans: list[Plan] = []
+
+    def done(job: Variant, outcome: tuple) -> None:
+        plans.append(plan_of(job, outcome, tokens_per_step, model_flops))
+        if report is not None:
+            report(len(plans), len(jobs), plans[-1])
+
+    for job in jobs:  # marked, not built: the machine cannot hold their mesh
+        if job.layout.placement_error:
+            done(job, (None, job.layout.placement_error, 0.0, ()))
+    count = plan_jobs(functools.partial(build_variant, build),
+                      [j for j in jobs if not j.layout.placement_error], workers, done)
+    return Sweep(plans, train_tokens=train_tokens, price_per_chip_hour=price_per_chip_hour,
+                 wall_seconds=time.perf_counter() - started, workers=count)
+
+
+def check_figures(tokens_per_step: PerVariant, train_tokens: float | None,
+                  price_per_chip_hour: float | None) -> None:
+    """Refuse a sweep's figures that cannot go together (a price without tokens to train,
+    tokens to train without tokens per step), naming what is missing."""
     if price_per_chip_hour is not None and train_tokens is None:
         raise ValueError("sweep: price_per_chip_hour prices a training run: give "
                          "train_tokens too")
     if train_tokens is not None and tokens_per_step is None:
         raise ValueError("sweep: train_tokens needs tokens_per_step (how many tokens one "
                          "step trains)")
-    report = _progress_printer if progress is True else progress or None
-    started = time.perf_counter()
-    plans: list[Plan] = []
 
-    def done(layout: Layout, outcome: tuple) -> None:
-        estimate_, error, seconds, warned = outcome[:4]
-        plans.append(Plan(layout, estimate_, error, seconds, tokens_per_step, model_flops,
-                          warned))
-        if report is not None:
-            report(len(plans), len(layouts), plans[-1])
 
-    for layout in layouts:  # marked, not built: the machine cannot hold their mesh
-        if layout.placement_error:
-            done(layout, (None, layout.placement_error, 0.0, ()))
-    count = plan_jobs(build, [l for l in layouts if not l.placement_error], workers, done)
-    return Sweep(plans, train_tokens=train_tokens, price_per_chip_hour=price_per_chip_hour,
-                 wall_seconds=time.perf_counter() - started, workers=count)
+def build_variant(build: Callable[..., tuple[Any, Sequence[Any]]], job: Variant
+                  ) -> tuple[Any, Sequence[Any]]:
+    """`build(layout, **params)` of one variant (`build(layout)` without parameters)."""
+    return build(job.layout, **dict(job.params))
+
+
+def plan_of(job: Variant, outcome: tuple, tokens_per_step: PerVariant,
+            model_flops: PerVariant) -> Plan:
+    """The Plan of a variant from its outcome (estimate, error, seconds, warnings), with
+    the variant's own tokens per step and model FLOPs."""
+    estimate_, error, seconds, warned = outcome[:4]
+    return Plan(job.layout, estimate_, error, seconds, job.figure(tokens_per_step),
+                job.figure(model_flops), warned, job.params)
 
 
 def _progress_printer(done: int, total: int, plan: Plan) -> None:
-    print(progress_line(done, total, f"{plan.layout.name} on {plan.layout.topology_name}",
+    print(progress_line(done, total, f"{plan.name} on {plan.layout.topology_name}",
                         plan.estimate, plan.error, plan.planned_seconds),
           file=sys.stderr, flush=True)
 
@@ -377,10 +461,12 @@ def progress_line(done: int, total: int, name: str, estimate_: StepEstimate | No
 
 
 def plan_jobs(build: Callable, jobs: Sequence[Any], workers: int | None,
-              done: Callable[[Any, tuple], None]) -> int:
+              done: Callable[[Any, tuple], None],
+              skip: Callable[[Any], bool] | None = None) -> int:
     """Plan every job, `estimate(*build(job))`, calling `done(job, (StepEstimate | None,
     error | None, seconds, warnings))` as each completes; returns the worker processes used
-    (1: this process alone).
+    (1: this process alone). A job for which `skip(job)` is true when its turn comes (asked
+    then, so that it can weigh the plans done so far) is not planned.
 
     `workers` processes plan in parallel (spawned: jax's threads do not survive a fork);
     None plans the first job here and starts one per core for the rest if that saves more
@@ -390,26 +476,42 @@ def plan_jobs(build: Callable, jobs: Sequence[Any], workers: int | None,
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     done = functools.partial(_raise_unavoidable, jobs, done)
+    pending = iter([job for job in jobs])
+
+    def next_job() -> Any:
+        return next((job for job in pending if skip is None or not skip(job)), None)
+
     if not _spawnable(build):
         workers = 1
     if workers is None and jobs:
-        first, jobs = jobs[0], jobs[1:]
+        first = next_job()
+        if first is None:
+            return 1
         outcome = _plan_one(build, first)
         done(first, outcome)
         cores = os.cpu_count() or 1
-        saved = outcome[2] * len(jobs) * (1 - 1 / cores)
-        workers = min(cores, len(jobs)) if cores > 1 and saved > WORKER_START_SECONDS else 1
+        saved = outcome[2] * (len(jobs) - 1) * (1 - 1 / cores)
+        workers = min(cores, len(jobs) - 1) if cores > 1 and saved > WORKER_START_SECONDS \
+            else 1
     workers = max(1, min(workers or 1, len(jobs)))
     if workers == 1:
-        for job in jobs:
+        while (job := next_job()) is not None:
             done(job, _plan_one(build, job))
         return 1
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        futures = {pool.submit(_plan_one, build, job): job for job in jobs}
+        # as many in flight as workers: each next job is asked `skip` when a worker frees
+        running: dict[concurrent.futures.Future, Any] = {}
         try:
-            for future in concurrent.futures.as_completed(futures):
-                done(futures[future], future.result())
+            while True:
+                while len(running) < workers and (job := next_job()) is not None:
+                    running[pool.submit(_plan_one, build, job)] = job
+                if not running:
+                    break
+                finished, _ = concurrent.futures.wait(
+                    running, return_when=concurrent.futures.FIRST_COMPLETED)
+                for future in finished:
+                    done(running.pop(future), future.result())
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)
             raise
@@ -472,7 +574,7 @@ _INDIVISIBLE = re.compile(r"spec=P\((?P<spec>.*?)\),.*?implies that array axis (
 
 def error_reason(layout: Layout, error: Exception) -> str:
     """`'{type}: {message}'`, led by the layout parameter at fault where the error says
-    which: 'tp=4 does not divide dimension 1 (8190) of a (4096, 8190) value split
+    which: 'tp=8 does not divide heads (12): dimension 1 of a (768, 12, 64) value split
     P('fsdp', 'tp')' before jax's IndivisibleError."""
     reason = f"{type(error).__name__}: {error}"
     match = _INDIVISIBLE.search(str(error))
@@ -481,17 +583,34 @@ def error_reason(layout: Layout, error: Exception) -> str:
     try:
         entries = match["spec"].strip().rstrip(",")
         spec = ast.literal_eval(f"({entries},)") if entries else ()
+        shape = ast.literal_eval(match["shape"])
     except (ValueError, SyntaxError):
         return reason
-    dim = int(match["dim"])
+    lead = indivisible_text(layout, spec, int(match["dim"]), shape)
+    return reason if lead is None else f"{lead}; {reason}"
+
+
+def indivisible_text(layout: Layout, spec: Sequence[Any], dim: int, shape: Sequence[int],
+                     what: str = "value") -> str | None:
+    """Why dimension `dim` of a `shape` value split as `spec` (PartitionSpec entries)
+    does not divide, led by the layout's axes at fault and the dimension's logical axis
+    where the layout knows it: "tp=8 does not divide heads (12): dimension 1 of a (768,
+    12, 64) value split P('fsdp', 'tp')"; None when `spec` does not split that
+    dimension."""
     entry = spec[dim] if dim < len(spec) else None
     axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
     if not axes:
-        return reason
+        return None
+    parts = math.prod(layout.size(a) for a in axes)
     at_fault = " x ".join(f"{a}={layout.size(a)}" for a in axes)
-    verb = "does" if len(axes) == 1 else f"(= {match['parts']} parts) do"
-    return (f"{at_fault} {verb} not divide dimension {dim} ({match['size']}) of a "
-            f"{match['shape']} value split P({entries}); {reason}")
+    verb = "does" if len(axes) == 1 else f"(= {parts} parts) do"
+    logical = layout.logical_axis(spec, dim, len(shape))
+    split = ", ".join(repr(e) for e in spec)
+    where = f"dimension {dim} of a {tuple(shape)} {what} split P({split})"
+    if logical is not None:
+        return f"{at_fault} {verb} not divide {logical} ({shape[dim]}): {where}"
+    return f"{at_fault} {verb} not divide dimension {dim} ({shape[dim]}) of a " \
+           f"{tuple(shape)} {what} split P({split})"
 
 
 def _spawnable(fn: Callable) -> bool:
@@ -508,3 +627,8 @@ def _spawnable(fn: Callable) -> bool:
     except (pickle.PicklingError, AttributeError, TypeError):
         return False
     return True
+
+
+# jax_trn2.plan.search: planning a large space, pruning what cannot fit or win (it builds on
+# this module's sweep, so it is imported after it)
+from jax_trn2.planner.search import Pruned, Search, search  # noqa: E402

@@ -63,13 +63,13 @@ class Recommendation:
                      ("; nearest to fitting:" if self.runners_up else "")]
         else:
             e = self.best.estimate
-            lines = [f"recommended: {self.best.layout.name} on "
+            lines = [f"recommended: {self.best.name} on "
                      f"{self.best.layout.topology_name}: step "
                      f"{duration_text(e.step_seconds)} expected, peak "
                      f"{bytes_text(e.peak_bytes)} of {bytes_text(e.hbm_bytes)} per device"]
             if self.runners_up:
                 lines.append("why not the next ones:")
-        lines += [f"  {r.plan.layout.name}: {r.reason}" for r in self.runners_up]
+        lines += [f"  {r.plan.name}: {r.reason}" for r in self.runners_up]
         return "\n".join(lines)
 
 
@@ -77,14 +77,14 @@ def recommend(plans: Sequence[Plan], count: int = RUNNERS_UP) -> Recommendation:
     """The recommendation of a sweep's plans: the fastest that fits, the `count` fastest
     that are faster but do not fit and the `count` fitting ones after it, each with the
     reason it lost."""
-    planned = sorted((p for p in plans if p.ok), key=lambda p: p.step_seconds)
+    planned = sorted((p for p in plans if p.ok), key=lambda p: p.rank_seconds)
     fitting = [p for p in planned if p.fits]
     if not fitting:
         nearest = sorted(planned, key=lambda p: p.estimate.peak_bytes - p.estimate.hbm_bytes)
         return Recommendation(None, tuple(RunnerUp(p, memory_reason(p))
                                           for p in nearest[:count]))
     best = fitting[0]
-    too_big = [p for p in planned if not p.fits and p.step_seconds < best.step_seconds]
+    too_big = [p for p in planned if not p.fits and p.rank_seconds < best.rank_seconds]
     runners = [RunnerUp(p, memory_reason(p)) for p in too_big[:count]]
     runners += [RunnerUp(p, time_reason(p, best)) for p in fitting[1:count + 1]]
     return Recommendation(best, tuple(runners))
@@ -103,17 +103,23 @@ def memory_reason(plan: Plan) -> str:
 
 def time_reason(plan: Plan, best: Plan) -> str:
     """'1.2 ms slower (1.03x the step): exposed all-reduce 3.1 ms more': the gap to the
-    best's expected step and the parts of the step that grew most (see time_parts)."""
-    gap = plan.step_seconds - best.step_seconds
+    best's expected step and the parts of the step that grew most (see time_parts). A plan
+    training another number of tokens a step is compared for the best's tokens ('1.2 ms
+    slower for the same tokens'): its step and parts scaled by the ratio of tokens."""
+    scale = best.tokens_per_step / plan.tokens_per_step \
+        if plan.tokens_per_step and best.tokens_per_step else 1.0
+    same = "" if scale == 1.0 else " for the same tokens"
+    step = plan.step_seconds * scale
+    gap = step - best.step_seconds
     if gap <= 0:
         return f"as fast ({duration_text(plan.step_seconds)} expected); ranked after it"
     mine, theirs = time_parts(plan), time_parts(best)
-    growth = {part: mine.get(part, 0.0) - theirs.get(part, 0.0)
+    growth = {part: mine.get(part, 0.0) * scale - theirs.get(part, 0.0)
               for part in dict.fromkeys([*mine, *theirs])}
     named = sorted((part for part, more in growth.items() if more >= NAMED_SHARE * gap),
                    key=lambda part: -growth[part])[:NAMED_PARTS]
-    ratio = plan.step_seconds / best.step_seconds
-    return (f"{duration_text(gap)} slower ({ratio:.2f}x the step): " +
+    ratio = step / best.step_seconds
+    return (f"{duration_text(gap)} slower{same} ({ratio:.2f}x the step): " +
             ", ".join(_part_text(part, growth[part], plan, best) for part in named))
 
 

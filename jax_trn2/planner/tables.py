@@ -80,7 +80,8 @@ def sweep_table(sweep: Any) -> str:
     with_tokens = any(p.tokens_per_step for p in plans)
     with_bubble = any(p.bubble is not None for p in plans)
     run_tokens = sweep.train_tokens if with_tokens else None
-    headers = ["#", "layout"] + (["topology"] if len(topologies) > 1 else []) + [
+    param_names = list(dict.fromkeys(k for p in sweep.plans for k, _ in p.params))
+    headers = ["#", "layout"] + param_names + (["topology"] if len(topologies) > 1 else []) + [
         "devices", "peak HBM/device", "fits", "step (expected)", "ideal", "MFU exp/ideal"]
     if with_tokens:
         headers += ["tokens/s", "per device"]
@@ -104,7 +105,8 @@ def sweep_table(sweep: Any) -> str:
         e = plan.estimate
         mfu, ideal_mfu = (plan.model_mfu(), plan.model_mfu(ideal=True)) if with_model \
             else (e.mfu, e.ideal_mfu)
-        row = [str(rank), plan.layout.name] + (
+        given = dict(plan.params)
+        row = [str(rank), plan.layout.name] + [str(given.get(k, "-")) for k in param_names] + (
             [plan.layout.topology_name] if len(topologies) > 1 else []) + [
             str(e.devices), bytes_text(e.peak_bytes), fits_text(e.peak_bytes, e.hbm_bytes),
             steps[rank - 1], ideals[rank - 1],
@@ -133,7 +135,7 @@ def sweep_table(sweep: Any) -> str:
         lines += [format_table(headers, rows), "", str(sweep.recommendation)]
     for plan in failed:
         what = "not placed" if plan.layout.placement_error else "failed"
-        lines.append(f"{what}  {plan.layout.name} on {plan.layout.topology_name}: "
+        lines.append(f"{what}  {plan.name} on {plan.layout.topology_name}: "
                      f"{reason_text(plan.error)}")
     warned = [rank for rank, plan in enumerate(sweep.plans, 1) if plan.warnings]
     if warned:

@@ -520,25 +520,40 @@ def link_bytes(instr: isa.Instruction, topology: Topology,
     plan = getattr(instr, "plan", None)
     if not isinstance(plan, CollectivePlan) or plan.algorithm in ("none", ON_CHIP):
         return loads
-    net = _Network.of(topology)
     if isinstance(instr, isa.CollectivePermute):
+        net = _Network.of(topology)
         steps = _permute_steps(_between_chips(
             tuple((s, t) for s, t in instr.pairs if s != t), placement), plan.message_bytes)
-    else:
-        kind = KINDS[type(instr)]
-        chip_groups, local, per_chip = _chip_groups(instr.groups, placement)
-        between = plan.message_bytes * per_chip * (local if kind == "all-to-all" else 1)
-        split = _server_split(chip_groups, topology) if plan.in_server is not None else None
-        if split is None:
-            steps = _chosen_steps(kind, chip_groups, between, plan.algorithm, net)
-        else:  # hierarchical: the stages in each server and the stage between servers
-            inside, across, _, _ = split
-            steps = _chosen_steps(kind, across, plan.stage_bytes, plan.algorithm, net)
-            for stage in plan.in_server.plans:
-                steps += _chosen_steps(stage.kind, inside, between, stage.algorithm, net)
-    for pattern, times in steps:
-        loads += times * net.loads(pattern)[0].reshape(loads.shape)
+        for pattern, times in steps:
+            loads += times * net.loads(pattern)[0].reshape(loads.shape)
+        return loads
+    kind = KINDS[type(instr)]
+    chip_groups, local, per_chip = _chip_groups(instr.groups, placement)
+    between = plan.message_bytes * per_chip * (local if kind == "all-to-all" else 1)
+    split = _server_split(chip_groups, topology) if plan.in_server is not None else None
+    if split is None:
+        stages = [(kind, chip_groups, between, plan.algorithm)]
+    else:  # hierarchical: the stage between servers and the stages in each server
+        inside, across, _, _ = split
+        stages = [(kind, across, plan.stage_bytes, plan.algorithm)] + [
+            (stage.kind, inside, between, stage.algorithm) for stage in plan.in_server.plans]
+    for stage in stages:
+        loads += _stage_link_bytes(*stage, topology).reshape(loads.shape)
     return loads
+
+
+@functools.lru_cache(maxsize=1024)
+def _stage_link_bytes(kind: str, chip_groups: tuple[tuple[int, ...], ...],
+                      message_bytes: float, algorithm: str, topology: Topology) -> np.ndarray:
+    """The bytes each link carries (flat, by _Network.link_id) over one run of candidate
+    `algorithm` for a `kind` collective among `chip_groups`: cached (read-only), as a
+    step's collectives repeat with the same groups and sizes (one per layer and weight)."""
+    net = _Network.of(topology)
+    total = np.zeros(net.n_links)
+    for pattern, times in _chosen_steps(kind, chip_groups, message_bytes, algorithm, net):
+        total += times * net.loads(pattern)[0]
+    total.flags.writeable = False
+    return total
 
 
 def _chosen_steps(kind: str, chip_groups: tuple[tuple[int, ...], ...], message_bytes: float,

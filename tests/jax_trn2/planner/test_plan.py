@@ -132,9 +132,10 @@ def test_a_layout_that_fails_and_one_that_does_not_fit():
     assert not sweep[1].ok and "IndivisibleError" in sweep[1].error
     assert "does not evenly divide" in sweep[1].error or "evenly divide" in sweep[1].error
     # led by the layout parameter at fault, in the table too
-    assert sweep[1].error.startswith("fsdp=3 does not divide dimension 0 (4096) of a "
+    # the logical axis named: build asked the layout for ("embed", "mlp") alone
+    assert sweep[1].error.startswith("fsdp=3 does not divide embed (4096): dimension 0 of a "
                                      "(4096, 8192) value split P('fsdp'); IndivisibleError")
-    assert f"failed  fsdp 3 on {TOPOLOGY}: fsdp=3 does not divide" in str(sweep)
+    assert f"failed  fsdp 3 on {TOPOLOGY}: fsdp=3 does not divide embed" in str(sweep)
     over = plan.sweep(big, [huge], workers=1, progress=False)[0]
     assert over.ok and not over.fits and over.headroom_bytes < 0
     assert over.estimate.peak_bytes == 2 * 120_000 ** 2 * 4

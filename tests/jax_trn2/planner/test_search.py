@@ -1,0 +1,135 @@
+"""jax_trn2.plan.search and sweeps over the build's parameters: each variant's own tokens
+and FLOPs, and pruning bounds that are lower bounds of the full plans."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jax_trn2
+from jax_trn2 import plan
+from jax_trn2.planner.layout import Layout, grid
+from jax_trn2.planner.search import (MEMORY, SHAPE, TIME, argument_bytes, compute_seconds,
+                                     matmul_flops)
+from mesh.machine import get_topology
+
+TOPOLOGY = "trn2"  # 16 chips of 96 GiB
+HBM = get_topology(TOPOLOGY).device.hbm_bytes
+D = 65536  # w and its two moments: f32[D, 2 D], 32 GiB each (96 GiB: one chip's HBM)
+W, B = 2 * D, 4096  # the layer's width; the batch
+
+
+def adam_like(w, m, v, x):
+    """A step of a linear layer trained with two moments, as Adam keeps them."""
+    def loss(w):
+        return jnp.tanh(x @ w.astype(jnp.bfloat16)).astype(jnp.float32).sum()
+    g = jax.grad(loss)(w)
+    m = 0.9 * m + 0.1 * g
+    v = 0.99 * v + 0.01 * g * g
+    return w - 1e-3 * m / (jnp.sqrt(v) + 1e-8), m, v
+
+
+def build(layout, batch=B, width=W):
+    mesh = layout.make_mesh()
+    ws = layout.sharding(mesh, "embed", "mlp")
+    xs = layout.sharding(mesh, "batch", "embed")
+    step = jax_trn2.jit(adam_like, in_shardings=(ws, ws, ws, xs), out_shardings=(ws,) * 3,
+                        donate_argnums=(0, 1, 2), topology=layout.topology)
+    w = jax.ShapeDtypeStruct((D, width), jnp.float32)
+    return step, (w, w, w, jax.ShapeDtypeStruct((batch, D), jnp.bfloat16))
+
+
+def step_flops(batch, width=W):
+    """x @ w forward, and x^T @ dy for w's gradient: 2 matmuls of 2 * batch * D * width."""
+    return 2 * 2.0 * batch * D * width
+
+
+def test_a_sweep_over_the_build_parameters_gives_each_variant_its_own_figures():
+    layout = Layout.of(fsdp=16, topology=TOPOLOGY)
+    swept = plan.sweep(build, [layout], params={"batch": [256, 512], "width": [D // 4]},
+                       tokens_per_step=lambda batch, width: batch,
+                       model_flops=lambda batch, width: step_flops(batch, width),
+                       workers=1, progress=False)
+    assert len(swept) == 2
+    for p in swept:
+        batch = dict(p.params)["batch"]
+        assert p.tokens_per_step == batch and p.model_flops == step_flops(batch, D // 4)
+        e = p.estimate
+        assert p.model_mfu() == pytest.approx(
+            step_flops(batch, D // 4) / (16 * e.peak_flops * e.step_seconds))
+        assert p.rank_seconds == pytest.approx(e.step_seconds / batch)
+        assert p.name == f"fsdp 16, batch {batch}, width {D // 4}"
+        row = p.row()
+        assert row["batch"] == batch and row["tokens_per_step"] == batch
+    # ranked by time per token, not per step
+    assert swept[0].rank_seconds <= swept[1].rank_seconds
+    text = str(swept)
+    head = next(line for line in text.splitlines() if line.startswith("#  layout"))
+    assert head.split()[:5] == ["#", "layout", "batch", "width", "devices"]
+    assert "recommended: fsdp 16, batch" in text
+
+
+def test_sweep_params_must_be_lists():
+    with pytest.raises(ValueError, match=r"params\['batch'\] must be a non-empty list"):
+        plan.sweep(build, [Layout.of(fsdp=16, topology=TOPOLOGY)], params={"batch": 8})
+
+
+def test_matmul_flops_by_hand():
+    jaxpr = jax.make_jaxpr(adam_like)(*build(Layout.of(fsdp=16, topology=TOPOLOGY))[1])
+    assert matmul_flops(jaxpr) == {"bfloat16": step_flops(B)}
+
+    def scanned(w, x):
+        return jax.lax.scan(lambda c, _: (jnp.tanh(c @ w), None), x, length=3)[0]
+    a = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    assert matmul_flops(jax.make_jaxpr(scanned)(a, a)) == {"float32": 3 * 2 * 8 ** 3}
+
+
+def test_argument_bytes_and_the_shape_named():
+    layout = Layout.of(fsdp=4, tp=4, topology=TOPOLOGY)
+    jitted, args = build(layout)
+    assert argument_bytes(layout, jitted, args) == 3 * D * W * 4 // 16 + B * D * 2 // 4
+    odd = Layout.of(fsdp=2, tp=8, topology=TOPOLOGY)
+    jitted, args = build(odd, width=12)
+    with pytest.raises(ValueError, match=r"^tp=8 does not divide mlp \(12\): dimension 1 of "
+                                         r"a \(65536, 12\) argument 0 split P\('fsdp', 'tp'\)"):
+        argument_bytes(odd, jitted, args)
+
+
+@pytest.fixture(scope="module")
+def small_space():
+    """Every dp x fsdp x tp of 16 and of 2 chips: planned in full, and searched."""
+    layouts = grid(16, topologies=(TOPOLOGY,)) + grid(2, topologies=(TOPOLOGY,))
+    full = plan.sweep(build, layouts, workers=1, progress=False)
+    searched = plan.search(build, layouts, workers=1)
+    return layouts, full, searched
+
+
+def test_the_bounds_are_lower_bounds_of_the_full_plans(small_space):
+    layouts, full, _ = small_space
+    planned = [p for p in full if p.ok]
+    assert len(planned) >= 10
+    for p in planned:
+        jitted, args = build(p.layout)
+        assert argument_bytes(p.layout, jitted, args) <= p.estimate.peak_bytes, p.name
+        least = compute_seconds(matmul_flops(jitted.trace(*args).jaxpr), p.layout)
+        assert 0 < least <= p.estimate.ideal_step_seconds <= p.estimate.step_seconds, p.name
+
+
+def test_a_search_prunes_only_what_cannot_fit_or_win(small_space):
+    layouts, full, searched = small_space
+    by_layout = {p.layout: p for p in full}
+    counts = searched.counts()
+    assert sum(counts.values()) == len(layouts)
+    assert counts[MEMORY] > 0 and counts[TIME] > 0
+    best = full.best
+    assert searched.best.layout == best.layout  # the search finds the sweep's best
+    assert searched.best.step_seconds == best.step_seconds
+    for pruned in searched.pruned:
+        truth = by_layout[pruned.variant.layout]
+        if pruned.why == MEMORY:  # 3 x 32 GiB replicated over dp, say: truly too big
+            assert not truth.fits and truth.estimate.peak_bytes >= pruned.bound > HBM
+        elif pruned.why == TIME:  # truly no faster than the best
+            assert truth.step_seconds >= pruned.bound and truth.step_seconds >= best.step_seconds
+        else:
+            assert pruned.why == SHAPE and not truth.ok
+    text = str(searched)
+    assert f"searched {len(layouts)} variants" in text and "planned in full" in text
