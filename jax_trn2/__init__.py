@@ -44,7 +44,7 @@ _EXPORTS = {
 # Modules users reach as `jax_trn2.<name>` (`jax_trn2.plan.sweep(...)`, `from jax_trn2
 # import plan`, `import jax_trn2.plan`), by the module that holds them.
 _PUBLIC_MODULES = {
-    "numerics": "jax_trn2.reports.numerics", "plan": "jax_trn2.planner.plan",
+    "numerics": "jax_trn2.reports.numerics", "plan": "jax_trn2.planner.api",
     "serving": "jax_trn2.planner.serving", "training": "jax_trn2.planner.training",
     "layout": "jax_trn2.planner.layout",
 }

@@ -62,7 +62,7 @@ from mesh.units import bytes_text
 
 __all__ = ["DEFAULT_RULES", "KINDS", "MESH_ORDER", "Layout", "Plan", "Recommendation",
            "RunnerUp", "StepEstimate", "Sweep", "UnknownLogicalAxisError", "estimate", "grid",
-           "recommend", "sweep", "search", "Search", "Pruned", "Variant", "variants"]
+           "recommend", "sweep", "Variant", "variants"]
 
 # A worker process takes about this long to start (spawn, import jax and the user's module,
 # the first trace): worth it only when it saves more than that (measured on a 2-core AMD
@@ -628,7 +628,3 @@ def _spawnable(fn: Callable) -> bool:
         return False
     return True
 
-
-# jax_trn2.plan.search: planning a large space, pruning what cannot fit or win (it builds on
-# this module's sweep, so it is imported after it)
-from jax_trn2.planner.search import Pruned, Search, search  # noqa: E402
