@@ -134,3 +134,13 @@ class RuntimeSpec:
 
 
 IDEAL_RUNTIME = RuntimeSpec.ideal()
+
+# What the expected time does not hold (mesh/machine/trn2_facts.md, "Runtime costs"; the
+# gaps docs/validation.md measures), said with every estimate.
+EXPECTED_LEAVES_OUT = (
+    "the runtime's launch of each program execution and of each kernel in it; the "
+    "compiler's choices below StableHLO (its fusion, layout transposes, PSUM evacuation); "
+    "contention with collectives of other streams or programs (a program's collectives run "
+    "one at a time on its collective cores); activation-table loads on the Scalar Engine. "
+    "Against published figures (docs/validation.md): decode steps within ~30%; prefills of "
+    "short prompts on one or two chips took 2.5-3x this estimate")

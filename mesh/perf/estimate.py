@@ -29,7 +29,7 @@ import numpy as np
 from mesh.perf.collective_model import KINDS, link_bytes
 from mesh.perf.cost import Cost, has_rule, instruction_cost, queue
 from mesh.machine import Placement, Topology, chips_text
-from mesh.machine.runtime import IDEAL_RUNTIME
+from mesh.machine.runtime import EXPECTED_LEAVES_OUT, IDEAL_RUNTIME
 from mesh.memory import MemoryAnalysis
 from mesh.units import bandwidth_text, bytes_text, seconds_text
 
@@ -284,6 +284,7 @@ class ProgramEstimate:
             "critical_path_by_scope": self.critical_path_by_scope(),
             "loops_of_unknown_trip_count": self.unknown_trip_counts,
             "runtime": dict(self.runtime.items()),
+            "expected_leaves_out": EXPECTED_LEAVES_OUT,
         }
         return result
 
@@ -359,6 +360,7 @@ class ProgramEstimate:
                          "counted as running once")
         lines.append("the expected time's runtime costs (mesh.machine.runtime): "
                      + self.topology.runtime.text())
+        lines.append(f"the expected time leaves out: {EXPECTED_LEAVES_OUT}")
         lines.append(self.memory.summary())
         return "\n".join(lines)
 

@@ -10,6 +10,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jax_trn2
+from mesh.machine.runtime import EXPECTED_LEAVES_OUT
 from mesh.perf import trace
 from mesh.perf.schedule import ALL
 
@@ -197,3 +198,10 @@ def test_a_trace_of_a_long_loop_on_every_chip_stays_small(tmp_path, monkeypatch)
     tanh = [e for e in events if e.get("name") == "tanh" and e["pid"] == 0]
     iterations = sorted(e["args"]["iteration"][0] for e in tanh)
     assert iterations[-1] == 499 and iterations[0] == 0 and len(iterations) < 40
+
+
+def test_every_summary_says_what_the_expected_time_leaves_out():
+    f, args = IDEAL_CASES[next(iter(IDEAL_CASES))]
+    estimate = compiled(f, *args).executable.estimate
+    assert f"the expected time leaves out: {EXPECTED_LEAVES_OUT}" in estimate.summary()
+    assert estimate.cost_analysis()["trn2"]["expected_leaves_out"] == EXPECTED_LEAVES_OUT
