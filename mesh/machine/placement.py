@@ -123,24 +123,25 @@ def place_mesh(topology: Topology, axis_sizes: Sequence[int], axis_names: Sequen
     torus origin, each logical axis on a physical ring or a contiguous segment of one where
     it can be, so that neighbours are one link apart.
 
-    Rule:
-      1. Each logical axis (in logical order) whose size equals the size of a still-unused
-         physical axis takes that whole physical axis, the lowest-index one if several
-         match: a physical ring with wraparound links. On trn2-ultra a (4, 4, 4) mesh is
-         the identity.
-      2. The other logical axes, largest first, each take a segment (coordinates 0..size-1)
-         of the shortest unused physical axis that holds them: a line of chips one link
-         apart (no wraparound link, since the segment is shorter than the ring).
-      3. Logical axes longer than any unused physical axis are laid out row-major, in
-         logical order, over a block of the remaining physical axes (each block side the
-         largest divisor of what is left that fits the axis, in physical order). Such an
-         axis (e.g. 8 or 64 chips on trn2-ultra) spans several physical axes and traffic
-         along it is routed hop by hop. If the segments of step 2 leave no such block, step
-         3 takes every remaining logical axis (the full-mesh layout).
+    Rules, with the physical axes from the slowest links to the fastest (slow_axes_first:
+    an UltraCluster's EFA, then z across servers, then y and x inside a server), so that
+    a mesh's outer axes (data parallelism) lie on the slow links and its inner ones (tensor
+    parallelism) on the fast ones:
+      1. The innermost logical axis first, each takes the fastest unused physical axes
+         whole while its size is a multiple of theirs: one ring (wraparound links), or
+         several it spans (traffic routed hop by hop). On trn2-ultra a (4, 4, 4) mesh
+         ('dp', 'fsdp', 'tp') has tp on the x ring, dp on the z ring across servers.
+      2. What is left of it takes a segment (coordinates 0..n-1) of the next fastest
+         unused axis: a line of chips one link apart, the rest of that axis unused.
+      3. A mesh that runs out of physical axes that way is laid out row-major over a block
+         filled from the fastest axis (each side the largest divisor of what is left that
+         fits it), its innermost axes on the fastest links.
       4. A device count that no block of the torus holds (a prime larger than every torus
          axis, say) takes the first chips in chip-id order, as PJRT's default assignment.
-    Size-1 logical axes take no physical axis. `origin` (torus coordinates) moves the
-    block there, wrapping around the torus: the way to keep a mesh off failed chips.
+    A mesh whose axes are each named after a physical axis of their size ('x', 'y', 'z')
+    lies on those axes instead. Size-1 logical axes take no physical axis. `origin` (torus
+    coordinates) moves the block there, wrapping around the torus: the way to keep a mesh
+    off failed chips.
 
     On a machine of logical NeuronCores (Topology.lnc) the mesh's innermost axes take the
     cores of a chip first (TP inside the chip, as AWS advises: on a trn2.48xlarge a (16, 4)
@@ -153,7 +154,8 @@ def place_mesh(topology: Topology, axis_sizes: Sequence[int], axis_names: Sequen
     outer = tuple(s // g for s, g in zip(sizes, inner))
     if math.prod(outer) > topology.num_chips:  # the cores a chip's share leaves unused
         return place_first(topology, sizes, names, origin)
-    physical = _moved(topology, _mesh_coordinates(outer, topology.shape), origin)
+    physical = _moved(topology, _mesh_coordinates(outer, names, topology.shape, topology),
+                      origin)
     chips = np.ravel_multi_index(tuple(physical), topology.shape)
     return _on_chips(topology, sizes, names, inner, chips.tolist())
 
@@ -184,9 +186,10 @@ def place_mesh_within(topology: Topology, axis_sizes: Sequence[int],
     if block is None:
         return None
     corner, sides = block
-    placed = _chips_at(topology, _mesh_coordinates(outer, topology.shape), corner)
+    placed = _chips_at(topology, _mesh_coordinates(outer, names, topology.shape, topology),
+                       corner)
     if set(placed) != set(chips):  # not place_mesh's block: the layout on this one
-        placed = _chips_at(topology, _mesh_coordinates(outer, sides), corner)
+        placed = _chips_at(topology, _mesh_coordinates(outer, names, sides, topology), corner)
     return _on_chips(topology, sizes, names, inner, placed)
 
 
@@ -222,15 +225,45 @@ def _chips_at(topology: Topology, physical: np.ndarray, corner: Sequence[int]) -
                                 topology.shape).tolist()
 
 
-def _mesh_coordinates(sizes: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
-    """Torus coordinates [physical axis, device] of a mesh of `sizes` on a torus of
-    `shape`, from its origin (place_mesh's rules 1-4)."""
-    whole = _match_whole_axes(sizes, shape)
-    for segments in (_segments(sizes, shape, whole), {}):
-        physical = _block_coordinates(sizes, shape, {**whole, **segments})
-        if physical is not None:
-            return physical
-    return np.array(np.unravel_index(np.arange(math.prod(sizes)), shape))
+def _mesh_coordinates(sizes: tuple[int, ...], names: tuple[str, ...], shape: tuple[int, ...],
+                      topology: Topology) -> np.ndarray:
+    """Torus coordinates [physical axis, device] of a mesh of `sizes` on a torus (or a
+    block of it) of `shape`, from its origin: on the physical axes the mesh's axes are
+    named after, or by place_mesh's rules 1-4 with the physical axes slow-first."""
+    named = _by_name(sizes, names, shape, topology.axis_names)
+    if named is not None:
+        return named
+    order = slow_axes_first(topology)
+    ordered = _ordered_coordinates(sizes, tuple(shape[p] for p in order))
+    if ordered is None:  # rule 4: chip-id order
+        return np.array(np.unravel_index(np.arange(math.prod(sizes)), shape))
+    physical = np.empty((len(shape), math.prod(sizes)), dtype=np.int64)
+    physical[list(order)] = ordered
+    return physical
+
+
+def _by_name(sizes: tuple[int, ...], names: tuple[str, ...], shape: tuple[int, ...],
+             physical_names: tuple[str, ...]) -> np.ndarray | None:
+    """Each logical axis (of more than one device) on the physical axis of its name, when
+    every one is named after a distinct physical axis of its size (a (4, 4, 4) mesh
+    ('x', 'y', 'z') on trn2-ultra is the identity); else None."""
+    axes = {i: physical_names.index(n) for i, n in enumerate(names)
+            if sizes[i] > 1 and n in physical_names}
+    if len(set(axes.values())) != sum(s > 1 for s in sizes) or \
+            any(shape[p] != sizes[i] for i, p in axes.items()):
+        return None
+    logical = np.indices(sizes).reshape(len(sizes), -1)
+    physical = np.zeros((len(shape), logical.shape[1]), dtype=np.int64)
+    for i, p in axes.items():
+        physical[p] = logical[i]
+    return physical
+
+
+def _ordered_coordinates(sizes: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray | None:
+    """Rules 1-3 on a torus whose physical axes are in slow-first order; None when no block
+    holds the mesh."""
+    physical = _axis_by_axis(sizes, shape)
+    return physical if physical is not None else _packed(sizes, shape)
 
 
 def _block_of(topology: Topology,
@@ -252,6 +285,14 @@ def _block_of(topology: Topology,
     return tuple(corner), tuple(sides)
 
 
+def slow_axes_first(topology: Topology) -> tuple[int, ...]:
+    """The physical axes from the slowest links to the fastest (ties: the higher index
+    first): an UltraCluster's EFA axis, then z across servers (64 GB/s), then y and x
+    inside a server (128 GB/s). Meshes are laid out in this order, their outer axes on the
+    slow links and their inner ones (tensor parallelism) on the fast ones."""
+    return tuple(sorted(range(topology.ndim), key=lambda p: (topology.link_bandwidth[p], -p)))
+
+
 def device_order(topology: Topology) -> tuple[int, ...]:
     """The machine device ids with the fastest links innermost: a chip's devices
     (logical cores) consecutive, then chips one link apart on the fastest axis (x, then y:
@@ -260,10 +301,8 @@ def device_order(topology: Topology) -> tuple[int, ...]:
     devices in this order puts its last axes on the cores of a chip and the fastest links,
     and its first n chips are a block filled x first, then y, then z, as place_mesh fills
     one on an UltraServer."""
-    outer_first = sorted(range(topology.ndim),
-                         key=lambda p: (topology.link_bandwidth[p], -p))
     grid = np.arange(topology.num_chips).reshape(topology.shape)
-    chips = grid.transpose(outer_first).reshape(-1)
+    chips = grid.transpose(slow_axes_first(topology)).reshape(-1)
     return tuple(int(c) * topology.devices_per_chip + k for c in chips
                  for k in range(topology.devices_per_chip))
 
@@ -378,55 +417,42 @@ def _check_failed_chips(topology: Topology, sizes: tuple[int, ...], names: tuple
     raise ValueError(f"mesh {sizes} {names} would run on failed chips: {lost}; {offer}")
 
 
-def _match_whole_axes(sizes: tuple[int, ...], shape: tuple[int, ...]) -> dict[int, int]:
-    """Logical axis -> physical axis for logical axes that take a whole physical axis."""
-    unused = list(range(len(shape)))
-    whole = {}
-    for i, size in enumerate(sizes):
-        match = next((p for p in unused if shape[p] == size), None) if size > 1 else None
-        if match is not None:
-            whole[i] = match
-            unused.remove(match)
-    return whole
-
-
-def _segments(sizes: tuple[int, ...], shape: tuple[int, ...],
-              whole: dict[int, int]) -> dict[int, int]:
-    """Logical axis -> physical axis for logical axes that take a segment of one (rule 2)."""
-    unused = [p for p in range(len(shape)) if p not in whole.values()]
-    segments = {}
-    for i in sorted((i for i in range(len(sizes)) if i not in whole and sizes[i] > 1),
-                    key=lambda i: -sizes[i]):
-        fits = [p for p in unused if shape[p] >= sizes[i]]
-        if fits:
-            p = min(fits, key=lambda p: (shape[p], p))
-            segments[i] = p
-            unused.remove(p)
-    return segments
-
-
-def _block_coordinates(sizes: tuple[int, ...], shape: tuple[int, ...],
-                       own_axis: dict[int, int]) -> np.ndarray | None:
-    """Torus coordinates [physical axis, device] of every logical device: axes in
-    `own_axis` along their physical axis from coordinate 0, the others row-major over a
-    block of the remaining physical axes (rule 3); None when no block holds them."""
-    logical = np.indices(sizes).reshape(len(sizes), -1)  # [logical axis, device]
+def _axis_by_axis(sizes: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray | None:
+    """Rules 1-2 on physical axes in slow-first order: the innermost logical axis first,
+    each taking the fastest unused physical axes, whole (a ring, or several rings it spans)
+    while its size is a multiple of theirs, and a segment of the next one for what is left;
+    None when the physical axes run out before the logical ones."""
+    free = list(reversed(range(len(shape))))  # fastest first
+    logical = np.indices(sizes).reshape(len(sizes), -1)
     physical = np.zeros((len(shape), logical.shape[1]), dtype=np.int64)
-    for i, p in own_axis.items():
-        physical[p] = logical[i]
-    rest_logical = [i for i in range(len(sizes)) if i not in own_axis]
-    rest_physical = [p for p in range(len(shape)) if p not in own_axis.values()]
-    left = math.prod(sizes[i] for i in rest_logical)
-    block = {}
-    for p in rest_physical:
+    for i in reversed(range(len(sizes))):
+        index, left = logical[i], sizes[i]
+        while left > 1:
+            if not free:
+                return None
+            p = free.pop(0)
+            extent = shape[p] if left % shape[p] == 0 else left
+            if extent > shape[p]:  # neither a multiple of the axis nor within it
+                return None
+            index, physical[p] = np.divmod(index, extent)
+            left //= extent
+    return physical
+
+
+def _packed(sizes: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray | None:
+    """Rule 3: the mesh row-major over a block filled from the fastest physical axis (each
+    side the largest divisor of what is left that fits), so its innermost axes lie on the
+    fastest links; None when no block holds it."""
+    left = math.prod(sizes)
+    block = [1] * len(shape)
+    for p in reversed(range(len(shape))):
         block[p] = max(d for d in range(1, shape[p] + 1) if left % d == 0)
         left //= block[p]
     if left != 1:
         return None
-    flat = np.zeros(logical.shape[1], dtype=np.int64)
-    for i in rest_logical:
-        flat = flat * sizes[i] + logical[i]
-    for p in reversed(rest_physical):
+    flat = np.arange(math.prod(sizes))
+    physical = np.zeros((len(shape), flat.size), dtype=np.int64)
+    for p in reversed(range(len(shape))):
         flat, physical[p] = np.divmod(flat, block[p])
     return physical
 

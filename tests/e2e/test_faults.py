@@ -61,8 +61,9 @@ def test_a_mesh_made_again_for_another_machine_says_which_machine_its_programs_u
         healthy = jax_trn2.make_mesh((4, 16), ("rows", "cols"))
     broken = jax_trn2.make_mesh((4, 16), ("broken_rows", "broken_cols"), topology=faulty)
     x = jax.ShapeDtypeStruct((64 * 1024,), np.float32)
-    seconds = [jax_trn2.jit(jax.shard_map(lambda a: lax.psum(a, names[0]), mesh=mesh,
-                                          in_specs=P(names), out_specs=P(names[1])))
+    # a psum over the axis of 16, on x and y: through the failed x cable
+    seconds = [jax_trn2.jit(jax.shard_map(lambda a: lax.psum(a, names[1]), mesh=mesh,
+                                          in_specs=P(names), out_specs=P(names[0])))
                .lower(x).cost_analysis()["optimal_seconds"]
                for mesh, names in ((healthy, ("rows", "cols")),
                                    (broken, ("broken_rows", "broken_cols")))]

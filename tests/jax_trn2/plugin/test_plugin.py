@@ -7,6 +7,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_trn2
+from mesh.machine import RuntimeSpec
 from jax_trn2.plugin import executable as plugin_executable, table
 from jax_trn2.plugin.client import Client
 from jax_trn2.plugin.handles import Handles
@@ -213,7 +214,8 @@ def test_both_front_doors_compile_through_one_core():
     cost, plain_cost = ours.cost_analysis(), plain.cost_analysis()
     for key in ("step_seconds", "ideal_step_seconds", "communication_seconds", "mfu"):
         assert np.float32(cost["trn2"][key]) == np.float32(plain_cost[f"trn2.{key}"]), key
-    assert cost["trn2"]["step_seconds"] > 1e-4  # the psum's expected runtime cost is in it
+    # the psum's expected runtime cost (its launch) is in it
+    assert cost["trn2"]["step_seconds"] > RuntimeSpec().collective_launch_seconds
     memory, plain_memory = ours.memory_analysis(), plain.memory_analysis()
     for field in ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
                   "peak_memory_in_bytes"):

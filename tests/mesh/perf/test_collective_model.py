@@ -113,9 +113,10 @@ def test_all_to_all_meets_the_bisection_bound():
 
 
 def test_logical_axis_of_8_is_routed_and_counts_the_busiest_link():
-    """On an (8, 8) mesh, an axis of 8 spans x and half of y: y neighbours are 2 hops apart."""
+    """On an (8, 8) mesh, the inner axis of 8 spans x and half of y, the outer one the other
+    half of y and z: its y neighbours are 2 hops apart."""
     p = plan("all-reduce", (0,), BIG, shape=(8, 8), names=("a", "b"))
-    assert p.logical_axes == ("a",) and p.torus_axes == ("x", "y")
+    assert p.logical_axes == ("a",) and p.torus_axes == ("y", "z")
     assert p.routed and p.max_hops > 1
     assert p.seconds > plan("all-reduce", (0,), BIG).seconds  # slower than a ring of 4
 
@@ -163,13 +164,14 @@ def test_not_a_collective_is_an_error():
 
 @pytest.mark.parametrize("k", [2, 3])
 def test_group_on_a_segment_of_a_ring_runs_a_line(k):
-    """A k-chip group on a segment of the 4-chip x ring: no wraparound link inside the
-    group, so a line: k-1 steps, each link carrying (k-1)/k of the buffer per direction
-    (twice a ring's); for k = 2 that is the one link between the two chips, and the plan."""
+    """A k-chip group on a segment of the 4-chip y ring (the inner axis of 2 on x): no
+    wraparound link inside the group, so a line: k-1 steps, each link carrying (k-1)/k of
+    the buffer per direction (twice a ring's); for k = 2 that is the one link between the
+    two chips, and the plan."""
     p = plan("all-gather", (0,), BIG, shape=(k, 2), names=("seg", "other"))
     line = (k - 1) * ALPHA + (k - 1) / k * BIG / BX
     assert dict(p.candidates)["line"] == pytest.approx(line, rel=1e-12)
-    assert p.seconds <= line and p.torus_axes == ("x",)
+    assert p.seconds <= line and p.torus_axes == ("y",)
     if k == 2:
         assert p.algorithm == "line" and p.rings == (2,) and not p.routed
         assert p.link_bytes == pytest.approx(BIG / 2)
@@ -180,9 +182,9 @@ def test_group_on_a_segment_of_a_ring_runs_a_line(k):
 
 def test_whole_ring_is_cheaper_than_a_segment_of_the_same_length():
     whole = plan("all-gather", (0,), BIG, shape=(4, 2), names=("ring", "other"))
-    assert whole.algorithm == "ring"  # (4, 2): the 4 takes the whole x ring
+    assert whole.algorithm == "ring"  # (4, 2): the 2 takes a segment of x, the 4 the y ring
     segment = plan("all-gather", (1,), BIG, shape=(4, 2), names=("ring", "other"))
-    assert segment.algorithm == "line" and segment.torus_axes == ("y",)
+    assert segment.algorithm == "line" and segment.torus_axes == ("x",)
 
 
 def test_ring_with_a_failed_link_runs_as_a_line_opened_there():
