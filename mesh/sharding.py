@@ -167,6 +167,27 @@ def chip_pieces(chips: np.ndarray | PerChip, dim_axes: DimAxes,
             for coords in np.ndindex(*axis_sizes)]
 
 
+def device_pieces(chips: np.ndarray | PerChip,
+                  axis_sizes: Sequence[int]) -> list[np.ndarray]:
+    """Per-device pieces (logical device order) of the chips' pieces `chips`, each the
+    device's own chip's: views, the same as `chip_pieces` gives, except where the value
+    varies along an axis no dim is split over (a shard_map result that check_vma=False
+    lets differ along an axis its out_specs replicate it over). There each device keeps the
+    piece its chip computed, as XLA's devices keep their buffers, where `unshard` (and
+    `chip_pieces`) take chip 0's."""
+    return [chips[tuple(min(c, chips.shape[a] - 1) for a, c in enumerate(coords)) + (...,)]
+            for coords in np.ndindex(*axis_sizes)]
+
+
+def varies_where_replicated(chips_shape: Sequence[int], dim_axes: DimAxes,
+                            axis_sizes: Sequence[int]) -> bool:
+    """Whether chips' pieces of `chips_shape` (the executor's layout: size 1 along mesh axes
+    they do not vary) may differ along a mesh axis no dim of `dim_axes` is split over: then
+    the devices' pieces (`device_pieces`) are not all pieces of the global array."""
+    used = {a for axes in dim_axes for a in axes}
+    return any(chips_shape[a] > 1 for a in range(len(axis_sizes)) if a not in used)
+
+
 def _block(coords: Sequence[int], dim_axes: DimAxes, axis_sizes: Sequence[int]) -> list[int]:
     """Per dim, the index of the block of the global array that the chip at mesh
     coordinates `coords` holds (its dim's axes major first)."""

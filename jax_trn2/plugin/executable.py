@@ -4,8 +4,9 @@ PJRT hands a program per-device buffers (one list per device of the device assig
 its order: partition-major, as jax's meshes list their devices) and takes per-device
 results. The simulator runs on global arrays; each argument is assembled from its pieces
 by how XLA lays it out over the mesh (lowering.partition.layouts), and each result is cut
-into views, one per device: of its chips' pieces where the program's Unshard would
-assemble it (mesh.executor.with_chip_outputs), else of the global array. The pieces share
+into views, one per device: of its own chip's piece where the program's Unshard would
+assemble it (mesh.executor.with_chip_outputs; a value that differs along an axis it is
+replicated over keeps each device's own, as on XLA), else of the global array. The pieces share
 one storage (handles.Whole): the next program that takes all of them takes its global
 array as it is (assembled from the chips' pieces then, once), without comparing; an
 argument assembled from pieces put on the devices separately is assembled once.
@@ -118,7 +119,7 @@ class Executable:
             if i in self.chip_outputs:
                 layout = self._layout(self.out_layouts, i, host.ndim - len(sizes))
                 whole = Whole(layout, sizes, chips=host)
-                pieces = sharding.chip_pieces(host, layout, sizes)
+                pieces = sharding.device_pieces(host, sizes)
             else:
                 whole = Whole(self._layout(self.out_layouts, i, host.ndim), sizes, results[i])
                 pieces = sharding.pieces(host, whole.layout, sizes)
@@ -139,14 +140,16 @@ class Executable:
 
     def _argument(self, i: int, pieces: list[Buffer]) -> Any:
         """Argument i as a global array from its per-device pieces. Pieces of one global
-        array laid out as the program takes it are that array; others are assembled (and
-        their replicas compared) once: the buffers then share the assembled array."""
+        array laid out as the program takes it are that array; others (and a result's
+        own pieces that differ where it is replicated) are assembled (and their replicas
+        compared) once: the buffers then share the assembled array."""
         sizes = self._mesh_sizes()
         partials = _at(self.in_partials, i)
         layout = self._layout(self.in_layouts, i, partials + pieces[0].data().ndim)
         whole = pieces[0].whole
-        if whole is not None and (whole.layout, whole.sizes) == (layout, sizes) and all(
-                p.whole is whole and p.index == d for d, p in enumerate(pieces)):
+        if whole is not None and whole.of_value and (whole.layout, whole.sizes) == \
+                (layout, sizes) and all(p.whole is whole and p.index == d
+                                        for d, p in enumerate(pieces)):
             return whole.value
         # a value unreduced along some axes: each piece one partial sum, stacked
         stacked = [p.data().reshape((1,) * partials + p.data().shape) for p in pieces]

@@ -172,13 +172,17 @@ class Whole:
     `value` is what the simulator takes and gave (a numpy array or a jax.Array); or, for a
     result it gave as its chips' pieces (`chips`: the executor's array of them, or a
     mesh.sharding.PerChip; mesh.sharding.unshard), the global array assembled from them
-    when first taken."""
+    when first taken. The devices' buffers of such a result are their own chips' pieces
+    (mesh.sharding.device_pieces): where the chips' pieces vary along an axis the layout
+    replicates over, they are not all pieces of the global array (`of_value` is False)."""
 
     def __init__(self, layout: tuple, sizes: tuple[int, ...], value: Any = None,
                  chips: np.ndarray | sharding.PerChip | None = None):
         self.layout = layout  # mesh axes of each dim (mesh.sharding)
         self.sizes = sizes  # the mesh's axis sizes
         self._value, self._chips = value, chips
+        self.of_value = chips is None or not sharding.varies_where_replicated(
+            chips.shape, layout, sizes)
 
     @property
     def value(self) -> Any:

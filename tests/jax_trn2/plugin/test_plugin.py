@@ -160,6 +160,15 @@ def test_donation_deletes_the_donor(mesh):
     np.testing.assert_array_equal(np.asarray(b), np.ones(64, np.float32))
 
 
+def test_programs_run_under_a_transfer_guard_on_arrays_already_on_the_chips(mesh):
+    """jax.transfer_guard guards the caller's transfers between the host and the chips; the
+    simulator's own arrays on the host's executor devices are not the caller's."""
+    x = jax.device_put(np.arange(64.0), NamedSharding(mesh, P(("a", "b"))))
+    with jax.transfer_guard("disallow"):
+        doubled = jax.jit(lambda v: v * 2)(x)
+    np.testing.assert_array_equal(np.asarray(doubled), np.arange(64.0) * 2)
+
+
 def test_a_donated_buffer_also_read_by_the_call_is_refused(mesh):
     add = jax.jit(lambda u, v: u + v, donate_argnums=0)
     a = jax.device_put(np.zeros(64, np.float32), NamedSharding(mesh, P("a")))
