@@ -110,9 +110,9 @@ class Executable:
         sizes = self._mesh_sizes()
         per_device: list[list[Buffer]] = [[] for _ in self.devices]
         for i in self.result_slots:
-            if i is None:  # a token: an empty array, as jax's runtime tokens are
+            if i is None:  # a token, as XLA gives (no data)
                 for d, device in enumerate(self.devices):
-                    per_device[d].append(Buffer(_TOKEN, device, _memory(device)))
+                    per_device[d].append(Buffer(_TOKEN, device, _memory(device), token=True))
                 continue
             host = sharding.on_host(results[i])  # a view of the simulator's result
             partials = _at(self.out_partials, i)
@@ -171,14 +171,14 @@ class Executable:
     def num_outputs(self) -> int:
         return len(self.result_slots)
 
-    def output_types(self) -> list[tuple[np.dtype, tuple[int, ...]]]:
-        """(dtype, per-device shape) of each output."""
+    def output_types(self) -> list[tuple[np.dtype | None, tuple[int, ...]]]:
+        """(dtype, per-device shape) of each output ((None, ()) for a token)."""
         from mesh import dtypes
         program = self.loaded.program
         out = []
         for i in self.result_slots:
             if i is None:
-                out.append((_TOKEN.dtype, _TOKEN.shape))
+                out.append((None, ()))
                 continue
             t = program.values[program.outputs[i]].type
             layout = self._layout(self.out_layouts, i, len(t.shape))
@@ -262,8 +262,8 @@ def deserialize(client: Any, data: bytes, compile_options: bytes | None) -> Exec
     return Executable(client, parts[1], compile_options or parts[2])
 
 
-# What a token of an ordered effect is between calls (jax's runtime tokens): an empty
-# array; the simulator makes its tokens inside a program, and runs in order anyway.
+# The data of a token result (of an ordered effect, or lax.create_token's), which holds
+# none; the simulator makes its tokens inside a program, and runs in order anyway.
 _TOKEN = np.zeros(0, np.bool_)
 _TOKEN.flags.writeable = False
 

@@ -197,10 +197,12 @@ class Buffer:
 
     `whole` is the global array this buffer is piece `index` of (an executable's result,
     or an argument assembled from its pieces once): the next execute that takes all its
-    pieces, laid out the same, takes the whole as it is."""
+    pieces, laid out the same, takes the whole as it is. A token (`token`: of an ordered
+    effect, or lax.create_token's) holds no data: its dtype is None (PJRT's TOKEN) and its
+    shape (), as XLA's token buffers, which jax cannot read as an array."""
 
     def __init__(self, array: np.ndarray, device: Device, memory: Memory,
-                 whole: Whole | None = None, index: int = 0):
+                 whole: Whole | None = None, index: int = 0, token: bool = False):
         array.flags.writeable = False  # shared between buffers and with the executor
         self.array = array
         self.device = device
@@ -210,6 +212,8 @@ class Buffer:
         self.record = Record()  # the table fills in its device and memory pointers
         self.owned = abi.Owned()
         self.dtype, self.shape, self.nbytes = array.dtype, array.shape, array.nbytes
+        if token:
+            self.dtype, self.shape = None, ()
         device.allocated(self.nbytes)
 
     def share(self, view: np.ndarray, whole: Whole, index: int) -> None:

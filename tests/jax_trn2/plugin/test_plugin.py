@@ -244,8 +244,8 @@ def test_host_callbacks_and_linalg(devices, capfd):
 
 
 def test_ordered_io_callbacks_run_in_program_order_call_after_call(devices):
-    """jax threads an ordered effect's token through the calls (a runtime token: an empty
-    array the program takes and gives back)."""
+    """jax threads an ordered effect's token through the calls (a runtime token: a token
+    buffer the program gives and the next call takes)."""
     from jax.experimental import io_callback
     seen = []
 
@@ -260,6 +260,20 @@ def test_ordered_io_callbacks_run_in_program_order_call_after_call(devices):
     jax.effects_barrier()
     np.testing.assert_array_equal(np.asarray(y), [3, 3, 3])
     assert seen == [3.0, -6.0, 6.0, -12.0]
+
+
+def test_tokens_are_token_buffers_as_on_xla(devices):
+    """A program's token result is a token buffer (PJRT's TOKEN, no data), which jax
+    refuses to read as an array, as on XLA:CPU, and takes back as a program's token."""
+    for backend in ("trn2", "cpu"):
+        with jax.default_device(jax.devices(backend)[0]):
+            token = jax.lax.create_token()
+            with pytest.raises(RuntimeError, match="Cannot convert a token-shape buffer to a "
+                                                   "numpy array"):
+                token._buf._value
+            arr, out = jax.jit(lambda a, t: (a + 1, t))(jnp.ones(3), token)
+            assert isinstance(out, jax._src.core.Token) and out is not token
+            np.testing.assert_array_equal(np.asarray(arr), np.full(3, 2.0))
 
 
 def test_unsupported_program_names_the_op_and_line(devices):
