@@ -179,15 +179,6 @@ def device_pieces(chips: np.ndarray | PerChip,
             for coords in np.ndindex(*axis_sizes)]
 
 
-def varies_where_replicated(chips_shape: Sequence[int], dim_axes: DimAxes,
-                            axis_sizes: Sequence[int]) -> bool:
-    """Whether chips' pieces of `chips_shape` (the executor's layout: size 1 along mesh axes
-    they do not vary) may differ along a mesh axis no dim of `dim_axes` is split over: then
-    the devices' pieces (`device_pieces`) are not all pieces of the global array."""
-    used = {a for axes in dim_axes for a in axes}
-    return any(chips_shape[a] > 1 for a in range(len(axis_sizes)) if a not in used)
-
-
 def _block(coords: Sequence[int], dim_axes: DimAxes, axis_sizes: Sequence[int]) -> list[int]:
     """Per dim, the index of the block of the global array that the chip at mesh
     coordinates `coords` holds (its dim's axes major first)."""

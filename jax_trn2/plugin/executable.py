@@ -140,16 +140,14 @@ class Executable:
 
     def _argument(self, i: int, pieces: list[Buffer]) -> Any:
         """Argument i as a global array from its per-device pieces. Pieces of one global
-        array laid out as the program takes it are that array; others (and a result's
-        own pieces that differ where it is replicated) are assembled (and their replicas
-        compared) once: the buffers then share the assembled array."""
+        array laid out as the program takes it are that array; others are assembled (and
+        their replicas compared) once: the buffers then share the assembled array."""
         sizes = self._mesh_sizes()
         partials = _at(self.in_partials, i)
         layout = self._layout(self.in_layouts, i, partials + pieces[0].data().ndim)
         whole = pieces[0].whole
-        if whole is not None and whole.of_value and (whole.layout, whole.sizes) == \
-                (layout, sizes) and all(p.whole is whole and p.index == d
-                                        for d, p in enumerate(pieces)):
+        if whole is not None and (whole.layout, whole.sizes) == (layout, sizes) and all(
+                p.whole is whole and p.index == d for d, p in enumerate(pieces)):
             return whole.value
         # a value unreduced along some axes: each piece one partial sum, stacked
         stacked = [p.data().reshape((1,) * partials + p.data().shape) for p in pieces]

@@ -174,15 +174,16 @@ class Whole:
     mesh.sharding.PerChip; mesh.sharding.unshard), the global array assembled from them
     when first taken. The devices' buffers of such a result are their own chips' pieces
     (mesh.sharding.device_pieces): where the chips' pieces vary along an axis the layout
-    replicates over, they are not all pieces of the global array (`of_value` is False)."""
+    replicates over (a shard_map's result that check_vma=False lets differ, jax's eager
+    shard_map's per-device values), they differ from the global array's, which takes chip
+    0's: a program that takes them computes on those, where XLA's devices each take their
+    own."""
 
     def __init__(self, layout: tuple, sizes: tuple[int, ...], value: Any = None,
                  chips: np.ndarray | sharding.PerChip | None = None):
         self.layout = layout  # mesh axes of each dim (mesh.sharding)
         self.sizes = sizes  # the mesh's axis sizes
         self._value, self._chips = value, chips
-        self.of_value = chips is None or not sharding.varies_where_replicated(
-            chips.shape, layout, sizes)
 
     @property
     def value(self) -> Any:

@@ -105,17 +105,3 @@ def test_results_replicated_by_out_specs_keep_each_devices_own_value():
     assert ours == _each_devices_own(jax.devices("cpu"))
     assert ours[0] == [[0, 1, 2, 3], [0, 1, 2, 3], [4, 5, 6, 7], [4, 5, 6, 7]]
 
-
-def test_a_result_whose_copies_differ_is_refused_as_an_argument_by_name():
-    """Such a result taken by another program, which would compute on the first device's
-    copy: a clear error instead (the simulator's programs take one value per replica)."""
-    mesh = jax.make_mesh((2,), ("x",), devices=jax.devices("trn2")[:2],
-                         axis_types=(AxisType.Explicit,))
-    with jax.set_mesh(mesh):
-        arr = jax.device_put(np.arange(4, dtype=np.int32), P("x"))
-        differ = jax.jit(jax.shard_map(lambda v: v, in_specs=P("x"), out_specs=P(),
-                                       check_vma=False))(arr)
-        with pytest.raises(jax.errors.JaxRuntimeError, match="per-device buffers differ "
-                                                             "along mesh axes the array is "
-                                                             "replicated over"):
-            jax.jit(lambda v: v + 1)(differ)
