@@ -106,7 +106,7 @@ def _with_reordered_devices(partitioned: ir.Module, mesh: Any, arg_shardings: li
                                         len(res_shardings)) if res_shardings else []
 
     def chosen(ours: list[str], xla: list[str]) -> list[str]:
-        if len(xla) != len(ours):
+        if len(xla) != len(ours):  # (XLA leaves none on a program without parameters)
             return ours
         return [theirs if (tiling := hlo_sharding.parse(theirs, unreduced=True)) is not None
                 and not hlo_sharding.follows_mesh(tiling, mesh) else mine
