@@ -200,6 +200,17 @@ def dim_axes(tiling: Tiling, mesh: isa.MeshSpec) -> tuple[tuple[int, ...], ...]:
     return tuple(result)
 
 
+def follows_mesh(tiling: Tiling, mesh: isa.MeshSpec) -> bool:
+    """Whether the tiling's device ids step through axes of `mesh` (row-major ids), as a
+    sharding over the mesh itself does; not one over its devices in another order (a jax
+    mesh of the same devices reordered: an sdy.mesh with explicit device ids)."""
+    try:
+        dim_axes(Tiling(tiling.devices, ()), mesh)
+    except ValueError:
+        return False
+    return True
+
+
 def manual_axes(text: str, mesh: isa.MeshSpec) -> tuple[int, ...]:
     """The mesh axes along which a value of this sharding is manual (inside a shard_map
     body): every axis for `{manual}`, those of the MANUAL subgroup of a partially manual

@@ -532,11 +532,16 @@ def source_line(location: str) -> str:
 
 
 def mesh_spec(mesh_op: ir.Operation) -> MeshSpec:
-    """The MeshSpec of an `sdy.mesh` op (axis names and sizes, row-major device ids)."""
+    """The MeshSpec of an `sdy.mesh` op (axis names and sizes; its devices in row-major
+    order are mesh_device_ids')."""
     attr = sdy.MeshAttr(mesh_op.attributes["mesh"])
     axes = [sdy.MeshAxisAttr(a) for a in attr.axes]
-    device_ids = list(attr.device_ids)
-    if device_ids and device_ids != list(range(len(device_ids))):
-        raise NotImplementedError(f"sdy.mesh with explicit device ids {device_ids} "
-                                  "is not supported by jax-trn2")
     return MeshSpec(tuple(a.name for a in axes), tuple(int(a.size) for a in axes))
+
+
+def mesh_device_ids(mesh_op: ir.Operation) -> list[int] | None:
+    """The device ids of an `sdy.mesh` op in row-major mesh order when it lists them in
+    another order than 0, 1, ... (jax's program over a mesh of the same devices in another
+    order, as its device_put between two such meshes makes); None otherwise."""
+    device_ids = [int(d) for d in sdy.MeshAttr(mesh_op.attributes["mesh"]).device_ids]
+    return device_ids if device_ids and device_ids != list(range(len(device_ids))) else None

@@ -69,8 +69,9 @@ def needs_partitioning(module: ir.Module) -> bool:
     """Whether a module is a global program over a mesh of several devices whose values
     carry shardings outside shard_map bodies (what XLA's partitioner would split), or
     whose shard_maps are over several meshes of the same devices (a (2, 4) mesh and its
-    flattening, say): the partitioner makes one per-chip program of them all. So is one
-    that inspects a value's sharding, which only the partitioner can say.
+    flattening, say), or over a mesh of its devices in another order (an sdy.mesh with
+    explicit device ids): the partitioner makes one per-chip program of them all. So is
+    one that inspects a value's sharding, which only the partitioner can say.
 
     A program whose shardings are all at shard_map boundaries of one mesh is already
     per-chip code inside the bodies and runs as it is (lowering.rules.structure)."""
@@ -79,7 +80,8 @@ def needs_partitioning(module: ir.Module) -> bool:
     if _calls(module.operation, _INSPECT_SHARDING_TARGET):
         return True
     if _sdy_mesh_devices(module) > 1:
-        return _has_sdy_sharding(module) or len(_distinct_meshes(module)) > 1
+        return _has_sdy_sharding(module) or len(_distinct_meshes(module)) > 1 or \
+            _reorders_devices(module)
     return _has_gspmd_tiling(module)
 
 
@@ -492,6 +494,12 @@ def _distinct_meshes(module: ir.Module) -> set[isa.MeshSpec]:
     meshes = {mlir.mesh_spec(op.operation) for op in module.body.operations
               if op.operation.name == "sdy.mesh"}
     return {mesh for mesh in meshes if mesh.rank}
+
+
+def _reorders_devices(module: ir.Module) -> bool:
+    """Whether an sdy.mesh of the module lists its devices in another order than 0, 1, ..."""
+    return any(mlir.mesh_device_ids(op.operation) is not None
+               for op in module.body.operations if op.operation.name == "sdy.mesh")
 
 
 _SDY_SHARDING = "sdy.sharding"

@@ -264,6 +264,11 @@ class Walker:
                 self.functions[attrs["sym_name"]] = op
             elif op.name == "sdy.mesh":
                 meshes[attrs["sym_name"]] = mlir.mesh_spec(op)
+                if mlir.mesh_device_ids(op) is not None and not partition.is_partitioned(
+                        module):  # (lowering.lower has XLA's partitioner place them)
+                    raise LoweringError(f"sdy.mesh @{attrs['sym_name']} lists its devices "
+                                        "in another order: lower XLA's partitioned program "
+                                        "of this module (lowering.lower does)")
         if "main" not in self.functions:
             raise LoweringError("the module has no public function 'main'")
         self.sdy_meshes = dict(meshes)  # by symbol name, for replica groups named by axes
@@ -445,10 +450,17 @@ class Walker:
                                                           tuple[int, ...]]:
         """How a partitioned main's parameter or result of HloSharding `text` and `rank`
         dims lies over the mesh, as the program takes or gives it: the mesh axes each dim is
-        split over; and the axes it is unreduced along (each chip a partial sum of the
-        value), which lead the dims as dims of their own, one per axis, split over it: the
-        program's value stacks the partial sums."""
+        split over; and the axes along which each chip's piece is its own, which lead the
+        dims as dims of their own, one per axis, split over it: the program's value stacks
+        the pieces. Those are the axes it is unreduced along (each chip a partial sum of the
+        value), or every axis for a sharding whose devices are not in the mesh's order."""
         tiling = hlo_sharding.parse(text, unreduced=True)
+        if tiling is not None and not hlo_sharding.follows_mesh(tiling, self.mesh):
+            # devices in another order than the mesh's (a jax mesh of the same devices
+            # reordered), which Shard's split in mesh order cannot place: each chip's
+            # piece, as its device holds it, stacked as partial sums are
+            every = tuple(range(self.mesh.rank))
+            return tuple((a,) for a in every) + ((),) * rank, every
         split = ((),) * rank if tiling is None else hlo_sharding.dim_axes(tiling, self.mesh)
         partial = hlo_sharding.unreduced_axes(text, self.mesh)
         return tuple((a,) for a in partial) + split, partial

@@ -167,6 +167,18 @@ def chip_pieces(chips: np.ndarray | PerChip, dim_axes: DimAxes,
             for coords in np.ndindex(*axis_sizes)]
 
 
+def device_pieces(chips: np.ndarray | PerChip,
+                  axis_sizes: Sequence[int]) -> list[np.ndarray]:
+    """Per-device pieces (logical device order) of the chips' pieces `chips`, each the
+    device's own chip's: views, the same as `chip_pieces` gives, except where the value
+    varies along an axis no dim is split over (a shard_map result that check_vma=False
+    lets differ along an axis its out_specs replicate it over). There each device keeps the
+    piece its chip computed, as XLA's devices keep their buffers, where `unshard` (and
+    `chip_pieces`) take chip 0's."""
+    return [chips[tuple(min(c, chips.shape[a] - 1) for a, c in enumerate(coords)) + (...,)]
+            for coords in np.ndindex(*axis_sizes)]
+
+
 def _block(coords: Sequence[int], dim_axes: DimAxes, axis_sizes: Sequence[int]) -> list[int]:
     """Per dim, the index of the block of the global array that the chip at mesh
     coordinates `coords` holds (its dim's axes major first)."""

@@ -80,8 +80,11 @@ def _executor_context():
     would compile and run them replicated on every device of that mesh, each doing all the
     work), and compiled even under jax.disable_jit (which is for stepping through the
     user's Python; the simulator's computations are not the user's and run only
-    compiled)."""
-    with _top_level(), jax.set_mesh(None), jax.enable_x64(True), jax.disable_jit(False):
+    compiled), and moving their arrays to and from the executor's devices under a
+    jax.transfer_guard the caller set (which guards the user's transfers to the chips,
+    not the simulator's own on the host)."""
+    with _top_level(), jax.set_mesh(None), jax.enable_x64(True), jax.disable_jit(False), \
+            jax.transfer_guard("allow"):
         yield
 
 

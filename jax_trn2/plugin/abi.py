@@ -76,8 +76,10 @@ def dtype_of(buffer_type: int) -> np.dtype:
                          "simulator") from None
 
 
-def buffer_type(dtype: np.dtype) -> int:
-    """The PJRT_Buffer_Type of a numpy dtype."""
+def buffer_type(dtype: np.dtype | None) -> int:
+    """The PJRT_Buffer_Type of a numpy dtype (None: a token's, TOKEN)."""
+    if dtype is None:
+        return c.PJRT_Buffer_Type_TOKEN
     try:
         return _TYPES[np.dtype(dtype)]
     except KeyError:

@@ -4,8 +4,9 @@ PJRT hands a program per-device buffers (one list per device of the device assig
 its order: partition-major, as jax's meshes list their devices) and takes per-device
 results. The simulator runs on global arrays; each argument is assembled from its pieces
 by how XLA lays it out over the mesh (lowering.partition.layouts), and each result is cut
-into views, one per device: of its chips' pieces where the program's Unshard would
-assemble it (mesh.executor.with_chip_outputs), else of the global array. The pieces share
+into views, one per device: of its own chip's piece where the program's Unshard would
+assemble it (mesh.executor.with_chip_outputs; a value that differs along an axis it is
+replicated over keeps each device's own, as on XLA), else of the global array. The pieces share
 one storage (handles.Whole): the next program that takes all of them takes its global
 array as it is (assembled from the chips' pieces then, once), without comparing; an
 argument assembled from pieces put on the devices separately is assembled once.
@@ -109,16 +110,16 @@ class Executable:
         sizes = self._mesh_sizes()
         per_device: list[list[Buffer]] = [[] for _ in self.devices]
         for i in self.result_slots:
-            if i is None:  # a token: an empty array, as jax's runtime tokens are
+            if i is None:  # a token, as XLA gives (no data)
                 for d, device in enumerate(self.devices):
-                    per_device[d].append(Buffer(_TOKEN, device, _memory(device)))
+                    per_device[d].append(Buffer(_TOKEN, device, _memory(device), token=True))
                 continue
             host = sharding.on_host(results[i])  # a view of the simulator's result
             partials = _at(self.out_partials, i)
             if i in self.chip_outputs:
                 layout = self._layout(self.out_layouts, i, host.ndim - len(sizes))
                 whole = Whole(layout, sizes, chips=host)
-                pieces = sharding.chip_pieces(host, layout, sizes)
+                pieces = sharding.device_pieces(host, sizes)
             else:
                 whole = Whole(self._layout(self.out_layouts, i, host.ndim), sizes, results[i])
                 pieces = sharding.pieces(host, whole.layout, sizes)
@@ -168,14 +169,14 @@ class Executable:
     def num_outputs(self) -> int:
         return len(self.result_slots)
 
-    def output_types(self) -> list[tuple[np.dtype, tuple[int, ...]]]:
-        """(dtype, per-device shape) of each output."""
+    def output_types(self) -> list[tuple[np.dtype | None, tuple[int, ...]]]:
+        """(dtype, per-device shape) of each output ((None, ()) for a token)."""
         from mesh import dtypes
         program = self.loaded.program
         out = []
         for i in self.result_slots:
             if i is None:
-                out.append((_TOKEN.dtype, _TOKEN.shape))
+                out.append((None, ()))
                 continue
             t = program.values[program.outputs[i]].type
             layout = self._layout(self.out_layouts, i, len(t.shape))
@@ -259,8 +260,8 @@ def deserialize(client: Any, data: bytes, compile_options: bytes | None) -> Exec
     return Executable(client, parts[1], compile_options or parts[2])
 
 
-# What a token of an ordered effect is between calls (jax's runtime tokens): an empty
-# array; the simulator makes its tokens inside a program, and runs in order anyway.
+# The data of a token result (of an ordered effect, or lax.create_token's), which holds
+# none; the simulator makes its tokens inside a program, and runs in order anyway.
 _TOKEN = np.zeros(0, np.bool_)
 _TOKEN.flags.writeable = False
 

@@ -172,7 +172,12 @@ class Whole:
     `value` is what the simulator takes and gave (a numpy array or a jax.Array); or, for a
     result it gave as its chips' pieces (`chips`: the executor's array of them, or a
     mesh.sharding.PerChip; mesh.sharding.unshard), the global array assembled from them
-    when first taken."""
+    when first taken. The devices' buffers of such a result are their own chips' pieces
+    (mesh.sharding.device_pieces): where the chips' pieces vary along an axis the layout
+    replicates over (a shard_map's result that check_vma=False lets differ, jax's eager
+    shard_map's per-device values), they differ from the global array's, which takes chip
+    0's: a program that takes them computes on those, where XLA's devices each take their
+    own."""
 
     def __init__(self, layout: tuple, sizes: tuple[int, ...], value: Any = None,
                  chips: np.ndarray | sharding.PerChip | None = None):
@@ -193,10 +198,12 @@ class Buffer:
 
     `whole` is the global array this buffer is piece `index` of (an executable's result,
     or an argument assembled from its pieces once): the next execute that takes all its
-    pieces, laid out the same, takes the whole as it is."""
+    pieces, laid out the same, takes the whole as it is. A token (`token`: of an ordered
+    effect, or lax.create_token's) holds no data: its dtype is None (PJRT's TOKEN) and its
+    shape (), as XLA's token buffers, which jax cannot read as an array."""
 
     def __init__(self, array: np.ndarray, device: Device, memory: Memory,
-                 whole: Whole | None = None, index: int = 0):
+                 whole: Whole | None = None, index: int = 0, token: bool = False):
         array.flags.writeable = False  # shared between buffers and with the executor
         self.array = array
         self.device = device
@@ -206,6 +213,8 @@ class Buffer:
         self.record = Record()  # the table fills in its device and memory pointers
         self.owned = abi.Owned()
         self.dtype, self.shape, self.nbytes = array.dtype, array.shape, array.nbytes
+        if token:
+            self.dtype, self.shape = None, ()
         device.allocated(self.nbytes)
 
     def share(self, view: np.ndarray, whole: Whole, index: int) -> None:

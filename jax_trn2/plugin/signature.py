@@ -22,7 +22,7 @@ from jax._src.lib import _jax, xla_client
 from jaxlib.mlir import ir
 
 from jax_trn2.plugin import proto
-from lowering import hlo_sharding
+from lowering import hlo_sharding, mlir
 from mesh import sharding
 
 
@@ -51,6 +51,9 @@ def signature_module(executable: Any, module: ir.Module,
                      for layout, partial in arg_layouts]
     res_shardings = [str(hlo_sharding.of_layout(layout, sizes, partial))
                      for layout, partial in res_layouts]
+    if partitioned is not None:
+        arg_shardings, res_shardings = _with_reordered_devices(
+            partitioned, executable.loaded.program.mesh, arg_shardings, res_shardings)
     args = ", ".join(f"%{name}: {t} {{mhlo.sharding = \"{sharding}\"}}"
                      for name, t, sharding in zip(names, arg_types, arg_shardings))
     results = ", ".join(f"{t} {{mhlo.sharding = \"{sharding}\"}}"
@@ -89,6 +92,27 @@ _BARE_ID = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*")  # MLIR's bare-id
 
 def _op_sharding(text: str) -> bytes:
     return xla_client.HloSharding.from_string(text).to_proto().SerializeToString()
+
+
+def _with_reordered_devices(partitioned: ir.Module, mesh: Any, arg_shardings: list[str],
+                            res_shardings: list[str]) -> tuple[list[str], list[str]]:
+    """The shardings, with XLA's own (the partitioner's, on `partitioned`) for the
+    parameters and results whose devices are not in the mesh's order: their layouts say
+    only that each device holds its own piece (lowering.walker's _main_layout)."""
+    from lowering import partition
+    attrs = mlir.Attributes(partitioned.operation)
+    xla_args = list(attrs.get(partition.PARAMETER_SHARDINGS_ATTR, ()))
+    xla_results = hlo_sharding.elements(attrs[partition.OUTPUT_SHARDING_ATTR],
+                                        len(res_shardings)) if res_shardings else []
+
+    def chosen(ours: list[str], xla: list[str]) -> list[str]:
+        if len(xla) != len(ours):  # (XLA leaves none on a program without parameters)
+            return ours
+        return [theirs if (tiling := hlo_sharding.parse(theirs, unreduced=True)) is not None
+                and not hlo_sharding.follows_mesh(tiling, mesh) else mine
+                for mine, theirs in zip(ours, xla)]
+
+    return chosen(arg_shardings, xla_args), chosen(res_shardings, xla_results)
 
 
 def _split(layouts: tuple, partials: tuple, i: int | None) -> tuple[tuple | None,

@@ -36,6 +36,18 @@ def test_explicit_device_list_reads_like_its_iota_form():
     assert hlo_sharding.dim_axes(explicit, isa.MeshSpec(("a", "b"), (2, 2))) == ((1,), (0,))
 
 
+@pytest.mark.parametrize("text, follows", [
+    ("{devices=[2,2]0,1,2,3}", True),
+    ("{devices=[2,1,2]0,2,1,3 last_tile_dim_replicate}", True),  # dim 0 over the minor axis
+    ("{devices=[2,2]3,2,1,0}", False),  # the mesh's devices reversed (jax's device ids)
+    ("{devices=[4]0,2,1,3}", True),  # over y then x
+    ("{devices=[4]0,3,1,2}", False),
+])
+def test_tilings_over_the_meshs_devices_in_another_order(text, follows):
+    mesh = isa.MeshSpec(("x", "y"), (2, 2))
+    assert hlo_sharding.follows_mesh(hlo_sharding.parse(text), mesh) is follows
+
+
 def test_mesh_is_cut_where_any_tiling_steps():
     tilings = [hlo_sharding.parse("{devices=[4,1,16]<=[64] last_tile_dim_replicate}"),
                hlo_sharding.parse("{devices=[16,4]<=[4,4,4]T(0,2,1)}")]

@@ -86,6 +86,21 @@ def test_unshard_takes_chip_zeros_piece_along_an_axis_no_dim_is_split_over():
         [chips[0, 0].tolist()] * 3 + [chips[1, 0].tolist()] * 3
 
 
+def test_device_pieces_are_each_devices_own_chips_piece():
+    """Where the chips' pieces vary along an axis no dim is split over, each device keeps
+    its own chip's (as XLA's devices keep their buffers); elsewhere the same views as
+    chip_pieces."""
+    chips = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)  # varies on both axes
+    pieces = sharding.device_pieces(chips, SIZES)
+    assert [p.tolist() for p in pieces] == [chips[i, j].tolist() for i in range(2)
+                                            for j in range(3)]
+    assert all(np.shares_memory(p, chips) for p in pieces)
+    one_along_1 = chips[:, :1]
+    for got, want in zip(sharding.device_pieces(one_along_1, SIZES),
+                         sharding.chip_pieces(one_along_1, ((0,),), SIZES)):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_layouts_that_differ_by_axes_of_size_one_are_equivalent():
     sizes = (1, 4, 2)
     assert sharding.equivalent(((0, 1), (2,)), ((1,), (2,)), sizes)

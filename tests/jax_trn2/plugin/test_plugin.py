@@ -161,6 +161,15 @@ def test_donation_deletes_the_donor(mesh):
     np.testing.assert_array_equal(np.asarray(b), np.ones(64, np.float32))
 
 
+def test_programs_run_under_a_transfer_guard_on_arrays_already_on_the_chips(mesh):
+    """jax.transfer_guard guards the caller's transfers between the host and the chips; the
+    simulator's own arrays on the host's executor devices are not the caller's."""
+    x = jax.device_put(np.arange(64.0), NamedSharding(mesh, P(("a", "b"))))
+    with jax.transfer_guard("disallow"):
+        doubled = jax.jit(lambda v: v * 2)(x)
+    np.testing.assert_array_equal(np.asarray(doubled), np.arange(64.0) * 2)
+
+
 def test_a_donated_buffer_also_read_by_the_call_is_refused(mesh):
     add = jax.jit(lambda u, v: u + v, donate_argnums=0)
     a = jax.device_put(np.zeros(64, np.float32), NamedSharding(mesh, P("a")))
@@ -237,8 +246,8 @@ def test_host_callbacks_and_linalg(devices, capfd):
 
 
 def test_ordered_io_callbacks_run_in_program_order_call_after_call(devices):
-    """jax threads an ordered effect's token through the calls (a runtime token: an empty
-    array the program takes and gives back)."""
+    """jax threads an ordered effect's token through the calls (a runtime token: a token
+    buffer the program gives and the next call takes)."""
     from jax.experimental import io_callback
     seen = []
 
@@ -253,6 +262,20 @@ def test_ordered_io_callbacks_run_in_program_order_call_after_call(devices):
     jax.effects_barrier()
     np.testing.assert_array_equal(np.asarray(y), [3, 3, 3])
     assert seen == [3.0, -6.0, 6.0, -12.0]
+
+
+def test_tokens_are_token_buffers_as_on_xla(devices):
+    """A program's token result is a token buffer (PJRT's TOKEN, no data), which jax
+    refuses to read as an array, as on XLA:CPU, and takes back as a program's token."""
+    for backend in ("trn2", "cpu"):
+        with jax.default_device(jax.devices(backend)[0]):
+            token = jax.lax.create_token()
+            with pytest.raises(RuntimeError, match="Cannot convert a token-shape buffer to a "
+                                                   "numpy array"):
+                token._buf._value
+            arr, out = jax.jit(lambda a, t: (a + 1, t))(jnp.ones(3), token)
+            assert isinstance(out, jax._src.core.Token) and out is not token
+            np.testing.assert_array_equal(np.asarray(arr), np.full(3, 2.0))
 
 
 def test_unsupported_program_names_the_op_and_line(devices):

@@ -78,3 +78,30 @@ def test_jax_trn2_jit_refuses_unreduced_values_by_name():
         with pytest.raises(NotImplementedError, match=r"jax_trn2.jit does not take or give "
                                                       r"unreduced values"):
             f(x)
+
+
+def _each_devices_own(devices):
+    """A shard_map that check_vma=False lets return each device's own value as a result
+    its out_specs replicate, from an unreduced value and from a sharded one."""
+    mesh = jax.make_mesh((2, 2), ("x", "y"), devices=devices[:4],
+                         axis_types=(AxisType.Explicit,) * 2)
+    with jax.set_mesh(mesh):
+        arr = jax.device_put(np.arange(8, dtype=np.int32), P("x"))
+        partial = jax.jit(jax.shard_map(lambda v: v, in_specs=P("x"),
+                                        out_specs=P(unreduced={"x"})))(arr)
+        from_partial = jax.jit(jax.shard_map(lambda v: v, in_specs=P(unreduced={"x"}),
+                                             out_specs=P(), check_vma=False))(partial)
+        from_pieces = jax.jit(jax.shard_map(lambda v: v * 2, in_specs=P("x"),
+                                            out_specs=P(), check_vma=False))(arr)
+        return [[np.asarray(s.data).tolist() for s in out.addressable_shards]
+                for out in (from_partial, from_pieces)]
+
+
+def test_results_replicated_by_out_specs_keep_each_devices_own_value():
+    """XLA keeps each device's buffer as its program computed it, where the result's
+    sharding says the devices hold copies; the plugin used to give every device the value
+    of the first device along the replicated axis."""
+    ours = _each_devices_own(jax.devices("trn2"))
+    assert ours == _each_devices_own(jax.devices("cpu"))
+    assert ours[0] == [[0, 1, 2, 3], [0, 1, 2, 3], [4, 5, 6, 7], [4, 5, 6, 7]]
+
