@@ -20,7 +20,8 @@ from jax._src.sharding_impls import parse_flatten_op_sharding
 from jax.experimental.layout import Format, Layout
 
 from jax_trn2.frontend import compose
-from jax_trn2.core.chip_pieces import ChipPieces, pieces_of_output
+from jax_trn2.core import donation
+from jax_trn2.core.chip_pieces import ChipPieces, chip_outputs, pieces_of_output
 from jax_trn2.core.executable import LoadedExecutable
 from jax_trn2.core.platform import PLATFORM_NAME
 from jax_trn2.core import lowerings
@@ -96,17 +97,6 @@ def _as_traced(result: Any, aval: Any) -> Any:
     # the same buffers under that type (a conversion would run a computation per call)
     return ArrayImpl(want, result.sharding, result._arrays, committed=result.committed)
 
-
-def _delete_donated(leaves: Sequence[Any], shardings: Sequence[Sharding | None]) -> None:
-    """Delete the donated arguments that are jax arrays where the program takes them
-    (`shardings`; None: wherever it is, on one device), as jax.jit does: using one after
-    the call raises jax's "Array has been deleted" error. One elsewhere jax copies there
-    and donates the copy, so the caller's stays. The run has finished by now (its results
-    were read), and the memory stays alive for any view of it."""
-    for leaf, sharding in zip(leaves, shardings, strict=True):
-        if isinstance(leaf, jax.Array) and not leaf.is_deleted() and \
-                (sharding is None or leaf.sharding.is_equivalent_to(sharding, leaf.ndim)):
-            leaf.delete()
 
 
 def _default_device() -> jax.Device:
@@ -241,12 +231,15 @@ def _placed(result: Any, sharding: Sharding | None) -> Any:
     return jax.device_put(result, sharding)
 
 
-def _pieces_of_results(program: isa.Program, avals: Sequence[Any],
+def _pieces_of_results(executable: LoadedExecutable, avals: Sequence[Any],
                        shardings: Sequence[Sharding | None]) -> list[ChipPieces | None]:
-    """Per result leaf, how its devices' buffers are made of its chips' pieces
-    (jax_trn2.core.chip_pieces), where they can be: not for a PRNG key or a zero tangent."""
-    return [None if _is_key(aval.dtype) or aval.dtype == jax.dtypes.float0 else
-            pieces_of_output(program, i, sharding)
+    """Per result leaf, how its devices' buffers are made of its chips' pieces, where the
+    core returns it so (jax_trn2.core.chip_pieces) and its placement takes them: not for a
+    PRNG key or a zero tangent, whose values are converted."""
+    program = executable.program
+    chips = set(chip_outputs(program, executable.layouts[1]))
+    return [pieces_of_output(program, i, sharding) if i in chips and not _is_key(aval.dtype)
+            and aval.dtype != jax.dtypes.float0 else None
             for i, (aval, sharding) in enumerate(zip(avals, shardings, strict=True))]
 
 
@@ -374,9 +367,7 @@ class Compiled(_StageInfo):
         program = executable.program
         self._kept = tuple(range(len(program.inputs)) if kept is None else kept)
         self._input_types = [program.values[v].type for v in program.inputs]
-        # the leaves jax.jit would hand to XLA to reuse (aliased to a result, or a buffer
-        # donor): deleted after each call, as jax.jit deletes them
-        self._donated = tuple(position for position, _ in program.donated_inputs)
+        self._donated = donation.donated_inputs(program)
 
     def __call__(self, *args, **kwargs) -> Any:
         leaves, tree = tree_util.tree_flatten((args, kwargs))
@@ -413,37 +404,31 @@ class Compiled(_StageInfo):
         """Run on the flattened dynamic arguments; returns the output pytree."""
         if len(leaves) == self.in_tree.num_leaves:  # else execute names what is missing
             leaves = [leaves[i] for i in self._kept]
-        self._check_donations(leaves)
+        donation.check_used_once(leaves, self._donated_arrays(leaves),
+                                 lambda i: self.executable.arg_names[i])
         if len(leaves) == len(self._input_types):
             leaves = [_canonical(leaf, name, t) for leaf, name, t in
                       zip(leaves, self.executable.arg_names, self._input_types)]
         results = self.executable.execute(leaves, chip_pieces=True)
-        _delete_donated([leaves[i] for i in self._donated],
-                        [self._in_shardings[self._kept[i]] for i in self._donated])
+        # the run has finished (its results were read); memory stays alive for any view
+        donation.delete_donated(leaves, self._where_taken(leaves, self._donated_arrays(leaves)))
         return tree_util.tree_unflatten(self.out_tree, [
             _as_traced(pieces.array(r), aval) if pieces is not None else
             _result(r, aval, sharding) for r, aval, sharding, pieces in
             zip(results, self.out_avals, self.out_shardings, self._out_pieces, strict=True)])
 
-    def _check_donations(self, leaves: Sequence[Any]) -> None:
-        """jax.jit's error for an array donated and also passed again in the same call (its
-        buffer would be both overwritten and read). `leaves`: the ones the program takes."""
-        if not self._donated:
-            return
-        positions: dict[int, list[int]] = {}
-        for position, leaf in enumerate(leaves):
-            if isinstance(leaf, jax.Array):
-                positions.setdefault(id(leaf), []).append(position)
-        for position in self._donated:
-            same = positions.get(id(leaves[position]), []) if position < len(leaves) else []
-            if len(same) > 1:
-                other = next(p for p in same if p != position)
-                first, again = sorted((self._kept[position], self._kept[other]))
-                raise ValueError(
-                    f"{self.executable.arg_names[position]} is donated, and the same array is "
-                    f"passed again as {self.executable.arg_names[other]} (flattened arguments "
-                    f"{first} and {again}): a donated buffer can be used once per call (pass a "
-                    "copy, jnp.copy(x))")
+    def _donated_arrays(self, leaves: Sequence[Any]) -> list[int]:
+        """The donated positions of `leaves` (the ones the program takes) that hold jax
+        arrays (a host array jax copies to the devices: the copy is donated)."""
+        return [i for i in self._donated if i < len(leaves) and isinstance(leaves[i], jax.Array)]
+
+    def _where_taken(self, leaves: Sequence[Any], positions: Sequence[int]) -> list[int]:
+        """The `positions` of `leaves` whose arrays are where the program takes them (its
+        in_shardings; none: on one device), as jax.jit deletes them: one elsewhere jax
+        copies there and donates the copy, so the caller's stays."""
+        return [i for i in positions if not leaves[i].is_deleted() and (
+            (sharding := self._in_shardings[self._kept[i]]) is None or
+            leaves[i].sharding.is_equivalent_to(sharding, leaves[i].ndim))]
 
     def _per_argument(self, entries: Sequence[Any], dropped: Any) -> Any:
         """The arguments' pytree of `entries` (one per leaf), `dropped` for the leaves the
@@ -603,7 +588,7 @@ class Lowered(_StageInfo):
             self._shardings(_compile_args(self._jax_stage), [len(i.shape) for i in out_info],
                             out_layouts, [getattr(i, "sharding", None) for i in out_info]),
             partition.result_memory_kinds(executable.module), strict=True)]
-        pieces = _pieces_of_results(executable.program, self._out_avals, shardings)
+        pieces = _pieces_of_results(executable, self._out_avals, shardings)
         executable.return_chip_pieces([i for i, p in enumerate(pieces) if p is not None])
         return shardings, pieces
 
