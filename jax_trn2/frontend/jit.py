@@ -13,7 +13,6 @@ import numpy as np
 from jax import tree_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding, \
     SingleDeviceSharding
-from jax._src import config as jax_config
 from jax._src.array import ArrayImpl
 from jax._src.literals import TypedNdArray
 from jax._src.sharding_impls import parse_flatten_op_sharding
@@ -769,13 +768,14 @@ class Jitted:
             # checks hold in the transformed computation too (which XLA then partitions)
             return compose.call_traced(self._jax_jit, dict(static), leaves, tree,
                                        self.options, self._executor_devices)
-        # jax.jit's trace context too: the mesh of jax.set_mesh (PartitionSpecs and
-        # constraints name its axes), x64, default matmul precision, ...
-        key = (self.rounding, static, tree, tuple(jax.typeof(leaf) for leaf in leaves),
-               tuple(_committed_sharding(leaf) for leaf in leaves), jax_config.trace_context())
+        # keyed by jax's trace, which jax's trace cache keeps one of per signature (static
+        # arguments, types, weak types, pytree, and its trace context: the mesh of
+        # jax.set_mesh, x64, ...), and by the shardings committed arguments bring
+        traced = self._jax_jit.trace(*args, **kwargs)
+        key = (traced.jaxpr, tuple(_committed_sharding(leaf) for leaf in leaves))
         compiled = self._cache.get(key)
         if compiled is None:
-            lowered = self.lower(*args, **kwargs)
+            lowered = self._lower_traced(traced, args, kwargs)
             lowered.prefetch_workspace()  # a call runs next: made meanwhile
             compiled = lowered.compile()
             self._cache[key] = compiled
