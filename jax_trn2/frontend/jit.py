@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import types
 import weakref
 from typing import Any, Callable, Sequence
@@ -195,15 +196,9 @@ def _chosen_sharding(dim_axes: tuple | None, ndim: int, program_mesh: isa.MeshSp
     mesh = recovery.mesh if isinstance(recovery, NamedSharding) else recovery
     if mesh is None:
         return None
-    if (tuple(mesh.axis_names), tuple(mesh.axis_sizes)) == \
-            (program_mesh.axis_names, program_mesh.axis_sizes):
-        dims = [None if not axes else program_mesh.axis_names[axes[0]] if len(axes) == 1
-                else tuple(program_mesh.axis_names[a] for a in axes) for axes in dim_axes or ()]
-    elif mesh.size == program_mesh.num_devices:
-        dims = _spelled_on(mesh, dim_axes or (), program_mesh)
-        if dims is None:
-            return None
-    else:
+    dims = _spelled_on(mesh, dim_axes or (), program_mesh) \
+        if mesh.size == program_mesh.num_devices else None
+    if dims is None:
         return None
     while dims and dims[-1] is None:  # jax's spelling: P('a'), not P('a', None)
         dims.pop()
@@ -272,6 +267,15 @@ def _compile_args(jax_lowered) -> dict:
     """jax's lowering's compile arguments (shardings, meshes, host callbacks); there is no
     public accessor."""
     return getattr(getattr(jax_lowered, "_lowering", None), "compile_args", None) or {}
+
+
+def _arg_names(traced) -> list[str]:
+    """A name for every flattened dynamic argument, from the names jax's trace gives them
+    (its debug info: `p['b']`): `argument 'p'['b']`, `argument 5` where it has none."""
+    names = traced.jaxpr.jaxpr.debug_info.arg_names or (None,) * len(traced.jaxpr.in_avals)
+    return [f"argument {i}" if name is None else
+            "argument '{}'{}".format(*re.fullmatch(r"(\w*)(.*)", name).groups())
+            for i, name in enumerate(names)]
 
 
 def _kept_leaves(jax_lowered, module: Any, count: int) -> list[int]:
@@ -631,10 +635,9 @@ class Traced(_StageInfo):
     """A traced function (jax.jit's `Traced` stage): its jaxpr and what it takes and gives;
     `lower()` lowers it for the simulated mesh."""
 
-    def __init__(self, jitted: "Jitted", jax_traced: Any, args: tuple, kwargs: dict):
+    def __init__(self, jitted: "Jitted", jax_traced: Any):
         self._jitted = jitted
         self._jax_stage = jax_traced
-        self._args, self._kwargs = args, kwargs
 
     @property
     def jaxpr(self) -> Any:
@@ -656,7 +659,7 @@ class Traced(_StageInfo):
         if lowering_platforms is not None:
             return self._jax_stage.lower(lowering_platforms=lowering_platforms,
                                          _private_parameters=_private_parameters)
-        return self._jitted._lower_traced(self._jax_stage, self._args, self._kwargs)
+        return self._jitted._lower_traced(self._jax_stage)
 
 
 # The programs compiled for each function, by the jax_trn2.jit options they were compiled
@@ -775,7 +778,7 @@ class Jitted:
         key = (traced.jaxpr, tuple(_committed_sharding(leaf) for leaf in leaves))
         compiled = self._cache.get(key)
         if compiled is None:
-            lowered = self._lower_traced(traced, args, kwargs)
+            lowered = self._lower_traced(traced)
             lowered.prefetch_workspace()  # a call runs next: made meanwhile
             compiled = lowered.compile()
             self._cache[key] = compiled
@@ -784,17 +787,17 @@ class Jitted:
     def trace(self, *args, **kwargs) -> "Traced":
         """Trace for these arguments (arrays or jax.ShapeDtypeStruct), as jax.jit's `trace`:
         the jaxpr, without lowering."""
-        return Traced(self, self._jax_jit.trace(*args, **kwargs), args, kwargs)
+        return Traced(self, self._jax_jit.trace(*args, **kwargs))
 
     def lower(self, *args, **kwargs) -> Lowered:
         """Trace and lower for these arguments (arrays or jax.ShapeDtypeStruct)."""
         return self.trace(*args, **kwargs).lower()
 
-    def _lower_traced(self, traced, args: tuple, kwargs: dict) -> Lowered:
+    def _lower_traced(self, traced) -> Lowered:
+        """Lower jax's Traced stage of the function for the simulated mesh."""
         jax_lowered = _lowered_for_trn2(traced)
-        _, dyn_args, dyn_kwargs = self._split(args, kwargs)
         module = jax_lowered.compiler_ir("stablehlo")
-        names = self._arg_names(dyn_args, dyn_kwargs, len(args))
+        names = _arg_names(traced)
         kept = _kept_leaves(jax_lowered, module, len(names))
         executable = LoadedExecutable.from_stablehlo(
             self.options.topology, module, arg_names=[names[i] for i in kept],
@@ -802,23 +805,6 @@ class Jitted:
             host_callbacks=lowerings.CALLBACKS)
         return Lowered(jax_lowered, executable, jax_lowered.in_tree, jax_lowered.out_tree,
                        traced.jaxpr.out_avals, kept, self.options.check_memory)
-
-    def _arg_names(self, dyn_args: tuple, dyn_kwargs: dict, n_args: int) -> list[str]:
-        """A name for every flattened dynamic argument: `argument 'w'`, `argument 'p'['b']`."""
-        nums = {i if i >= 0 else i + n_args for i in self._static_argnums}
-        positions = [i for i in range(n_args) if i not in nums]
-        names = []
-        for path, _ in tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))[0]:
-            part, key, rest = path[0].idx, path[1], path[2:]
-            if part == 0:
-                pos = positions[key.idx]
-                base = self._params[pos].name if pos < len(self._params) and \
-                    self._params[pos].kind != inspect.Parameter.VAR_POSITIONAL \
-                    else f"args[{pos}]"
-            else:
-                base = key.key
-            names.append(f"argument '{base}'{tree_util.keystr(rest)}")
-        return names
 
 
 def jit(fun: Callable | None = None, *, in_shardings: Any = UNSPECIFIED,
