@@ -1,4 +1,38 @@
-"""jax_trn2.jit: jax.jit for the simulated Trainium2 mesh."""
+"""jax_trn2.jit: jax.jit for the simulated Trainium2 mesh.
+
+What jax does, jax does here: tracing and its cache (the compile cache is keyed by jax's
+Traced, whose jaxpr jax's trace cache keeps one of per signature: static arguments,
+types, weak types, pytree, trace context), lowering to StableHLO (jax's Lowered, for the
+trn2 platform's rules, jax_trn2.core.lowerings), what the stages say of the function
+(args_info, out_info, donate_argnums, eval_shape), the argument names of errors (jax's
+debug info), export (Traced.lower(lowering_platforms=...)), transformations (a call of
+jax.jit's function, jax_trn2.frontend.compose), placing results (jax.device_put, jax's
+batched placement of the chips' pieces) and naming the shardings XLA chose
+(parse_flatten_op_sharding). The compile core (jax_trn2.core) is the plugin's too: the
+program, donation (core.donation) and which results come back as the chips' pieces
+(core.chip_pieces).
+
+What stays its own, and why:
+- A machine per function (topology, rounding, seed, executor_devices): jax.jit compiles
+  for the backend of its arguments' devices; these arrays are on the host CPU devices
+  that stand for the chips (make_mesh), which XLA:CPU would run. So the compile cache
+  holds simulator programs, not jax's XLA executables.
+- Global host arrays in and out: arguments as jax.jit takes them without x64 (64-bit
+  host arrays narrowed, PRNG keys as their key data, float0 as bools), results placed,
+  typed and committed as jax.jit's are. jax names the shardings of results from the
+  compiled XLA executable (pxla.maybe_recover_user_shardings); there is none here, so
+  the result shardings are named from the program's layouts by the same rules
+  (`_recovery_sharding`, `Lowered._shardings`).
+- A result's weak type and memory space, set through ArrayImpl's constructor on the
+  same buffers: jax has no public way to retype an array without running a computation.
+- `_lowering.compile_args` (the arguments jax kept, its in, out and intermediate
+  shardings, the context mesh): jax's Lowered has no public accessor for them.
+- Deleting donated arguments and refusing one passed twice: jax leaves both to the
+  runtime that runs the program (PJRT), which is the simulator here (core.donation).
+- jax.jit's dispatch-time errors (a ShapeDtypeStruct called with, an unhashable static
+  argument named by position, a Compiled called with other input shardings), and static
+  argnums/argnames completed from each other (jax's inference is private).
+"""
 
 from __future__ import annotations
 
