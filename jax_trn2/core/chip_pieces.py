@@ -1,6 +1,10 @@
 """A sharded result as jax's array of per-device buffers, made of the simulated chips'
 pieces rather than cut from an assembled global array.
 
+Which outputs come back so is decided here for both front doors (`chip_outputs`): the
+plugin hands each device its piece; jax_trn2.jit those of them its placement of the result
+takes as they are (`pieces_of_output`).
+
 A result that a program's Unshard assembles from its chips' pieces (a shard_map's
 out_specs, a partitioned module's output sharding) and that jax places on a NamedSharding
 whose shards are those pieces gets each device's buffer as a view of its chip's piece in
@@ -19,7 +23,7 @@ from jax.sharding import NamedSharding, Sharding
 
 from mesh import isa
 from mesh.executor import output_unshard
-from mesh.sharding import chip_index, on_host
+from mesh.sharding import DimAxes, chip_index, equivalent, on_host
 
 
 class ChipPieces:
@@ -57,19 +61,38 @@ class ChipPieces:
                                            self._devices)
 
 
+def chip_outputs(program: isa.Program,
+                 out_layouts: Sequence[DimAxes | None]) -> list[int]:
+    """The positions of `program`'s outputs that come back as their chips' pieces
+    (LoadedExecutable.return_chip_pieces): each one an Unshard assembles from the pieces
+    (mesh.executor.output_unshard), with elements (XLA replicates a result with none), and
+    laid out over the devices as the pieces are (`out_layouts`: XLA's dim_axes per output,
+    None or missing for replicated; LoadedExecutable.layouts), so that each device's
+    buffer is one chip's piece."""
+    positions = []
+    for i, value in enumerate(program.outputs):
+        unshard = output_unshard(program, i)
+        if unshard is None or 0 in program.values[value].type.shape:
+            continue
+        layout = out_layouts[i] if i < len(out_layouts) else None
+        if equivalent(unshard.dim_axes, layout or ((),) * len(unshard.dim_axes),
+                      program.mesh.axis_sizes):
+            positions.append(i)
+    return positions
+
+
 def pieces_of_output(program: isa.Program, position: int,
                      sharding: Sharding | None) -> ChipPieces | None:
-    """ChipPieces for output `position` of `program` placed on `sharding`, where each of the
-    sharding's shards is a chip's piece that an Unshard assembles the output from; else None
-    (the output is then placed from its global array)."""
+    """ChipPieces for output `position` of `program` (one of its chip_outputs) placed on
+    `sharding`, where each of the sharding's shards is a chip's piece; else None (the output
+    is then placed from its global array)."""
     unshard = output_unshard(program, position)
-    if unshard is None or not isinstance(sharding, NamedSharding) or \
-            not sharding.is_fully_addressable or sharding.memory_kind not in (None, "device"):
+    if not isinstance(sharding, NamedSharding) or not sharding.is_fully_addressable or \
+            sharding.memory_kind not in (None, "device"):
         return None
     output = program.values[program.outputs[position]].type
     piece = unshard.ins[0]
-    if 0 in output.shape or \
-            sharding.shard_shape(output.shape) != program.values[piece].type.shape:
-        return None  # (XLA replicates a result with no elements)
+    if sharding.shard_shape(output.shape) != program.values[piece].type.shape:
+        return None
     return ChipPieces(sharding, output.shape, unshard.dim_axes, program.mesh.axis_sizes,
                       program.array_shape(piece))

@@ -1,9 +1,44 @@
-"""jax_trn2.jit: jax.jit for the simulated Trainium2 mesh."""
+"""jax_trn2.jit: jax.jit for the simulated Trainium2 mesh.
+
+What jax does, jax does here: tracing and its cache (the compile cache is keyed by jax's
+Traced, whose jaxpr jax's trace cache keeps one of per signature: static arguments,
+types, weak types, pytree, trace context), lowering to StableHLO (jax's Lowered, for the
+trn2 platform's rules, jax_trn2.core.lowerings), what the stages say of the function
+(args_info, out_info, donate_argnums, eval_shape), the argument names of errors (jax's
+debug info), export (Traced.lower(lowering_platforms=...)), transformations (a call of
+jax.jit's function, jax_trn2.frontend.compose), placing results (jax.device_put, jax's
+batched placement of the chips' pieces) and naming the shardings XLA chose
+(parse_flatten_op_sharding). The compile core (jax_trn2.core) is the plugin's too: the
+program, donation (core.donation) and which results come back as the chips' pieces
+(core.chip_pieces).
+
+What stays its own, and why:
+- A machine per function (topology, rounding, seed, executor_devices): jax.jit compiles
+  for the backend of its arguments' devices; these arrays are on the host CPU devices
+  that stand for the chips (make_mesh), which XLA:CPU would run. So the compile cache
+  holds simulator programs, not jax's XLA executables.
+- Global host arrays in and out: arguments as jax.jit takes them without x64 (64-bit
+  host arrays narrowed, PRNG keys as their key data, float0 as bools), results placed,
+  typed and committed as jax.jit's are. jax names the shardings of results from the
+  compiled XLA executable (pxla.maybe_recover_user_shardings); there is none here, so
+  the result shardings are named from the program's layouts by the same rules
+  (`_recovery_sharding`, `Lowered._shardings`).
+- A result's weak type and memory space, set through ArrayImpl's constructor on the
+  same buffers: jax has no public way to retype an array without running a computation.
+- `_lowering.compile_args` (the arguments jax kept, its in, out and intermediate
+  shardings, the context mesh): jax's Lowered has no public accessor for them.
+- Deleting donated arguments and refusing one passed twice: jax leaves both to the
+  runtime that runs the program (PJRT), which is the simulator here (core.donation).
+- jax.jit's dispatch-time errors (a ShapeDtypeStruct called with, an unhashable static
+  argument named by position, a Compiled called with other input shardings), and static
+  argnums/argnames completed from each other (jax's inference is private).
+"""
 
 from __future__ import annotations
 
 import functools
 import inspect
+import re
 import types
 import weakref
 from typing import Any, Callable, Sequence
@@ -13,14 +48,14 @@ import numpy as np
 from jax import tree_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding, \
     SingleDeviceSharding
-from jax._src import config as jax_config
 from jax._src.array import ArrayImpl
 from jax._src.literals import TypedNdArray
 from jax._src.sharding_impls import parse_flatten_op_sharding
 from jax.experimental.layout import Format, Layout
 
 from jax_trn2.frontend import compose
-from jax_trn2.core.chip_pieces import ChipPieces, pieces_of_output
+from jax_trn2.core import donation
+from jax_trn2.core.chip_pieces import ChipPieces, chip_outputs, pieces_of_output
 from jax_trn2.core.executable import LoadedExecutable
 from jax_trn2.core.platform import PLATFORM_NAME
 from jax_trn2.core import lowerings
@@ -96,17 +131,6 @@ def _as_traced(result: Any, aval: Any) -> Any:
     # the same buffers under that type (a conversion would run a computation per call)
     return ArrayImpl(want, result.sharding, result._arrays, committed=result.committed)
 
-
-def _delete_donated(leaves: Sequence[Any], shardings: Sequence[Sharding | None]) -> None:
-    """Delete the donated arguments that are jax arrays where the program takes them
-    (`shardings`; None: wherever it is, on one device), as jax.jit does: using one after
-    the call raises jax's "Array has been deleted" error. One elsewhere jax copies there
-    and donates the copy, so the caller's stays. The run has finished by now (its results
-    were read), and the memory stays alive for any view of it."""
-    for leaf, sharding in zip(leaves, shardings, strict=True):
-        if isinstance(leaf, jax.Array) and not leaf.is_deleted() and \
-                (sharding is None or leaf.sharding.is_equivalent_to(sharding, leaf.ndim)):
-            leaf.delete()
 
 
 def _default_device() -> jax.Device:
@@ -206,15 +230,9 @@ def _chosen_sharding(dim_axes: tuple | None, ndim: int, program_mesh: isa.MeshSp
     mesh = recovery.mesh if isinstance(recovery, NamedSharding) else recovery
     if mesh is None:
         return None
-    if (tuple(mesh.axis_names), tuple(mesh.axis_sizes)) == \
-            (program_mesh.axis_names, program_mesh.axis_sizes):
-        dims = [None if not axes else program_mesh.axis_names[axes[0]] if len(axes) == 1
-                else tuple(program_mesh.axis_names[a] for a in axes) for axes in dim_axes or ()]
-    elif mesh.size == program_mesh.num_devices:
-        dims = _spelled_on(mesh, dim_axes or (), program_mesh)
-        if dims is None:
-            return None
-    else:
+    dims = _spelled_on(mesh, dim_axes or (), program_mesh) \
+        if mesh.size == program_mesh.num_devices else None
+    if dims is None:
         return None
     while dims and dims[-1] is None:  # jax's spelling: P('a'), not P('a', None)
         dims.pop()
@@ -241,12 +259,15 @@ def _placed(result: Any, sharding: Sharding | None) -> Any:
     return jax.device_put(result, sharding)
 
 
-def _pieces_of_results(program: isa.Program, avals: Sequence[Any],
+def _pieces_of_results(executable: LoadedExecutable, avals: Sequence[Any],
                        shardings: Sequence[Sharding | None]) -> list[ChipPieces | None]:
-    """Per result leaf, how its devices' buffers are made of its chips' pieces
-    (jax_trn2.core.chip_pieces), where they can be: not for a PRNG key or a zero tangent."""
-    return [None if _is_key(aval.dtype) or aval.dtype == jax.dtypes.float0 else
-            pieces_of_output(program, i, sharding)
+    """Per result leaf, how its devices' buffers are made of its chips' pieces, where the
+    core returns it so (jax_trn2.core.chip_pieces) and its placement takes them: not for a
+    PRNG key or a zero tangent, whose values are converted."""
+    program = executable.program
+    chips = set(chip_outputs(program, executable.layouts[1]))
+    return [pieces_of_output(program, i, sharding) if i in chips and not _is_key(aval.dtype)
+            and aval.dtype != jax.dtypes.float0 else None
             for i, (aval, sharding) in enumerate(zip(avals, shardings, strict=True))]
 
 
@@ -280,6 +301,15 @@ def _compile_args(jax_lowered) -> dict:
     """jax's lowering's compile arguments (shardings, meshes, host callbacks); there is no
     public accessor."""
     return getattr(getattr(jax_lowered, "_lowering", None), "compile_args", None) or {}
+
+
+def _arg_names(traced) -> list[str]:
+    """A name for every flattened dynamic argument, from the names jax's trace gives them
+    (its debug info: `p['b']`): `argument 'p'['b']`, `argument 5` where it has none."""
+    names = traced.jaxpr.jaxpr.debug_info.arg_names or (None,) * len(traced.jaxpr.in_avals)
+    return [f"argument {i}" if name is None else
+            "argument '{}'{}".format(*re.fullmatch(r"(\w*)(.*)", name).groups())
+            for i, name in enumerate(names)]
 
 
 def _kept_leaves(jax_lowered, module: Any, count: int) -> list[int]:
@@ -374,9 +404,7 @@ class Compiled(_StageInfo):
         program = executable.program
         self._kept = tuple(range(len(program.inputs)) if kept is None else kept)
         self._input_types = [program.values[v].type for v in program.inputs]
-        # the leaves jax.jit would hand to XLA to reuse (aliased to a result, or a buffer
-        # donor): deleted after each call, as jax.jit deletes them
-        self._donated = tuple(position for position, _ in program.donated_inputs)
+        self._donated = donation.donated_inputs(program)
 
     def __call__(self, *args, **kwargs) -> Any:
         leaves, tree = tree_util.tree_flatten((args, kwargs))
@@ -413,37 +441,31 @@ class Compiled(_StageInfo):
         """Run on the flattened dynamic arguments; returns the output pytree."""
         if len(leaves) == self.in_tree.num_leaves:  # else execute names what is missing
             leaves = [leaves[i] for i in self._kept]
-        self._check_donations(leaves)
+        donation.check_used_once(leaves, self._donated_arrays(leaves),
+                                 lambda i: self.executable.arg_names[i])
         if len(leaves) == len(self._input_types):
             leaves = [_canonical(leaf, name, t) for leaf, name, t in
                       zip(leaves, self.executable.arg_names, self._input_types)]
         results = self.executable.execute(leaves, chip_pieces=True)
-        _delete_donated([leaves[i] for i in self._donated],
-                        [self._in_shardings[self._kept[i]] for i in self._donated])
+        # the run has finished (its results were read); memory stays alive for any view
+        donation.delete_donated(leaves, self._where_taken(leaves, self._donated_arrays(leaves)))
         return tree_util.tree_unflatten(self.out_tree, [
             _as_traced(pieces.array(r), aval) if pieces is not None else
             _result(r, aval, sharding) for r, aval, sharding, pieces in
             zip(results, self.out_avals, self.out_shardings, self._out_pieces, strict=True)])
 
-    def _check_donations(self, leaves: Sequence[Any]) -> None:
-        """jax.jit's error for an array donated and also passed again in the same call (its
-        buffer would be both overwritten and read). `leaves`: the ones the program takes."""
-        if not self._donated:
-            return
-        positions: dict[int, list[int]] = {}
-        for position, leaf in enumerate(leaves):
-            if isinstance(leaf, jax.Array):
-                positions.setdefault(id(leaf), []).append(position)
-        for position in self._donated:
-            same = positions.get(id(leaves[position]), []) if position < len(leaves) else []
-            if len(same) > 1:
-                other = next(p for p in same if p != position)
-                first, again = sorted((self._kept[position], self._kept[other]))
-                raise ValueError(
-                    f"{self.executable.arg_names[position]} is donated, and the same array is "
-                    f"passed again as {self.executable.arg_names[other]} (flattened arguments "
-                    f"{first} and {again}): a donated buffer can be used once per call (pass a "
-                    "copy, jnp.copy(x))")
+    def _donated_arrays(self, leaves: Sequence[Any]) -> list[int]:
+        """The donated positions of `leaves` (the ones the program takes) that hold jax
+        arrays (a host array jax copies to the devices: the copy is donated)."""
+        return [i for i in self._donated if i < len(leaves) and isinstance(leaves[i], jax.Array)]
+
+    def _where_taken(self, leaves: Sequence[Any], positions: Sequence[int]) -> list[int]:
+        """The `positions` of `leaves` whose arrays are where the program takes them (its
+        in_shardings; none: on one device), as jax.jit deletes them: one elsewhere jax
+        copies there and donates the copy, so the caller's stays."""
+        return [i for i in positions if not leaves[i].is_deleted() and (
+            (sharding := self._in_shardings[self._kept[i]]) is None or
+            leaves[i].sharding.is_equivalent_to(sharding, leaves[i].ndim))]
 
     def _per_argument(self, entries: Sequence[Any], dropped: Any) -> Any:
         """The arguments' pytree of `entries` (one per leaf), `dropped` for the leaves the
@@ -603,7 +625,7 @@ class Lowered(_StageInfo):
             self._shardings(_compile_args(self._jax_stage), [len(i.shape) for i in out_info],
                             out_layouts, [getattr(i, "sharding", None) for i in out_info]),
             partition.result_memory_kinds(executable.module), strict=True)]
-        pieces = _pieces_of_results(executable.program, self._out_avals, shardings)
+        pieces = _pieces_of_results(executable, self._out_avals, shardings)
         executable.return_chip_pieces([i for i, p in enumerate(pieces) if p is not None])
         return shardings, pieces
 
@@ -647,10 +669,9 @@ class Traced(_StageInfo):
     """A traced function (jax.jit's `Traced` stage): its jaxpr and what it takes and gives;
     `lower()` lowers it for the simulated mesh."""
 
-    def __init__(self, jitted: "Jitted", jax_traced: Any, args: tuple, kwargs: dict):
+    def __init__(self, jitted: "Jitted", jax_traced: Any):
         self._jitted = jitted
         self._jax_stage = jax_traced
-        self._args, self._kwargs = args, kwargs
 
     @property
     def jaxpr(self) -> Any:
@@ -672,7 +693,7 @@ class Traced(_StageInfo):
         if lowering_platforms is not None:
             return self._jax_stage.lower(lowering_platforms=lowering_platforms,
                                          _private_parameters=_private_parameters)
-        return self._jitted._lower_traced(self._jax_stage, self._args, self._kwargs)
+        return self._jitted._lower_traced(self._jax_stage)
 
 
 # The programs compiled for each function, by the jax_trn2.jit options they were compiled
@@ -787,13 +808,14 @@ class Jitted:
             # checks hold in the transformed computation too (which XLA then partitions)
             return compose.call_traced(self._jax_jit, dict(static), leaves, tree,
                                        self.options, self._executor_devices)
-        # jax.jit's trace context too: the mesh of jax.set_mesh (PartitionSpecs and
-        # constraints name its axes), x64, default matmul precision, ...
-        key = (self.rounding, static, tree, tuple(jax.typeof(leaf) for leaf in leaves),
-               tuple(_committed_sharding(leaf) for leaf in leaves), jax_config.trace_context())
+        # keyed by jax's trace, which jax's trace cache keeps one of per signature (static
+        # arguments, types, weak types, pytree, and its trace context: the mesh of
+        # jax.set_mesh, x64, ...), and by the shardings committed arguments bring
+        traced = self._jax_jit.trace(*args, **kwargs)
+        key = (traced.jaxpr, tuple(_committed_sharding(leaf) for leaf in leaves))
         compiled = self._cache.get(key)
         if compiled is None:
-            lowered = self.lower(*args, **kwargs)
+            lowered = self._lower_traced(traced)
             lowered.prefetch_workspace()  # a call runs next: made meanwhile
             compiled = lowered.compile()
             self._cache[key] = compiled
@@ -802,17 +824,17 @@ class Jitted:
     def trace(self, *args, **kwargs) -> "Traced":
         """Trace for these arguments (arrays or jax.ShapeDtypeStruct), as jax.jit's `trace`:
         the jaxpr, without lowering."""
-        return Traced(self, self._jax_jit.trace(*args, **kwargs), args, kwargs)
+        return Traced(self, self._jax_jit.trace(*args, **kwargs))
 
     def lower(self, *args, **kwargs) -> Lowered:
         """Trace and lower for these arguments (arrays or jax.ShapeDtypeStruct)."""
         return self.trace(*args, **kwargs).lower()
 
-    def _lower_traced(self, traced, args: tuple, kwargs: dict) -> Lowered:
+    def _lower_traced(self, traced) -> Lowered:
+        """Lower jax's Traced stage of the function for the simulated mesh."""
         jax_lowered = _lowered_for_trn2(traced)
-        _, dyn_args, dyn_kwargs = self._split(args, kwargs)
         module = jax_lowered.compiler_ir("stablehlo")
-        names = self._arg_names(dyn_args, dyn_kwargs, len(args))
+        names = _arg_names(traced)
         kept = _kept_leaves(jax_lowered, module, len(names))
         executable = LoadedExecutable.from_stablehlo(
             self.options.topology, module, arg_names=[names[i] for i in kept],
@@ -820,23 +842,6 @@ class Jitted:
             host_callbacks=lowerings.CALLBACKS)
         return Lowered(jax_lowered, executable, jax_lowered.in_tree, jax_lowered.out_tree,
                        traced.jaxpr.out_avals, kept, self.options.check_memory)
-
-    def _arg_names(self, dyn_args: tuple, dyn_kwargs: dict, n_args: int) -> list[str]:
-        """A name for every flattened dynamic argument: `argument 'w'`, `argument 'p'['b']`."""
-        nums = {i if i >= 0 else i + n_args for i in self._static_argnums}
-        positions = [i for i in range(n_args) if i not in nums]
-        names = []
-        for path, _ in tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))[0]:
-            part, key, rest = path[0].idx, path[1], path[2:]
-            if part == 0:
-                pos = positions[key.idx]
-                base = self._params[pos].name if pos < len(self._params) and \
-                    self._params[pos].kind != inspect.Parameter.VAR_POSITIONAL \
-                    else f"args[{pos}]"
-            else:
-                base = key.key
-            names.append(f"argument '{base}'{tree_util.keystr(rest)}")
-        return names
 
 
 def jit(fun: Callable | None = None, *, in_shardings: Any = UNSPECIFIED,

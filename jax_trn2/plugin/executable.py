@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 from jax._src.lib import xla_client
 
-from jax_trn2.core import lowerings, options
+from jax_trn2.core import donation, lowerings, options
 from jax_trn2.plugin import abi, proto
 from jax_trn2.plugin.handles import Buffer, Device, Memory, Whole
 from lowering import protobuf
@@ -37,9 +37,9 @@ class Executable:
     asks of it (output shardings through the optimized program, costs, HBM use)."""
 
     def __init__(self, client: Any, code: bytes, compile_options: bytes):
-        from jax_trn2.core.executable import LoadedExecutable  # the simulator: loaded when used
+        from jax_trn2.core.chip_pieces import chip_outputs  # the simulator: loaded when used
+        from jax_trn2.core.executable import LoadedExecutable
         from lowering import partition
-        from mesh.executor import output_unshard
 
         self.client = client
         self.code, self.compile_options = bytes(code), bytes(compile_options)
@@ -64,13 +64,8 @@ class Executable:
             host_callbacks=lowerings.CALLBACKS)
         self.in_layouts, self.out_layouts = self.loaded.layouts
         program = self.loaded.program
-        # results an Unshard assembles as XLA lays them out come as their chips' pieces:
-        # the devices' buffers are views of those, as jax_trn2.jit's results are
-        self.chip_outputs = {
-            i for i in range(len(program.outputs))
-            if (unshard := output_unshard(program, i)) is not None and sharding.equivalent(
-                unshard.dim_axes, self._layout(self.out_layouts, i, len(unshard.dim_axes)),
-                self._mesh_sizes())}
+        # the devices' buffers of these are views of their chips' pieces
+        self.chip_outputs = set(chip_outputs(program, self.out_layouts))
         self.loaded.return_chip_pieces(sorted(self.chip_outputs))
         self.loaded.load(self.options.check_memory)  # the executor compiles here, on
         # jaxlib's compile thread
@@ -82,7 +77,7 @@ class Executable:
         kinds = partition.result_memory_kinds(module)
         self.out_memory_kinds = ["device" if i is None else kinds[i] or "device"
                                  for i in self.result_slots]
-        donated = {position for position, _ in self.loaded.program.donated_inputs}
+        donated = donation.donated_inputs(program)
         self.donated = [k for k, i in enumerate(self.arg_slots) if i in donated]
         self.name = _module_name(module)
         self.fingerprint = hashlib.sha256(self.code + self.compile_options).hexdigest()
@@ -103,7 +98,10 @@ class Executable:
             if len(row) != count:
                 raise ValueError(f"device {d} got {len(row)} arguments; the program takes "
                                  f"{count}")
-        _check_donations(arguments, [i for i in self.donated if i not in non_donatable])
+        donated = [i for i in self.donated if i not in non_donatable]
+        for d, row in enumerate(arguments):
+            donation.check_used_once(row, donated,
+                                     lambda k, d=d: f"flattened argument {k} of device {d}")
         self.loaded.prefetch_workspace()  # a first call's: made while arguments assemble
         results = self.loaded.run([self._argument(i, [row[k] for row in arguments])
                                    for k, i in enumerate(self.arg_slots) if i is not None])
@@ -127,10 +125,8 @@ class Executable:
                 device = self.devices[d]
                 per_device[d].append(Buffer(piece.reshape(piece.shape[partials:]), device,
                                             _memory(device), whole, d))
-        for i in self.donated:
-            if i not in non_donatable:
-                for row in arguments:
-                    row[i].delete()
+        for row in arguments:
+            donation.delete_donated(row, donated)
         return per_device
 
     def _layout(self, layouts: tuple, i: int, ndim: int) -> tuple:
@@ -264,19 +260,6 @@ def deserialize(client: Any, data: bytes, compile_options: bytes | None) -> Exec
 # none; the simulator makes its tokens inside a program, and runs in order anyway.
 _TOKEN = np.zeros(0, np.bool_)
 _TOKEN.flags.writeable = False
-
-
-def _check_donations(arguments: Sequence[Sequence[Buffer]], donated: Sequence[int]) -> None:
-    """ValueError (INVALID_ARGUMENT) if a buffer donated to this call is also another of
-    its arguments: the program would write over a value it still reads (PJRT's Execute
-    refuses it too, and jax raises it, e.g. for f(x, x) with x donated)."""
-    for d, row in enumerate(arguments):
-        for i in donated:
-            for k, other in enumerate(row):
-                if k != i and other is row[i]:
-                    raise ValueError(
-                        f"Attempt to donate a buffer which is also used by the same call to "
-                        f"Execute() (flattened argument {i}, also argument {k}, device {d})")
 
 
 def _slots(values: Sequence[Any]) -> list[int | None]:

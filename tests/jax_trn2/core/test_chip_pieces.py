@@ -11,6 +11,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_trn2
+from jax_trn2.core import chip_pieces
 from mesh import executor, sharding
 
 
@@ -227,3 +228,28 @@ def test_a_large_product_comes_one_array_per_chip(rng, monkeypatch, columns, out
 
 def bits(x: np.ndarray) -> np.ndarray:
     return x.view(f"u{x.dtype.itemsize}")
+
+
+def _lowered_outputs():
+    """A program of three outputs, each assembled by an Unshard: one laid out as its pieces
+    over both axes, one reduced over 'a' (replicated along it), one with no elements."""
+    mesh = jax_trn2.make_mesh((2, 4), ("a", "b"))
+    f = jax.shard_map(lambda x, y: (x * 2, jax.lax.psum(x, "a"), y), mesh=mesh,
+                      in_specs=(P("a", "b"), P("a")),
+                      out_specs=(P("a", "b"), P(None, "b"), P("a")))
+    return jax_trn2.jit(f).lower(np.ones((4, 8), np.float32),
+                                 np.ones((0,), np.float32))._executable
+
+
+def test_chip_outputs_are_those_laid_out_as_their_pieces_with_elements():
+    executable = _lowered_outputs()
+    _, out_layouts = executable.layouts
+    assert chip_pieces.chip_outputs(executable.program, out_layouts) == [0, 1]
+
+
+def test_an_output_laid_out_otherwise_than_its_pieces_is_no_chip_output():
+    """Where XLA lays a result out otherwise (here: replicated, for lack of a layout, or
+    its dims' axes swapped), a device's buffer is not one chip's piece."""
+    program = _lowered_outputs().program
+    assert chip_pieces.chip_outputs(program, ()) == []
+    assert chip_pieces.chip_outputs(program, (((1,), (0,)), ((), (1,)), None)) == [1]
