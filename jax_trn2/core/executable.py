@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from jax._src import core
-from jax.sharding import SingleDeviceSharding
+from jax.sharding import NamedSharding, SingleDeviceSharding
 
 import lowering
 from jax_trn2.core.device import Buffer, Device
@@ -28,7 +28,8 @@ from mesh.perf import trace
 from mesh.perf.estimate import ProgramEstimate, target_text
 from mesh.emulated_floats import host_to_storage, storage_to_host
 from mesh.executor import as_input, compile_program, input_dtype, input_shapes, \
-    output_unshard, runs_on_cpu, with_chip_outputs, workspace_values
+    output_shapes, output_unshard, runs_on_cpu, split_over, with_chip_outputs, \
+    workspace_values
 from mesh.isa.kernels.participation import SplitGroupCheck
 from mesh.machine import Placement, Topology, place_on
 from mesh.memory import MemoryStats
@@ -224,6 +225,21 @@ class LoadedExecutable:
         for i, result in zip(own, moved):
             placed[i] = result
         return placed
+
+    @cached_property
+    def spans_processes(self) -> bool:
+        """Whether the simulation runs on the devices of several processes (jax.distributed,
+        a multi-controller job): every process then runs `execute` on the same arguments
+        (host arrays, alike in every process, or global jax arrays) and gets global jax
+        arrays, of which it holds its own devices' shards (result_shardings)."""
+        return any(d.process_index != jax.process_index() for d in self.executor_devices or ())
+
+    @cached_property
+    def result_shardings(self) -> list[NamedSharding]:
+        """Where `execute` leaves each result over several executor devices (its global
+        array split over them, mesh.executor.split_over)."""
+        return [split_over(self._devices, shape)
+                for shape in output_shapes(self.program, True, self._chip_outputs)]
 
     @cached_property
     def _on_cpu(self) -> bool:
@@ -564,8 +580,11 @@ class LoadedExecutable:
     def _check_arg(name: str, arg: Any, expected: isa.TensorType) -> Any:
         if isinstance(arg, Buffer):
             arg = arg.to_jax()
-        if isinstance(arg, jax.Array) and len(arg.sharding.device_set) > 1:
+        if isinstance(arg, jax.Array) and len(arg.sharding.device_set) > 1 and \
+                arg.is_fully_addressable:
             arg = np.asarray(arg)  # sharded over host devices: gather it for the simulated mesh
+        # (one over the devices of several processes goes in as it is, each process
+        # giving its shards: spans_processes)
         if isinstance(arg, (bool, int, float, complex)):  # take the parameter's type
             arg = python_scalar(name, arg, expected)
         shape, dtype = tuple(np.shape(arg)), getattr(arg, "dtype", None)

@@ -250,6 +250,19 @@ def _pieces_of_results(program: isa.Program, avals: Sequence[Any],
             for i, (aval, sharding) in enumerate(zip(avals, shardings, strict=True))]
 
 
+def _described(leaf: Any) -> Any:
+    """An argument as jax traces the function for it: in a job of several processes
+    (jax.distributed), an array as its type alone. The simulated mesh's devices stand in
+    for its chips in each process alone: a global array's sharding over the executor's
+    devices says where the simulation keeps its value, not how that mesh lays it out, and
+    a host array is the same in every process (where jax.jit would refuse a host array
+    for a sharded parameter: it cannot know that)."""
+    if jax.process_count() > 1 and isinstance(leaf, (jax.Array, np.ndarray)):
+        aval = jax.typeof(leaf)
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+    return leaf
+
+
 def _committed_sharding(leaf: Any) -> Any:
     """The sharding a jax Array brings to jax.jit (it steers partitioning), else None."""
     return leaf.sharding if isinstance(leaf, jax.Array) and leaf.committed else None
@@ -395,6 +408,7 @@ class Compiled(_StageInfo):
         expected = _on_a_device(self._in_shardings)
         mismatches = [(k, leaves[i].sharding, expected[i]) for k, i in enumerate(self._kept)
                       if isinstance(leaves[i], jax.Array) and leaves[i].committed and
+                      leaves[i].is_fully_addressable and
                       not leaves[i].sharding.is_equivalent_to(expected[i], leaves[i].ndim)]
         if mismatches:
             lines = [f"  {self.executable.arg_names[k]}: got {got}, expected {want}"
@@ -603,6 +617,10 @@ class Lowered(_StageInfo):
             self._shardings(_compile_args(self._jax_stage), [len(i.shape) for i in out_info],
                             out_layouts, [getattr(i, "sharding", None) for i in out_info]),
             partition.result_memory_kinds(executable.module), strict=True)]
+        if executable.spans_processes:
+            # global arrays where the run leaves them: the mesh's devices stand in for the
+            # chips in each process alone, so the executor's devices hold them
+            shardings = list(executable.result_shardings)
         pieces = _pieces_of_results(executable.program, self._out_avals, shardings)
         executable.return_chip_pieces([i for i, p in enumerate(pieces) if p is not None])
         return shardings, pieces
@@ -799,7 +817,8 @@ class Jitted:
     def trace(self, *args, **kwargs) -> "Traced":
         """Trace for these arguments (arrays or jax.ShapeDtypeStruct), as jax.jit's `trace`:
         the jaxpr, without lowering."""
-        return Traced(self, self._jax_jit.trace(*args, **kwargs), args, kwargs)
+        described = tree_util.tree_map(_described, (args, kwargs))
+        return Traced(self, self._jax_jit.trace(*described[0], **described[1]), args, kwargs)
 
     def lower(self, *args, **kwargs) -> Lowered:
         """Trace and lower for these arguments (arrays or jax.ShapeDtypeStruct)."""
