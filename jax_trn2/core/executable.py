@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding, SingleDeviceSharding
 import lowering
 from jax_trn2.core.device import Buffer, Device
 from jax_trn2.core.machines import PROCESS_GRID_AXES, placement_for, topology_for
+from jax_trn2.core.processes import ProcessLostError, lost_processes
 from lowering import partition
 from lowering.host import host_devices
 from lowering.plan import plan_program
@@ -448,7 +449,7 @@ class LoadedExecutable:
         there)."""
         arrays = self._check_args(args)
         run = self._run_global  # compiled first: a program's checks are known after
-        with self._host_memory_named():
+        with self._host_memory_named(), self._lost_processes_named():
             with _executor_context(), self._checked_run():
                 # finished here: a failure of the run (XLA:CPU out of memory) is raised
                 # inside _host_memory_named, and never leaves a failed workspace kept
@@ -477,6 +478,25 @@ class LoadedExecutable:
                 "at once in host memory, and some values whole that a chip would compute a "
                 "tile at a time (a broadcast product before its reduction): run it at smaller "
                 "shapes, or over several devices (jax_trn2.jit's executor_devices).") from None
+
+    @contextlib.contextmanager
+    def _lost_processes_named(self):
+        """A run over the devices of several processes that fails because some of them
+        stopped, as ProcessLostError naming them (jax_trn2.core.processes)."""
+        try:
+            yield
+        except jax.errors.JaxRuntimeError as e:
+            if not self.spans_processes:
+                raise
+            owners = sorted({d.process_index for d in self._devices})
+            lost = lost_processes(owners)
+            if not lost:
+                raise
+            raise ProcessLostError(
+                f"process{'es' if len(lost) > 1 else ''} {lost} of the jax.distributed job "
+                f"stopped while the simulation ran over the devices of processes {owners} "
+                f"({str(e).splitlines()[0]}). Every process of a run must take part in it: "
+                "restart the job (from a checkpoint)") from e
 
     def execute_sharded(self, per_device_args: Sequence[Sequence[Any]]) -> list[list[Buffer]]:
         """Run on one argument list per device (logical device order); returns one result
@@ -562,9 +582,23 @@ class LoadedExecutable:
     def _as_inputs(self, arrays: Sequence[Any]) -> list[Any]:
         """Checked arguments as the compiled program takes them (mesh.executor.as_input)."""
         device = self._devices[0] if self._devices and len(self._devices) == 1 else None
-        return [as_input(host_to_storage(a), self.program.values[v].type.dtype, device,
-                         self._on_cpu)
-                for a, v in zip(arrays, self.program.inputs)]
+        inputs = [as_input(host_to_storage(a), self.program.values[v].type.dtype, device,
+                           self._on_cpu)
+                  for a, v in zip(arrays, self.program.inputs)]
+        if not self.spans_processes:
+            return inputs
+        # a global array laid out otherwise over the devices is moved where the computation
+        # takes it (by jax, between the processes), as jax.jit moves an argument
+        return [jax.device_put(x, target) if isinstance(x, jax.Array) and
+                not x.sharding.is_equivalent_to(target, x.ndim) else x
+                for x, target in zip(inputs, self._input_shardings)]
+
+    @cached_property
+    def _input_shardings(self) -> list[NamedSharding]:
+        """Where `execute`'s computation takes each argument over several executor devices
+        (mesh.executor.split_over)."""
+        return [split_over(self._devices, shape)
+                for shape in input_shapes(self.program, True)]
 
     def _check_args(self, args: Sequence[Any]) -> list[jnp.ndarray]:
         """Arguments as arrays of exactly the program's input types; TypeError naming the

@@ -804,8 +804,10 @@ class Jitted:
                                        self.options, self._executor_devices)
         # jax.jit's trace context too: the mesh of jax.set_mesh (PartitionSpecs and
         # constraints name its axes), x64, default matmul precision, ...
-        key = (self.rounding, static, tree, tuple(jax.typeof(leaf) for leaf in leaves),
-               tuple(_committed_sharding(leaf) for leaf in leaves), jax_config.trace_context())
+        described = [_described(leaf) for leaf in leaves]  # as the function is traced
+        key = (self.rounding, static, tree, tuple(jax.typeof(leaf) for leaf in described),
+               tuple(_committed_sharding(leaf) for leaf in described),
+               jax_config.trace_context())
         compiled = self._cache.get(key)
         if compiled is None:
             lowered = self.lower(*args, **kwargs)
