@@ -121,6 +121,21 @@ def _placement(topology: Topology, mesh: isa.MeshSpec,
     return None
 
 
+def _global_input(array: Any, sharding: NamedSharding) -> Any:
+    """An argument of a run over the devices of several processes, where its computation
+    takes it (`sharding`): a host array as it is (each process gives its devices' slices
+    of it; it is the same in every process), as is a global array laid out so; one laid
+    out otherwise is moved there by jax, between the processes (as jax.jit moves an
+    argument); one on this process's devices alone is this process's copy, read here."""
+    if not isinstance(array, jax.Array):
+        return array
+    if array.is_fully_addressable:
+        return np.asarray(array)
+    if array.sharding.is_equivalent_to(sharding, array.ndim):
+        return array
+    return jax.device_put(array, sharding)
+
+
 class LoadedExecutable:
     """A Trn2 program compiled into one XLA computation over the whole simulated mesh.
 
@@ -587,11 +602,7 @@ class LoadedExecutable:
                   for a, v in zip(arrays, self.program.inputs)]
         if not self.spans_processes:
             return inputs
-        # a global array laid out otherwise over the devices is moved where the computation
-        # takes it (by jax, between the processes), as jax.jit moves an argument
-        return [jax.device_put(x, target) if isinstance(x, jax.Array) and
-                not x.sharding.is_equivalent_to(target, x.ndim) else x
-                for x, target in zip(inputs, self._input_shardings)]
+        return [_global_input(x, target) for x, target in zip(inputs, self._input_shardings)]
 
     @cached_property
     def _input_shardings(self) -> list[NamedSharding]:

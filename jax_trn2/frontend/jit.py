@@ -252,12 +252,13 @@ def _pieces_of_results(program: isa.Program, avals: Sequence[Any],
 
 def _described(leaf: Any) -> Any:
     """An argument as jax traces the function for it: in a job of several processes
-    (jax.distributed), an array as its type alone. The simulated mesh's devices stand in
-    for its chips in each process alone: a global array's sharding over the executor's
-    devices says where the simulation keeps its value, not how that mesh lays it out, and
-    a host array is the same in every process (where jax.jit would refuse a host array
-    for a sharded parameter: it cannot know that)."""
-    if jax.process_count() > 1 and isinstance(leaf, (jax.Array, np.ndarray)):
+    (jax.distributed), a host array or a global array as its type alone. The simulated
+    mesh's devices stand in for its chips in each process alone: a global array's
+    sharding over the executor's devices says where the simulation keeps its value, not
+    how that mesh lays it out, and a host array is the same in every process (where
+    jax.jit would refuse a host array for a sharded parameter: it cannot know that)."""
+    if jax.process_count() > 1 and (isinstance(leaf, np.ndarray) or isinstance(
+            leaf, jax.Array) and not leaf.is_fully_addressable):
         aval = jax.typeof(leaf)
         return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
     return leaf
