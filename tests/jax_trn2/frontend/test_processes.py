@@ -20,7 +20,7 @@ START = textwrap.dedent("""
     process_id, port, processes = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.config.update("jax_num_cpu_devices", {devices} // processes)
-    jax.config.update("jax_enable_recoverability", True)  # a lost process is an error
+    jax.config.update("jax_enable_recoverability", {recoverable})  # a lost process: an error
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{{port}}",
                                num_processes=processes, process_id=process_id,
                                initialization_timeout=60, heartbeat_timeout_seconds=3)
@@ -44,9 +44,11 @@ START = textwrap.dedent("""
             assert not leaf.is_fully_addressable, leaf.sharding
             assert leaf.sharding.device_set == set(jax.devices()), leaf.sharding
             assert {{s.device for s in leaf.addressable_shards}} <= set(jax.local_devices())
-""").format(devices=DEVICES)
+""")
 
-PROGRAMS = START + textwrap.dedent("""
+# (recoverability off: jax's shutdown then waits for every process, where the first one,
+# which holds the job's service, would otherwise leave before the others have shut down)
+PROGRAMS = START.format(devices=DEVICES, recoverable=False) + textwrap.dedent("""
     # a shard_map program: matmul, ring reductions, gathers and scatters
     mesh = jax_trn2.make_mesh((4, 4, 4), ("x", "y", "z"))
 
@@ -100,7 +102,7 @@ PROGRAMS = START + textwrap.dedent("""
     jax.distributed.shutdown()  # (together: the first process holds the job's service)
 """)
 
-DIES = START + textwrap.dedent("""
+DIES = START.format(devices=DEVICES, recoverable=True) + textwrap.dedent("""
     import time
     mesh = jax_trn2.make_mesh((4, 4, 4), ("x", "y", "z"))
     f = jax_trn2.jit(jax.shard_map(lambda a: jax.lax.psum(a * 2, "x"), mesh=mesh,
