@@ -88,6 +88,7 @@ def worker(process_id: int, port: str, processes: int) -> dict:
         params, value = jax.block_until_ready(train(params, x, y))
         times.append(time.perf_counter() - start)
     collectives, wall = _profiled_step(lambda: jax.block_until_ready(train(params, x, y)))
+    jax.distributed.shutdown()  # (together: the first process holds the job's service)
     return {"process": process_id, "first_s": first, "step_s": statistics.median(times),
             "profiled_s": wall, "collectives_s": collectives,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -157,20 +158,18 @@ def main() -> None:
     parser.add_argument("--processes", type=int, nargs="*", default=[1, 2, 4])
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
+    if args.worker:  # one process of a job
         process_id, port, processes = args.worker
-        result = worker(int(process_id), port, int(processes))
-        print(json.dumps(result), flush=True)
-        import jax
-        jax.distributed.shutdown()  # (together: the first process holds the job's service)
-    rows = []
-    for processes in args.processes:
-        rows.append((processes, job(processes)))
-        print(f"{processes} process(es) done", file=sys.stderr, flush=True)
-    print(f"{MESH_SHAPE[0] * MESH_SHAPE[1]} simulated chips ({TOPOLOGY}), MLP {BATCH}x"
-          f"{D_MODEL}x{D_HIDDEN} BF16, one CPU device per process; "
-          f"{os.cpu_count()} host cores")
-    print(table(rows))
+        print(json.dumps(worker(int(process_id), port, int(processes))), flush=True)
+    else:
+        rows = []
+        for processes in args.processes:
+            rows.append((processes, job(processes)))
+            print(f"{processes} process(es) done", file=sys.stderr, flush=True)
+        print(f"{MESH_SHAPE[0] * MESH_SHAPE[1]} simulated chips ({TOPOLOGY}), MLP {BATCH}x"
+              f"{D_MODEL}x{D_HIDDEN} BF16, one CPU device per process; "
+              f"{os.cpu_count()} host cores")
+        print(table(rows))
 
 
 if __name__ == "__main__":
