@@ -238,10 +238,10 @@ def compile_program(program: isa.Program,
     Precision.HIGHEST with FP32 accumulation (on a GPU this rules out TF32 and other
     reduced-precision passes), collectives add element by element in their stated order,
     and `xla_allow_excess_precision` is off, so results are bit-identical to a run on one
-    device; but for a single-pass matmul's host GEMM (matmul._looped_passes) that the
-    partitioner splits along a free dim, where XLA:CPU may pick a kernel that sums in
-    another order (an FP32 [64,16]x[16,128] GEMM and its [64,16]x[16,32] slice differ in
-    the last bit): that holds the same over any process count for the same devices.
+    device; except where a sum's order is XLA:CPU's: a single-pass matmul's host GEMM
+    (matmul._looped_passes) or a float reduction, whose kernels sum in an order that
+    depends on the shape each device computes and on XLA:CPU's threads (an FP32
+    [64,16]x[16,128] GEMM and its [64,16]x[16,32] slice differ in the last bit).
 
     `split_check` (mesh.isa.kernels.participation) records, as the program runs, any
     collective that only some members of a group reach; call its raise_if_split after.
