@@ -896,7 +896,11 @@ def jit(fun: Callable | None = None, *, in_shardings: Any = UNSPECIFIED,
 
     `executor_devices` (e.g. `jax.devices()`: several GPUs, or the devices of several hosts
     joined with jax.distributed) run the one simulation together, its arrays split along
-    the mesh axes; results are bit-identical to a run on one device.
+    the mesh axes; results are bit-identical to a run on one device but where a sum's
+    order is XLA:CPU's (mesh.executor.compile_program). Over the devices of several
+    processes, every process calls the function with the same host arrays (or global
+    jax arrays), and gets global jax arrays over those devices, holding its own devices'
+    shards, as jax.jit's multi-controller programs do (docs/plugin.md).
 
     jax.jit's other keywords: `keep_unused`, `inline` and `device`/`backend` (deprecated in
     jax: the device the results are committed to) have jax.jit's meaning.
