@@ -30,6 +30,7 @@ _EXPORTS = {
     "Client": "jax_trn2.core.client", "client": "jax_trn2.core.client",
     "Buffer": "jax_trn2.core.device", "Device": "jax_trn2.core.device",
     "HostMemoryError": "jax_trn2.core.executable", "LoadedExecutable": "jax_trn2.core.executable",
+    "ProcessLostError": "jax_trn2.core.processes",
     "jit": "jax_trn2.frontend.jit", "Compiled": "jax_trn2.frontend.jit",
     "Jitted": "jax_trn2.frontend.jit", "Lowered": "jax_trn2.frontend.jit",
     "listing": "jax_trn2.reports.inspection", "inspect": "jax_trn2.reports.inspection",

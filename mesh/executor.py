@@ -230,13 +230,18 @@ def compile_program(program: isa.Program,
 
     `devices`: None for jax's default device; one device to run there; several (JAX
     devices of any backend: CPU devices, GPUs, the devices of several hosts under
-    jax.distributed) to share the simulation: each input is split along
-    its first mesh axis that they divide, and XLA's SPMD partitioner spreads the one
-    computation over them. The arithmetic does not change with the devices: every matmul
-    and convolution kernel asks for Precision.HIGHEST with FP32 accumulation (on a GPU this
-    rules out TF32 and other reduced-precision passes), collectives add element by element
-    in their stated order, and `xla_allow_excess_precision` is off, so results are
-    bit-identical to a run on one device.
+    jax.distributed) to share the simulation: each input and output is split over them
+    (split_over), and XLA's SPMD partitioner spreads the one computation over them, with
+    its collectives between devices (across processes, jax's: gloo or MPI on CPUs, NCCL
+    on GPUs) where a kernel reads chips another device holds. The arithmetic does not
+    change with the devices: every matmul and convolution kernel asks for
+    Precision.HIGHEST with FP32 accumulation (on a GPU this rules out TF32 and other
+    reduced-precision passes), collectives add element by element in their stated order,
+    and `xla_allow_excess_precision` is off, so results are bit-identical to a run on one
+    device; except where a sum's order is XLA:CPU's: a single-pass matmul's host GEMM
+    (matmul._looped_passes) or a float reduction, whose kernels sum in an order that
+    depends on the shape each device computes and on XLA:CPU's threads (an FP32
+    [64,16]x[16,128] GEMM and its [64,16]x[16,32] slice differ in the last bit).
 
     `split_check` (mesh.isa.kernels.participation) records, as the program runs, any
     collective that only some members of a group reach; call its raise_if_split after.
@@ -250,6 +255,7 @@ def compile_program(program: isa.Program,
     a `workspace` is then one of that program's), or, where one of PER_CHIP_MIN_BYTES or
     more is made so (on one device), as a list of one array per chip (PerChip.arrays).
     """
+    out_shapes = output_shapes(program, global_io, chip_outputs)
     program = with_chip_outputs(program, chip_outputs)
     n_outputs = len(program.outputs)
     per_chip = frozenset(_per_chip_outputs(program, chip_outputs)) \
@@ -297,8 +303,10 @@ def compile_program(program: isa.Program,
     if devices is None or len(devices) == 1:
         return jax.jit(fun, compiler_options=EXACT_PRECISION, **pinned)
     return jax.jit(fun, compiler_options=EXACT_PRECISION,
-                   in_shardings=tuple(_split_over(devices, shape)
-                                      for shape in input_shapes(program, global_io)))
+                   in_shardings=tuple(split_over(devices, shape)
+                                      for shape in input_shapes(program, global_io)),
+                   out_shardings=[split_over(devices, shape)  # (a list, as `fun` returns)
+                                  for shape in out_shapes])
 
 
 def input_dtype(name: str, on_cpu: bool = True) -> np.dtype:
@@ -363,9 +371,21 @@ def input_shapes(program: isa.Program, global_io: bool) -> list[tuple[int, ...]]
             for v in program.inputs]
 
 
-def _split_over(devices: Sequence[jax.Device], shape: tuple[int, ...]) -> NamedSharding:
-    """The sharding of an executor array over `devices`: its first (mesh) axis whose size
-    the device count divides, else replicated."""
+def output_shapes(program: isa.Program, global_io: bool,
+                  chip_outputs: Sequence[int] = ()) -> list[tuple[int, ...]]:
+    """The shapes compile_program's function returns: each output's own shape (global_io;
+    its executor layout for those of `chip_outputs`) or its executor layout."""
+    program = with_chip_outputs(program, chip_outputs)
+    return [program.values[v].type.shape if global_io and i not in chip_outputs
+            else program.array_shape(v) for i, v in enumerate(program.outputs)]
+
+
+def split_over(devices: Sequence[jax.Device], shape: tuple[int, ...]) -> NamedSharding:
+    """The sharding of an array of compile_program's function over several `devices`
+    (its inputs and outputs alike): split along its first axis whose size the device
+    count divides (in the executor layout, a mesh axis: each device holds the chips of a
+    block of the mesh), else replicated. Over the devices of several processes (under
+    jax.distributed), each process holds its devices' shards of it."""
     mesh = Mesh(np.array(devices), ("executor",))  # (compile_program's `executor`)
     spec = [None] * len(shape)
     axis = next((i for i, n in enumerate(shape) if n > 1 and n % len(devices) == 0), None)

@@ -14,11 +14,12 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from jax._src import core
-from jax.sharding import SingleDeviceSharding
+from jax.sharding import NamedSharding, SingleDeviceSharding
 
 import lowering
 from jax_trn2.core.device import Buffer, Device
 from jax_trn2.core.machines import PROCESS_GRID_AXES, placement_for, topology_for
+from jax_trn2.core.processes import ProcessLostError, lost_processes
 from lowering import partition
 from lowering.host import host_devices
 from lowering.plan import plan_program
@@ -28,7 +29,8 @@ from mesh.perf import trace
 from mesh.perf.estimate import ProgramEstimate, target_text
 from mesh.emulated_floats import host_to_storage, storage_to_host
 from mesh.executor import as_input, compile_program, input_dtype, input_shapes, \
-    output_unshard, runs_on_cpu, with_chip_outputs, workspace_values
+    output_shapes, output_unshard, runs_on_cpu, split_over, with_chip_outputs, \
+    workspace_values
 from mesh.isa.kernels.participation import SplitGroupCheck
 from mesh.machine import Placement, Topology, place_on
 from mesh.memory import MemoryStats
@@ -120,6 +122,21 @@ def _placement(topology: Topology, mesh: isa.MeshSpec,
         raise ValueError(f"{what}s {outside} are not {what}s of '{topology.name}' ({what} ids "
                          f"0..{topology.num_devices - 1}): run the program on one of those")
     return None
+
+
+def _global_input(array: Any, sharding: NamedSharding) -> Any:
+    """An argument of a run over the devices of several processes, where its computation
+    takes it (`sharding`): a host array as it is (each process gives its devices' slices
+    of it; it is the same in every process), as is a global array laid out so; one laid
+    out otherwise is moved there by jax, between the processes (as jax.jit moves an
+    argument); one on this process's devices alone is this process's copy, read here."""
+    if not isinstance(array, jax.Array):
+        return array
+    if array.is_fully_addressable:
+        return np.asarray(array)
+    if array.sharding.is_equivalent_to(sharding, array.ndim):
+        return array
+    return jax.device_put(array, sharding)
 
 
 class LoadedExecutable:
@@ -227,6 +244,21 @@ class LoadedExecutable:
         for i, result in zip(own, moved):
             placed[i] = result
         return placed
+
+    @cached_property
+    def spans_processes(self) -> bool:
+        """Whether the simulation runs on the devices of several processes (jax.distributed,
+        a multi-controller job): every process then runs `execute` on the same arguments
+        (host arrays, alike in every process, or global jax arrays) and gets global jax
+        arrays, of which it holds its own devices' shards (result_shardings)."""
+        return any(d.process_index != jax.process_index() for d in self.executor_devices or ())
+
+    @cached_property
+    def result_shardings(self) -> list[NamedSharding]:
+        """Where `execute` leaves each result over several executor devices (its global
+        array split over them, mesh.executor.split_over)."""
+        return [split_over(self._devices, shape)
+                for shape in output_shapes(self.program, True, self._chip_outputs)]
 
     @cached_property
     def _on_cpu(self) -> bool:
@@ -435,7 +467,7 @@ class LoadedExecutable:
         there)."""
         arrays = self._check_args(args)
         run = self._run_global  # compiled first: a program's checks are known after
-        with self._host_memory_named():
+        with self._host_memory_named(), self._lost_processes_named():
             with _executor_context(), self._checked_run():
                 # finished here: a failure of the run (XLA:CPU out of memory) is raised
                 # inside _host_memory_named, and never leaves a failed workspace kept
@@ -464,6 +496,25 @@ class LoadedExecutable:
                 "at once in host memory, and some values whole that a chip would compute a "
                 "tile at a time (a broadcast product before its reduction): run it at smaller "
                 "shapes, or over several devices (jax_trn2.jit's executor_devices).") from None
+
+    @contextlib.contextmanager
+    def _lost_processes_named(self):
+        """A run over the devices of several processes that fails because some of them
+        stopped, as ProcessLostError naming them (jax_trn2.core.processes)."""
+        try:
+            yield
+        except jax.errors.JaxRuntimeError as e:
+            if not self.spans_processes:
+                raise
+            owners = sorted({d.process_index for d in self._devices})
+            lost = lost_processes(owners)
+            if not lost:
+                raise
+            raise ProcessLostError(
+                f"process{'es' if len(lost) > 1 else ''} {lost} of the jax.distributed job "
+                f"stopped while the simulation ran over the devices of processes {owners} "
+                f"({str(e).splitlines()[0]}). Every process of a run must take part in it: "
+                "restart the job (from a checkpoint)") from e
 
     def execute_sharded(self, per_device_args: Sequence[Sequence[Any]]) -> list[list[Buffer]]:
         """Run on one argument list per device (logical device order); returns one result
@@ -549,9 +600,19 @@ class LoadedExecutable:
     def _as_inputs(self, arrays: Sequence[Any]) -> list[Any]:
         """Checked arguments as the compiled program takes them (mesh.executor.as_input)."""
         device = self._devices[0] if self._devices and len(self._devices) == 1 else None
-        return [as_input(host_to_storage(a), self.program.values[v].type.dtype, device,
-                         self._on_cpu)
-                for a, v in zip(arrays, self.program.inputs)]
+        inputs = [as_input(host_to_storage(a), self.program.values[v].type.dtype, device,
+                           self._on_cpu)
+                  for a, v in zip(arrays, self.program.inputs)]
+        if not self.spans_processes:
+            return inputs
+        return [_global_input(x, target) for x, target in zip(inputs, self._input_shardings)]
+
+    @cached_property
+    def _input_shardings(self) -> list[NamedSharding]:
+        """Where `execute`'s computation takes each argument over several executor devices
+        (mesh.executor.split_over)."""
+        return [split_over(self._devices, shape)
+                for shape in input_shapes(self.program, True)]
 
     def _check_args(self, args: Sequence[Any]) -> list[jnp.ndarray]:
         """Arguments as arrays of exactly the program's input types; TypeError naming the
@@ -567,8 +628,11 @@ class LoadedExecutable:
     def _check_arg(name: str, arg: Any, expected: isa.TensorType) -> Any:
         if isinstance(arg, Buffer):
             arg = arg.to_jax()
-        if isinstance(arg, jax.Array) and len(arg.sharding.device_set) > 1:
+        if isinstance(arg, jax.Array) and len(arg.sharding.device_set) > 1 and \
+                arg.is_fully_addressable:
             arg = np.asarray(arg)  # sharded over host devices: gather it for the simulated mesh
+        # (one over the devices of several processes goes in as it is, each process
+        # giving its shards: spans_processes)
         if isinstance(arg, (bool, int, float, complex)):  # take the parameter's type
             arg = python_scalar(name, arg, expected)
         shape, dtype = tuple(np.shape(arg)), getattr(arg, "dtype", None)

@@ -271,6 +271,20 @@ def _pieces_of_results(executable: LoadedExecutable, avals: Sequence[Any],
             for i, (aval, sharding) in enumerate(zip(avals, shardings, strict=True))]
 
 
+def _described(leaf: Any) -> Any:
+    """An argument as jax traces the function for it: in a job of several processes
+    (jax.distributed), a host array or a global array as its type alone. The simulated
+    mesh's devices stand in for its chips in each process alone: a global array's
+    sharding over the executor's devices says where the simulation keeps its value, not
+    how that mesh lays it out, and a host array is the same in every process (where
+    jax.jit would refuse a host array for a sharded parameter: it cannot know that)."""
+    if jax.process_count() > 1 and (isinstance(leaf, np.ndarray) or isinstance(
+            leaf, jax.Array) and not leaf.is_fully_addressable):
+        aval = jax.typeof(leaf)
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+    return leaf
+
+
 def _committed_sharding(leaf: Any) -> Any:
     """The sharding a jax Array brings to jax.jit (it steers partitioning), else None."""
     return leaf.sharding if isinstance(leaf, jax.Array) and leaf.committed else None
@@ -423,6 +437,7 @@ class Compiled(_StageInfo):
         expected = _on_a_device(self._in_shardings)
         mismatches = [(k, leaves[i].sharding, expected[i]) for k, i in enumerate(self._kept)
                       if isinstance(leaves[i], jax.Array) and leaves[i].committed and
+                      leaves[i].is_fully_addressable and
                       not leaves[i].sharding.is_equivalent_to(expected[i], leaves[i].ndim)]
         if mismatches:
             lines = [f"  {self.executable.arg_names[k]}: got {got}, expected {want}"
@@ -625,6 +640,10 @@ class Lowered(_StageInfo):
             self._shardings(_compile_args(self._jax_stage), [len(i.shape) for i in out_info],
                             out_layouts, [getattr(i, "sharding", None) for i in out_info]),
             partition.result_memory_kinds(executable.module), strict=True)]
+        if executable.spans_processes:
+            # global arrays where the run leaves them: the mesh's devices stand in for the
+            # chips in each process alone, so the executor's devices hold them
+            shardings = list(executable.result_shardings)
         pieces = _pieces_of_results(executable, self._out_avals, shardings)
         executable.return_chip_pieces([i for i, p in enumerate(pieces) if p is not None])
         return shardings, pieces
@@ -810,9 +829,10 @@ class Jitted:
                                        self.options, self._executor_devices)
         # keyed by jax's trace, which jax's trace cache keeps one of per signature (static
         # arguments, types, weak types, pytree, and its trace context: the mesh of
-        # jax.set_mesh, x64, ...), and by the shardings committed arguments bring
-        traced = self._jax_jit.trace(*args, **kwargs)
-        key = (traced.jaxpr, tuple(_committed_sharding(leaf) for leaf in leaves))
+        # jax.set_mesh, x64, ...), and by the shardings committed arguments bring; traced
+        # for the arguments as _described gives them (their types, across processes)
+        traced = self._traced_for(args, kwargs)
+        key = (traced.jaxpr, tuple(_committed_sharding(_described(leaf)) for leaf in leaves))
         compiled = self._cache.get(key)
         if compiled is None:
             lowered = self._lower_traced(traced)
@@ -824,7 +844,13 @@ class Jitted:
     def trace(self, *args, **kwargs) -> "Traced":
         """Trace for these arguments (arrays or jax.ShapeDtypeStruct), as jax.jit's `trace`:
         the jaxpr, without lowering."""
-        return Traced(self, self._jax_jit.trace(*args, **kwargs))
+        return Traced(self, self._traced_for(args, kwargs))
+
+    def _traced_for(self, args: tuple, kwargs: dict) -> Any:
+        """jax's Traced stage of the function for these arguments, as _described gives
+        them."""
+        described_args, described_kwargs = tree_util.tree_map(_described, (args, kwargs))
+        return self._jax_jit.trace(*described_args, **described_kwargs)
 
     def lower(self, *args, **kwargs) -> Lowered:
         """Trace and lower for these arguments (arrays or jax.ShapeDtypeStruct)."""
@@ -882,7 +908,11 @@ def jit(fun: Callable | None = None, *, in_shardings: Any = UNSPECIFIED,
 
     `executor_devices` (e.g. `jax.devices()`: several GPUs, or the devices of several hosts
     joined with jax.distributed) run the one simulation together, its arrays split along
-    the mesh axes; results are bit-identical to a run on one device.
+    the mesh axes; results are bit-identical to a run on one device but where a sum's
+    order is XLA:CPU's (mesh.executor.compile_program). Over the devices of several
+    processes, every process calls the function with the same host arrays (or global
+    jax arrays), and gets global jax arrays over those devices, holding its own devices'
+    shards, as jax.jit's multi-controller programs do (docs/plugin.md).
 
     jax.jit's other keywords: `keep_unused`, `inline` and `device`/`backend` (deprecated in
     jax: the device the results are committed to) have jax.jit's meaning.

@@ -316,4 +316,5 @@ def _refuse_other_processes_devices(devices: Sequence[Device], process_index: in
             f"this trn2 program runs on devices of process(es) {others} as well as this one's "
             f"({process_index}): a simulation across jax.distributed processes is not "
             "supported yet. Run it on this process's devices (jax.local_devices(backend="
-            "'trn2')), or in one process.")
+            "'trn2')), in one process, or with jax_trn2.jit(f, executor_devices="
+            "jax.devices()): one simulation over the devices of every process.")

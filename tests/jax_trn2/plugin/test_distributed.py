@@ -1,5 +1,6 @@
-"""The plugin under jax.distributed: two processes on localhost, with the plugin installed
-(jax starts its backend in each), run a CPU program and split the simulated devices."""
+"""The plugin under jax.distributed: two and four processes on localhost, with the plugin
+installed (jax starts its backend in each), run a CPU program and split the simulated
+devices."""
 
 import socket
 import subprocess
@@ -16,9 +17,9 @@ REPO = Path(__file__).resolve().parents[3]
 WORKER = textwrap.dedent("""
     import sys
     import jax
-    process_id, port = int(sys.argv[1]), sys.argv[2]
+    process_id, port, processes = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=processes,
                                process_id=process_id, initialization_timeout=120)
     import jax.numpy as jnp
     import numpy as np
@@ -45,11 +46,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_run_cpu_programs_and_own_half_the_devices_each():
+@pytest.mark.parametrize("processes", [2, 4])
+def test_processes_run_cpu_programs_and_own_a_share_of_the_devices_each(processes):
     port = str(free_port())
-    workers = [subprocess.Popen([sys.executable, "-c", WORKER, str(i), port], cwd=REPO,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for i in range(2)]
+    workers = [subprocess.Popen([sys.executable, "-c", WORKER, str(i), port, str(processes)],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+               for i in range(processes)]
     try:
         outputs = [w.communicate(timeout=300) for w in workers]
     finally:
@@ -59,9 +62,10 @@ def test_two_processes_run_cpu_programs_and_own_half_the_devices_each():
         assert worker.returncode == 0, err[-3000:]
         lines = out.splitlines()
         assert lines[0] == "cpu sum 8.0"
-        assert lines[1] == f"devices 64 local 32 owners [{i}]"
+        assert lines[1] == f"devices 64 local {64 // processes} owners [{i}]"
         assert lines[2] == "local program [0.0, 2.0, 4.0, 6.0]"
-        assert f"runs on devices of process(es) [{1 - i}]" in lines[3]
+        others = [p for p in range(processes) if p != i]
+        assert f"runs on devices of process(es) {others}" in lines[3]
         assert "not supported yet" in lines[3]
 
 
