@@ -88,3 +88,13 @@ def test_every_file_in_examples_is_an_example_that_runs():
     assert len(scripts) >= 8
     for script in scripts:
         assert 'if __name__ == "__main__":' in script.read_text(), script.name
+
+
+def test_multi_process_example_runs_one_simulation_over_two_processes(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    lines = importlib.import_module("multi_process").launch()
+    assert [line.split(":")[0] for line in lines] == ["process 0", "process 1"]
+    assert "rows from 0," in lines[0] and "rows from 32," in lines[1]
+    # every process gathers the same whole result: the 64 x 64 values' blocks summed over y
+    total = float(sum(range(64 * 64)))
+    assert all(line.endswith(f"sum {total:.6g}") for line in lines)

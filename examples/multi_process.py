@@ -1,0 +1,60 @@
+"""One simulation of 64 Trainium2 chips over the processes of a jax.distributed job.
+
+    python examples/multi_process.py            # starts 2 processes on this machine
+    python examples/multi_process.py 0 2 HOST:PORT   # on several hosts: each its own id
+
+Every process runs the same program with the same arguments; jax_trn2.jit with
+executor_devices=jax.devices() splits the simulated chips over the job's devices (each
+process computes its block) and gives back a global jax.Array, of which each process holds
+its devices' shards.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+COORDINATOR = "127.0.0.1:12355"
+
+
+def run(process_id: int, num_processes: int, coordinator: str) -> None:
+    """This process's part of the job: print its index and the whole result's sum."""
+    import jax
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                               process_id=process_id)
+    import numpy as np
+    from jax.experimental import multihost_utils
+    from jax.sharding import PartitionSpec as P
+
+    import jax_trn2
+
+    mesh = jax_trn2.make_mesh((4, 4, 4), ("x", "y", "z"))  # 64 simulated chips
+    f = jax.shard_map(lambda a: jax.lax.psum(a, "y"), mesh=mesh,
+                      in_specs=P("x", "y"), out_specs=P("x"))
+    a = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)  # the same in every process
+    out = jax_trn2.jit(f, executor_devices=jax.devices())(a)  # a global jax.Array
+    rows = sorted({s.index[0].start or 0 for s in out.addressable_shards})
+    total = multihost_utils.process_allgather(out, tiled=True).sum()
+    print(f"process {jax.process_index()}: holds rows from {rows[0]}, sum {total:.6g}")
+
+
+def launch(num_processes: int = 2) -> list[str]:
+    """Start the job's processes on this machine; the line each prints last (gloo prints
+    its own before), in process order."""
+    procs = [subprocess.Popen([sys.executable, __file__, str(i), str(num_processes),
+                               COORDINATOR], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+             for i in range(num_processes)]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    for i, (p, (_, err)) in enumerate(zip(procs, outputs)):
+        if p.returncode:
+            raise RuntimeError(f"process {i} exited with {p.returncode}:\n{err}")
+    return [out.strip().splitlines()[-1] for out, _ in outputs]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        run(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    else:
+        print("\n".join(launch()))
