@@ -143,3 +143,26 @@ def test_chips_that_form_no_block_have_no_placement():
     assert place_mesh_within(ULTRA, (2,), ("a",), [0, 2]) is None  # a gap on z
     with pytest.raises(ValueError, match="needs 4 distinct chip ids"):
         place_mesh_within(ULTRA, (4,), ("a",), [0, 1, 2, 2])
+
+
+def test_outer_axes_take_the_slow_links_and_inner_ones_the_fast():
+    """Data parallelism across servers, tensor parallelism on a chip's cores and the
+    fastest links (AWS's advice for Trn2): the physical axes go slowest first to the
+    mesh's outermost axes."""
+    server = get_topology("trn2-ultraserver")  # x, y inside a server (128 GB/s), z across
+    p = place_mesh(server, (4, 16, 4), ("dp", "fsdp", "tp"))
+    cores = server.ndim  # the cores of a chip: the placement's last physical axis
+    assert p.physical_axes == ((2,), (0, 1), (cores,))
+    p = place_mesh(server, (4, 64), ("dp", "tp"))
+    assert p.physical_axes == ((2,), (0, 1, cores))  # tp never crosses a server
+    p = place_mesh(ULTRA, (16, 4), ("dp", "tp"))  # whole chips: tp on the x ring
+    assert p.physical_axes == ((1, 2), (0,)) and p.is_torus_ring(1)
+    cluster = get_topology("trn2-ultracluster-2")  # the EFA axis first, the slowest
+    assert place_mesh(cluster, (2, 64), ("dp", "tp")).physical_axes == ((0,), (1, 2, 3))
+
+
+def test_a_mesh_named_after_the_torus_axes_lies_on_them():
+    p = place_mesh(ULTRA, (4, 4, 4), ("z", "x", "y"))
+    assert p.physical_axes == ((2,), (0,), (1,))
+    # a name that is a torus axis but not of its size: placed by link speed
+    assert place_mesh(ULTRA, (2, 32), ("x", "y")).physical_axes == ((2,), (0, 1, 2))
