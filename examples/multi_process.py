@@ -11,10 +11,9 @@ its devices' shards.
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
-
-COORDINATOR = "127.0.0.1:12355"
 
 
 def run(process_id: int, num_processes: int, coordinator: str) -> None:
@@ -39,11 +38,19 @@ def run(process_id: int, num_processes: int, coordinator: str) -> None:
     print(f"process {jax.process_index()}: holds rows from {rows[0]}, sum {total:.6g}")
 
 
+def free_port() -> int:
+    """A TCP port of this machine that nothing listens on now, for the coordinator."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def launch(num_processes: int = 2) -> list[str]:
     """Start the job's processes on this machine; the line each prints last (gloo prints
     its own before), in process order."""
+    coordinator = f"127.0.0.1:{free_port()}"
     procs = [subprocess.Popen([sys.executable, __file__, str(i), str(num_processes),
-                               COORDINATOR], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               coordinator], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
              for i in range(num_processes)]
     outputs = [p.communicate(timeout=300) for p in procs]
