@@ -164,9 +164,13 @@ def matmul_shape(instr: isa.Matmul, lhs: isa.TensorType,
 def ragged_matmul_shape(instr: isa.RaggedMatmul, lhs: isa.TensorType, rhs: isa.TensorType,
                         group_sizes: isa.TensorType) -> tuple[int, int, int, int]:
     """(batch, m, n, k) of the per-group matmuls of a RaggedMatmul, as one batch of them.
-    Group sizes are known only when the program runs: the estimate assumes equal groups
-    (a ragged free dim of m rows is `groups` matmuls of ceil(m / groups) rows each; a
-    ragged contraction of k, `groups` contractions of ceil(k / groups))."""
+    Group sizes are known only when the program runs: the estimate assumes the rows spread
+    as evenly as they can (balanced routing). A ragged free dim of m rows is min(groups, m)
+    matmuls of ceil(m / min(groups, m)) rows each: with fewer rows than groups (a decode
+    step's few tokens over many experts) only as many groups hold rows, and only their
+    weights are read from HBM, as NxD Inference loads only the experts a decode step
+    selects. A ragged contraction of k is `groups` contractions of ceil(k / groups) (every
+    group's output is written)."""
     groups = group_sizes.shape[-1] if group_sizes.rank else 1
     batch = math.prod(lhs.shape[d] for d in instr.lhs_batch)
     k = math.prod(lhs.shape[d] for d in instr.lhs_contract)
@@ -176,7 +180,8 @@ def ragged_matmul_shape(instr: isa.RaggedMatmul, lhs: isa.TensorType, rhs: isa.T
                   and d not in instr.rhs_contract and d != instr.rhs_group)
     if instr.lhs_ragged in instr.lhs_contract:
         return batch * groups, m, n, math.ceil(k / max(groups, 1))
-    return batch * groups, math.ceil(m / max(groups, 1)), n, k
+    holding = max(min(groups, m), 1)  # the groups that hold rows
+    return batch * holding, math.ceil(m / holding), n, k
 
 
 def _tiling(batch, m, n, k, dtype, rate, stationary, stat, mov, out_itemsize, grid,

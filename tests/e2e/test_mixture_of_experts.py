@@ -132,3 +132,24 @@ def test_cost_counts_the_rows_of_each_expert_once():
     matmuls = 4 * rows * d * f + 2 * tokens * d * experts
     for flops in (plain.cost_analysis()["flops"], simulated.cost_analysis()["flops"]):
         assert matmuls <= flops <= matmuls + 8 * rows * (d + f)
+
+
+def test_a_decode_step_reads_only_the_experts_its_tokens_select():
+    """2 tokens, top 2 of 64 experts: at most 4 experts hold rows, so the grouped matmuls
+    read 4 experts' weights from HBM (selective expert loading, as NxD Inference's decode
+    does), not all 64; a prefill of 512 tokens reads every expert's."""
+    d, f, experts, top_k = 256, 512, 64, 2
+    expert_bytes = d * f * 2  # one expert's weight matrix, bfloat16
+    hbm = {}
+    for tokens, holding in ((2, 4), (512, experts)):
+        _, simulated = compiled_both_ways(
+            layer_shapes(tokens=tokens, d=d, f=f, experts=experts, top_k=top_k), top_k)
+        grouped = re.findall(r"RaggedMatmul.*\n.*tensor engine: B=(\d+) M=(\d+)",
+                             simulated.as_text())
+        assert [tuple(map(int, g)) for g in grouped] == \
+            [(holding, tokens * top_k // holding)] * 2
+        hbm[tokens] = simulated.cost_analysis()["bytes accessed"]
+    # the decode step: its 4 experts' two weight matrices, plus a few KiB of tokens and
+    # the router's 32 KiB, well under a fifth of the 64 experts'
+    assert 2 * 4 * expert_bytes <= hbm[2] < 2 * 4 * expert_bytes + 2**20
+    assert hbm[512] >= 2 * experts * expert_bytes
