@@ -13,7 +13,7 @@ from mesh.perf.cost import Cost, instruction_cost, on_chip_values
 from mesh.perf.estimate import IDEAL, ProgramEstimate
 from mesh.perf.tensor_engine import tile_matmul
 from mesh.machine import get_topology, place_mesh
-from mesh.perf.collective_model import plan_collective
+from mesh.perf.collectives import plan_collective
 
 CHIP = ChipSpec()
 LANES = CHIP.neuron_cores * CHIP.sbuf_partitions  # elements per engine cycle per chip
