@@ -69,6 +69,13 @@ class ChipSpec:
     hbm_bytes: int = 96 * GIB  # per chip
     hbm_bandwidth: float = 2.9e12  # bytes/s per chip
     matmul_rates: tuple[tuple[str, float], ...] = DEFAULT_MATMUL_RATES
+    # A host callback's round trip (mesh.perf.cost): the operands go to the host and the
+    # results come back over PCIe Gen5 x16 (~64 GB/s per direction, ~32 GB/s usable each
+    # way assumed), plus a fixed 100 us assumed for DMA setup, the interrupt, the runtime's
+    # callback dispatch and the Python call (AWS gives no figure; a Python call alone is
+    # tens of us).
+    host_link_bandwidth: float = 32e9  # bytes/s per direction
+    host_round_trip_seconds: float = 100e-6
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "matmul_rates",
@@ -82,11 +89,14 @@ class ChipSpec:
             "neuron_cores", "pe_rows", "pe_cols", "tensor_clock_hz", "vector_clock_hz",
             "scalar_clock_hz", "gpsimd_clock_hz", "sbuf_bytes_per_core", "sbuf_partitions",
             "psum_bytes_per_core", "psum_banks", "psum_bank_fp32_per_partition", "hbm_bytes",
-            "hbm_bandwidth",
+            "hbm_bandwidth", "host_link_bandwidth",
         ):
             value = getattr(self, field)
             if not value > 0:
                 raise ValueError(f"ChipSpec.{field} must be positive, got {value}")
+        if self.host_round_trip_seconds < 0:
+            raise ValueError("ChipSpec.host_round_trip_seconds must be >= 0, got "
+                             f"{self.host_round_trip_seconds}")
 
     def _check_memories(self) -> None:
         if self.pe_rows > self.sbuf_partitions:

@@ -9,7 +9,8 @@ import pytest
 
 from mesh import isa
 from mesh.machine.chip import ChipSpec
-from mesh.perf.cost import Cost, instruction_cost, on_chip_values
+from mesh.fusion import on_chip_values
+from mesh.perf.cost import Cost, instruction_cost
 from mesh.perf.estimate import IDEAL, ProgramEstimate
 from mesh.perf.tensor_engine import tile_matmul
 from mesh.machine import get_topology, place_mesh
