@@ -22,7 +22,8 @@ Model, per instruction class (numbers from ChipSpec, i.e. mesh/machine/trn2_fact
   HBM; a broadcast read that way is an access pattern over its operand and takes no engine
   time, and so does a convert read that way (the engines convert on read, computing in FP32:
   `jnp.sum` of BF16 converts to FP32 into the reduce at no extra pass). Every other value
-  is written to HBM and read back by each consumer.
+  is written to HBM and read back by each consumer (mesh.fusion says which values are
+  which).
 
 `flops` counts 2*M*N*K per dot and one per element of other arithmetic; `transcendentals`
 one per element of exp, log, tanh...; `bytes_accessed` is HBM traffic (JAX's keys).
@@ -39,7 +40,7 @@ from typing import Callable, Mapping
 from mesh import isa
 from mesh.fused_kernels import FUSED_KERNELS, is_fused_kernel
 from mesh.fusion import is_bitcast, on_chip_values, producers_of, readers_of, view_values
-from mesh.machine.chip import ChipSpec
+from mesh.machine.chip import PERFORMANCE_MODE_DTYPES, ChipSpec
 from mesh.machine.runtime import IDEAL_RUNTIME, RuntimeSpec
 from mesh.perf import tensor_engine
 
@@ -408,21 +409,14 @@ def _elementwise(instr: isa.Elementwise, ctx: CostContext) -> Cost:
                      rate=_vector_rate(instr, ctx))
 
 
-# The Vector Engine's element rate per lane and cycle by its tensor operands: an op of one
-# tensor operand (tensor_copy, tensor_scalar) takes N cycles for N elements, one of two
-# (tensor_tensor) 2N (the nki.isa cost formulas); with every tensor BF16 or FP16, Trainium2's
-# performance mode runs them at 4x and 2x those rates (NKI Trainium2 guide). The other
-# engines run at one element per lane per cycle.
-HALF_PRECISION = ("bfloat16", "float16")
-VECTOR_RATES = {1: 1.0, 2: 0.5}
-VECTOR_HALF_PRECISION_RATES = {1: 4.0, 2: 2.0}
-
-
 def _vector_rate(instr: isa.Elementwise, ctx: CostContext) -> float:
+    """The Vector Engine's element rate per lane and cycle for `instr` by its tensor
+    operands and dtypes (ChipSpec.vector_rates); the other engines run at one element per
+    lane per cycle."""
     if instr.engine != isa.VECTOR:
         return 1.0
-    half = all(ctx.type(v).dtype in HALF_PRECISION for v in instr.ins + instr.outs)
-    rates = VECTOR_HALF_PRECISION_RATES if half else VECTOR_RATES
+    half = all(ctx.type(v).dtype in PERFORMANCE_MODE_DTYPES for v in instr.ins + instr.outs)
+    rates = dict(ctx.chip.vector_performance_mode_rates if half else ctx.chip.vector_rates)
     producers = producers_of(ctx.program)
 
     def scalar(v: int) -> bool:  # a scalar, or one broadcast to the op's shape
