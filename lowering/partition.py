@@ -35,13 +35,13 @@ from lowering import hlo_sharding, mlir, partition_cache, protobuf, replica_grou
 from lowering.errors import LoweringError
 from lowering.host import host_client
 from mesh import isa
-from mesh.perf.cost import FUSED_KERNELS
+from mesh.fused_kernels import FUSED_KERNELS
 
 # Module attributes the partitioner leaves on a per-chip program.
 PARAMETER_SHARDINGS_ATTR = "mhlo.spmd_parameters_shardings"
 OUTPUT_SHARDING_ATTR = "mhlo.spmd_output_sharding"
 _DUMP_PASS = "spmd-partitioning"
-# A composite that names a fused kernel (mesh.perf.cost.FUSED_KERNELS: flash attention)
+# A composite that names a fused kernel (mesh.fused_kernels.FUSED_KERNELS: flash attention)
 # crosses XLA as a call its inliner must keep ("inlineable" = "false", XLA's frontend
 # attribute for that), with the composite's name and attributes in these frontend
 # attributes; XLA's partitioner partitions the called function like any other, and

@@ -3,7 +3,7 @@
 Runs once the machine is known (the topology, and where the mesh's devices sit on it).
 Matmuls get their `tiling` (mesh.perf.tensor_engine) and a `pass_size` equal to the tiling's
 contraction pass, so the executor accumulates PSUM passes exactly as the tiles do;
-collectives get their `plan` (mesh.perf.collective_model). Sub-programs (loop bodies, branches)
+collectives get their `plan` (mesh.perf.collectives). Sub-programs (loop bodies, branches)
 are planned the same way. The result is the program the executor runs.
 """
 
@@ -13,7 +13,7 @@ import dataclasses
 
 from mesh import isa
 from mesh.perf import tensor_engine
-from mesh.perf.collective_model import KINDS, plan_collective
+from mesh.perf.collectives import KINDS, plan_collective
 from mesh.machine import Placement, Topology
 
 

@@ -8,7 +8,7 @@ Three parts, from the estimate's public data (mesh.perf.estimate.ProgramEstimate
   every chip running the program runs the same one), instructions on the critical path in a
   darker shade, and the HBM traffic of compute instructions on the DMA row;
 - the HBM in use on a chip over the step (mesh.memory's liveness), its peak marked;
-- the bytes the step's collectives put on each torus link (mesh.perf.collective_model's
+- the bytes the step's collectives put on each torus link (mesh.perf.collectives'
   routing of each collective's chosen algorithm), drawn on the torus: one panel per plane of
   its first two axes (NeuronLink axes before EFA ones), links in the plane as lines (a ring's
   wraparound link as a stub leaving the last chip and one entering the first), links to the

@@ -15,7 +15,7 @@ import functools
 import jax
 import numpy as np
 
-from mesh.perf.attention import FLASH_ATTENTION, FLASH_ATTENTION_GRAD
+from mesh.fused_kernels import FLASH_ATTENTION, FLASH_ATTENTION_GRAD
 
 
 def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False,

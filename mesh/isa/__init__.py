@@ -401,7 +401,7 @@ REDUCTIONS = ("add", "multiply", "maximum", "minimum", "and", "or", "xor")
 class AllReduce(Instruction):
     groups: Groups
     reduction: str  # one of REDUCTIONS
-    plan: Plan | None = None  # mesh.perf.collective_model.CollectivePlan, set by planning
+    plan: Plan | None = None  # mesh.perf.collectives.CollectivePlan, set by planning
     engine: ClassVar[str] = COLLECTIVE
 
 

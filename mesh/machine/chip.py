@@ -34,6 +34,10 @@ DEFAULT_MATMUL_RATES: tuple[tuple[str, float], ...] = (
 )
 FLOPS_PER_MAC = 2
 
+# Element types whose Vector Engine ops run in Trainium2's performance mode (every tensor
+# operand and the result of the op in one of them; NKI Trainium2 guide).
+PERFORMANCE_MODE_DTYPES = ("bfloat16", "float16")
+
 
 @dataclass(frozen=True)
 class ChipSpec:
@@ -69,6 +73,19 @@ class ChipSpec:
     hbm_bytes: int = 96 * GIB  # per chip
     hbm_bandwidth: float = 2.9e12  # bytes/s per chip
     matmul_rates: tuple[tuple[str, float], ...] = DEFAULT_MATMUL_RATES
+    # The Vector Engine's elements per lane and cycle by the op's tensor operands (1, or 2
+    # and more): an op of one tensor operand (tensor_copy, tensor_scalar) takes N cycles for
+    # N elements, one of two (tensor_tensor) 2N (the nki.isa cost formulas); in performance
+    # mode (PERFORMANCE_MODE_DTYPES) 4x and 2x those rates (NKI Trainium2 guide).
+    vector_rates: tuple[tuple[int, float], ...] = ((1, 1.0), (2, 0.5))
+    vector_performance_mode_rates: tuple[tuple[int, float], ...] = ((1, 4.0), (2, 2.0))
+    # A host callback's round trip (mesh.perf.cost): the operands go to the host and the
+    # results come back over PCIe Gen5 x16 (~64 GB/s per direction, ~32 GB/s usable each
+    # way assumed), plus a fixed 100 us assumed for DMA setup, the interrupt, the runtime's
+    # callback dispatch and the Python call (AWS gives no figure; a Python call alone is
+    # tens of us).
+    host_link_bandwidth: float = 32e9  # bytes/s per direction
+    host_round_trip_seconds: float = 100e-6
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "matmul_rates",
@@ -76,17 +93,21 @@ class ChipSpec:
         self._check_positive()
         self._check_memories()
         self._check_matmul_rates()
+        self._check_vector_rates()
 
     def _check_positive(self) -> None:
         for field in (
             "neuron_cores", "pe_rows", "pe_cols", "tensor_clock_hz", "vector_clock_hz",
             "scalar_clock_hz", "gpsimd_clock_hz", "sbuf_bytes_per_core", "sbuf_partitions",
             "psum_bytes_per_core", "psum_banks", "psum_bank_fp32_per_partition", "hbm_bytes",
-            "hbm_bandwidth",
+            "hbm_bandwidth", "host_link_bandwidth",
         ):
             value = getattr(self, field)
             if not value > 0:
                 raise ValueError(f"ChipSpec.{field} must be positive, got {value}")
+        if self.host_round_trip_seconds < 0:
+            raise ValueError("ChipSpec.host_round_trip_seconds must be >= 0, got "
+                             f"{self.host_round_trip_seconds}")
 
     def _check_memories(self) -> None:
         if self.pe_rows > self.sbuf_partitions:
@@ -120,6 +141,13 @@ class ChipSpec:
                 f"ChipSpec.matmul_rates must give {REFERENCE_DTYPE!r} (the rate reference) the "
                 f"rate 1.0, got {self.matmul_rates}"
             )
+
+    def _check_vector_rates(self) -> None:
+        for name in ("vector_rates", "vector_performance_mode_rates"):
+            rates = getattr(self, name)
+            if sorted(k for k, _ in rates) != [1, 2] or not all(r > 0 for _, r in rates):
+                raise ValueError(f"ChipSpec.{name} must give positive rates for ops of 1 and 2 "
+                                 f"tensor operands, as ((1, rate), (2, rate)); got {rates}")
 
     def logical_core(self, lnc: int) -> ChipSpec:
         """One logical NeuronCore of this chip at logical-core setting `lnc` (Neuron's

@@ -34,7 +34,7 @@ ACROSS_SERVER_LINK_BANDWIDTH = 64e9  # z: the ring across the 4 servers of an Ul
 # the same page gives ~15 us per inter-node hop): the latency of every transfer over EFA,
 # one hop through the switch. The axis of an UltraCluster's Topology whose index is in
 # Topology.efa_axes numbers the servers; its link_bandwidth is this per-chip NIC share and
-# its link_latency this hop (mesh.perf.collective_model routes over it as a switch).
+# its link_latency this hop (mesh.perf.collectives.network routes over it as a switch).
 EFA_BYTES_PER_INSTANCE = 3200e9 / 8
 CHIPS_PER_INSTANCE = 16
 EFA_BYTES_PER_CHIP = EFA_BYTES_PER_INSTANCE / CHIPS_PER_INSTANCE
@@ -84,7 +84,7 @@ class Topology:
     # Axes that number servers joined by EFA, a switched fabric (the others are NeuronLink
     # torus rings): any chip reaches a chip of any other server in one hop of the axis'
     # latency, through its own NIC and the other chip's, each of the axis' link bandwidth
-    # per direction (mesh.perf.collective_model routes so; neighbours, ring and route keep
+    # per direction (mesh.perf.collectives.network routes so; neighbours, ring and route keep
     # the axis' coordinates as a ring).
     efa_axes: frozenset[int] = frozenset()
     # What a device is (mesh.machine: one place says it). None: the whole chip, one device

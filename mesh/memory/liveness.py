@@ -5,7 +5,7 @@ so every chip of the mesh holds the same bytes):
 
 - A value occupies its per-chip type's bytes. Replicated values count on every chip.
   Values the cost model keeps in SBUF (fused elementwise chains:
-  mesh.perf.cost.on_chip_values) take no HBM, and one-element constants only such chains
+  mesh.fusion.on_chip_values) take no HBM, and one-element constants only such chains
   read are immediates. A chain is fused into the instruction that consumes it (XLA's
   fusion), which reads the chain's stored inputs when it runs: they are held until then,
   wherever the schedule puts the chain's own instructions (Adam's `b1 * m`, run early on an
@@ -17,7 +17,7 @@ so every chip of the mesh holds the same bytes):
 - Some instructions write no new buffer: `Reshape` is a bitcast, and so is a
   `BroadcastInDim` that only adds dimensions of size 1 in order (a scan's
   `x[None]` before it is written into the stacked outputs), a slice that its readers'
-  DMA reads in place (mesh.perf.cost.view_values: a scan's layer of stacked weights
+  DMA reads in place (mesh.fusion.view_values: a scan's layer of stacked weights
   feeding a matmul), `Shard` of a value stored
   in those pieces and `Unshard` into them are views. `DynamicUpdateSlice`, a one-operand
   `Scatter` and a loop's carried state write in place into an operand whose buffer dies
@@ -64,8 +64,9 @@ from typing import Iterable, Sequence
 
 from mesh import isa, sharding
 from mesh.isa import control
-from mesh.perf.cost import (STREAMING_CONSUMERS, STREAMING_PRODUCERS, is_fused_kernel,
-                            on_chip_values, readers_of, view_values)
+from mesh.fused_kernels import is_fused_kernel
+from mesh.fusion import (STREAMING_CONSUMERS, STREAMING_PRODUCERS, on_chip_values, readers_of,
+                         view_values)
 
 ARGUMENT = "argument"
 OUTPUT = "output"

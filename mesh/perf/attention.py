@@ -25,11 +25,8 @@ import math
 import numpy as np
 
 from mesh import dtypes, isa
+from mesh.fused_kernels import FLASH_ATTENTION, FLASH_ATTENTION_GRAD
 from mesh.perf.cost import Cost, CostContext, _peak, engine_op, fused_kernel
-
-FLASH_ATTENTION = "jax_trn2.flash_attention"
-FLASH_ATTENTION_GRAD = "jax_trn2.flash_attention_grad"
-FLASH_ATTENTION_KERNELS = (FLASH_ATTENTION, FLASH_ATTENTION_GRAD)
 
 # (matmul FLOPs per score per head dimension, Scalar passes per score, Vector passes per
 # score) of the forward and backward kernels (module doc).

@@ -22,7 +22,8 @@ Model, per instruction class (numbers from ChipSpec, i.e. mesh/machine/trn2_fact
   HBM; a broadcast read that way is an access pattern over its operand and takes no engine
   time, and so does a convert read that way (the engines convert on read, computing in FP32:
   `jnp.sum` of BF16 converts to FP32 into the reduce at no extra pass). Every other value
-  is written to HBM and read back by each consumer.
+  is written to HBM and read back by each consumer (mesh.fusion says which values are
+  which).
 
 `flops` counts 2*M*N*K per dot and one per element of other arithmetic; `transcendentals`
 one per element of exp, log, tanh...; `bytes_accessed` is HBM traffic (JAX's keys).
@@ -37,10 +38,11 @@ from dataclasses import dataclass, field, fields
 from typing import Callable, Mapping
 
 from mesh import isa
-from mesh.isa.control import Composite
-from mesh.perf import tensor_engine
-from mesh.machine.chip import ChipSpec
+from mesh.fused_kernels import FUSED_KERNELS, is_fused_kernel
+from mesh.fusion import is_bitcast, on_chip_values, producers_of, readers_of, view_values
+from mesh.machine.chip import PERFORMANCE_MODE_DTYPES, ChipSpec
 from mesh.machine.runtime import IDEAL_RUNTIME, RuntimeSpec
+from mesh.perf import tensor_engine
 
 
 @dataclass(frozen=True)
@@ -90,108 +92,6 @@ class Cost:
 
 
 _SCALARS = tuple(f.name for f in fields(Cost) if f.name != "engine_seconds")
-
-
-# Ops that produce their result element by element, and ops that can consume such a stream
-# straight from SBUF.
-STREAMING_PRODUCERS = (isa.Elementwise, isa.BroadcastInDim, isa.Iota)
-STREAMING_CONSUMERS = STREAMING_PRODUCERS + (isa.Reduce,)
-
-
-@functools.lru_cache(maxsize=64)
-def on_chip_values(program: isa.Program) -> frozenset[int]:
-    """Values of `program` that stay in SBUF (fused elementwise chains): made by a
-    streaming producer, read only by streaming consumers, and not a program output."""
-    consumers: dict[int, list[isa.Instruction]] = {}
-    for instr in program.instructions:
-        for v in instr.ins:
-            consumers.setdefault(v, []).append(instr)
-    outputs = set(program.outputs)
-    return frozenset(
-        v for instr in program.instructions if isinstance(instr, STREAMING_PRODUCERS)
-        for v in instr.outs
-        if v not in outputs and v in consumers
-        and all(isinstance(c, STREAMING_CONSUMERS) for c in consumers[v]))
-
-
-# Data movement the reader's DMA does as it reads: a slice (static, or at a start the DMA
-# descriptor takes at run time) or a bitcast (a reshape; a broadcast adding only dimensions
-# of size 1, elements in order). Such a value is an access pattern over its operand's
-# buffer, never written to HBM, when every reader reads it through DMA.
-VIEW_PRODUCERS = (isa.Slice, isa.DynamicSlice, isa.Reshape, isa.BroadcastInDim)
-
-
-def adds_unit_dims(instr: isa.Instruction, program: isa.Program) -> bool:
-    """A BroadcastInDim that keeps its operand's elements in order, adding only dimensions
-    of size 1 (a scan's `x[None]` before it is written into the stacked outputs): a
-    bitcast."""
-    return isinstance(instr, isa.BroadcastInDim) and \
-        list(instr.dimensions) == sorted(instr.dimensions) and \
-        program.values[instr.ins[0]].type.size == program.values[instr.outs[0]].type.size
-
-
-def _reads_in_place(instr: isa.Instruction, operand: int) -> bool:
-    """Whether `instr` reads `operand` through DMA at whatever address it has: not as the
-    buffer it writes in place (a dynamic-update-slice's or scatter's operand), not as a loop
-    or conditional's operand (their sub-programs take whole buffers), not on the host."""
-    if isinstance(instr, (isa.DynamicUpdateSlice, isa.Scatter)) and instr.ins[0] == operand:
-        return False
-    return not isinstance(instr, isa.HostCallback) and not isa.subprogram_fields(instr)
-
-
-@functools.lru_cache(maxsize=64)
-def readers_of(program: isa.Program) -> dict[int, list[isa.Instruction]]:
-    """The instructions that read each value of `program`, in program order."""
-    readers: dict[int, list[isa.Instruction]] = {}
-    for instr in program.instructions:
-        for v in dict.fromkeys(instr.ins):
-            readers.setdefault(v, []).append(instr)
-    return readers
-
-
-@functools.lru_cache(maxsize=64)
-def producers_of(program: isa.Program) -> dict[int, isa.Instruction]:
-    """The instruction that makes each value of `program` (inputs have none)."""
-    return {v: instr for instr in program.instructions for v in instr.outs}
-
-
-@functools.lru_cache(maxsize=64)
-def view_values(program: isa.Program) -> frozenset[int]:
-    """Values of `program` that are access patterns over another value's buffer (see
-    VIEW_PRODUCERS): bitcasts of stored values always; slices when everything that reads
-    them reads through DMA and they are not program outputs. mesh.memory stores them in
-    their operand's buffer."""
-    readers = readers_of(program)
-    on_chip, outputs = on_chip_values(program), set(program.outputs)
-    read_by_dma: dict[int, bool] = {}  # of bitcast results: only DMA reads them
-
-    def only_dma_reads(value: int) -> bool:
-        if value in outputs:
-            return False
-        for r in readers.get(value, ()):
-            if _is_bitcast(r, program) and r.ins[0] == value:
-                if not read_by_dma.get(r.outs[0], False):
-                    return False
-            elif not (isinstance(r, (isa.Slice, isa.DynamicSlice)) and r.ins[0] == value) \
-                    and not _reads_in_place(r, value):
-                return False
-        return True
-
-    views: set[int] = set()
-    for instr in reversed(program.instructions):  # readers before the values they read
-        if not isinstance(instr, VIEW_PRODUCERS) or instr.ins[0] in on_chip:
-            continue
-        (out,) = instr.outs
-        if _is_bitcast(instr, program):
-            views.add(out)
-            read_by_dma[out] = only_dma_reads(out)
-        elif isinstance(instr, (isa.Slice, isa.DynamicSlice)) and only_dma_reads(out):
-            views.add(out)
-    return frozenset(views)
-
-
-def _is_bitcast(instr: isa.Instruction, program: isa.Program) -> bool:
-    return isinstance(instr, isa.Reshape) or adds_unit_dims(instr, program)
 
 
 @dataclass(frozen=True)
@@ -248,29 +148,29 @@ def cost_rule(*classes: type) -> Callable:
     return register
 
 
-# Composites that name a kernel the chip runs fused (its engines working on SBUF-resident
-# tiles): costed by the kernel's own rule, not by walking their decomposition. By name:
-# (the engine whose queue the kernel holds, the rule).
-FUSED_KERNELS: dict[str, tuple[str, Callable[[isa.Instruction, CostContext], Cost]]] = {}
+# The fused kernels' rules (mesh.fused_kernels: composites the chip runs as one kernel),
+# costed by the kernel's own rule, not by walking their decomposition. By name: (the engine
+# whose queue the kernel holds, the rule).
+KERNEL_RULES: dict[str, tuple[str, Callable[[isa.Instruction, CostContext], Cost]]] = {}
 
 
 def fused_kernel(name: str, engine: str) -> Callable:
-    """Register the decorated `rule(instr, ctx) -> Cost` for composites named `name`."""
+    """Register the decorated `rule(instr, ctx) -> Cost` for composites named `name`, one of
+    mesh.fused_kernels.FUSED_KERNELS."""
+    if name not in FUSED_KERNELS:
+        raise ValueError(f"{name!r} is not a fused kernel: add it to "
+                         "mesh.fused_kernels.FUSED_KERNELS first")
 
     def register(fn: Callable) -> Callable:
-        FUSED_KERNELS[name] = (engine, fn)
+        KERNEL_RULES[name] = (engine, fn)
         return fn
 
     return register
 
 
-def is_fused_kernel(instr: isa.Instruction) -> bool:
-    return isinstance(instr, Composite) and instr.name in FUSED_KERNELS
-
-
 def _rule(instr: isa.Instruction) -> Callable[[isa.Instruction, CostContext], Cost] | None:
     if is_fused_kernel(instr):
-        return FUSED_KERNELS[instr.name][1]
+        return KERNEL_RULES[instr.name][1]
     return RULES.get(type(instr))
 
 
@@ -280,7 +180,7 @@ def has_rule(instr: isa.Instruction) -> bool:
 
 def queue(instr: isa.Instruction) -> str:
     """The engine whose queue `instr` occupies."""
-    return FUSED_KERNELS[instr.name][0] if is_fused_kernel(instr) else instr.engine
+    return KERNEL_RULES[instr.name][0] if is_fused_kernel(instr) else instr.engine
 
 
 def instruction_cost(instr: isa.Instruction, program: isa.Program, chip: ChipSpec,
@@ -459,18 +359,12 @@ def _fft(instr: isa.Fft, ctx: CostContext) -> Cost:
 
 
 # A host callback stops the chip for a round trip to the host: the operands go out and the
-# results come back over PCIe, and the Python function runs. Assumed: 100 us fixed (DMA
-# setup, interrupt, the runtime's callback dispatch and the Python call; AWS gives no figure,
-# and a Python call alone is tens of us) plus the bytes at PCIe Gen5 x16 (~64 GB/s per
-# direction, ~32 GB/s usable each way assumed).
-HOST_ROUND_TRIP_S = 100e-6
-HOST_LINK_BYTES_PER_S = 32e9
-
-
+# results come back over PCIe, and the Python function runs (ChipSpec.host_round_trip_seconds
+# and host_link_bandwidth: assumed figures, with their reasons).
 @cost_rule(isa.HostCallback)
 def _host_callback(instr: isa.HostCallback, ctx: CostContext) -> Cost:
     nbytes = ctx.nbytes((*instr.ins, *instr.outs))
-    seconds = HOST_ROUND_TRIP_S + nbytes / HOST_LINK_BYTES_PER_S
+    seconds = ctx.chip.host_round_trip_seconds + nbytes / ctx.chip.host_link_bandwidth
     return Cost(bytes_accessed=nbytes, seconds=seconds, engine_seconds={isa.DMA: seconds})
 
 
@@ -515,21 +409,14 @@ def _elementwise(instr: isa.Elementwise, ctx: CostContext) -> Cost:
                      rate=_vector_rate(instr, ctx))
 
 
-# The Vector Engine's element rate per lane and cycle by its tensor operands: an op of one
-# tensor operand (tensor_copy, tensor_scalar) takes N cycles for N elements, one of two
-# (tensor_tensor) 2N (the nki.isa cost formulas); with every tensor BF16 or FP16, Trainium2's
-# performance mode runs them at 4x and 2x those rates (NKI Trainium2 guide). The other
-# engines run at one element per lane per cycle.
-HALF_PRECISION = ("bfloat16", "float16")
-VECTOR_RATES = {1: 1.0, 2: 0.5}
-VECTOR_HALF_PRECISION_RATES = {1: 4.0, 2: 2.0}
-
-
 def _vector_rate(instr: isa.Elementwise, ctx: CostContext) -> float:
+    """The Vector Engine's element rate per lane and cycle for `instr` by its tensor
+    operands and dtypes (ChipSpec.vector_rates); the other engines run at one element per
+    lane per cycle."""
     if instr.engine != isa.VECTOR:
         return 1.0
-    half = all(ctx.type(v).dtype in HALF_PRECISION for v in instr.ins + instr.outs)
-    rates = VECTOR_HALF_PRECISION_RATES if half else VECTOR_RATES
+    half = all(ctx.type(v).dtype in PERFORMANCE_MODE_DTYPES for v in instr.ins + instr.outs)
+    rates = dict(ctx.chip.vector_performance_mode_rates if half else ctx.chip.vector_rates)
     producers = producers_of(ctx.program)
 
     def scalar(v: int) -> bool:  # a scalar, or one broadcast to the op's shape
@@ -615,7 +502,7 @@ def _written_straight_into(instr: isa.DynamicUpdateSlice, ctx: CostContext) -> b
                 readers.get(value, []) != [reader] or value not in producers:
             return False
         producer = producers[value]
-        if not _is_bitcast(producer, ctx.program):  # a slice read in place writes nothing
+        if not is_bitcast(producer, ctx.program):  # a slice read in place writes nothing
             return not isinstance(producer, isa.Constant) and value not in ctx.views
         value, reader = producer.ins[0], producer
 

@@ -26,7 +26,7 @@ from mesh.isa.sites import line_text
 from mesh.perf import schedule
 import numpy as np
 
-from mesh.perf.collective_model import KINDS, link_bytes
+from mesh.perf.collectives import KINDS, link_bytes
 from mesh.perf.cost import Cost, has_rule, instruction_cost, queue
 from mesh.machine import Placement, Topology, chips_text
 from mesh.machine.runtime import EXPECTED_LEAVES_OUT, IDEAL_RUNTIME
@@ -107,7 +107,7 @@ BUSIEST_LINKS = 3  # links cost_analysis names
 
 def collective_kind(instr: isa.Instruction) -> str:
     """'all-gather', 'reduce-scatter', 'all-reduce', 'all-to-all', 'collective-permute'
-    (collective_model.KINDS), or the mnemonic of another instruction on the collective
+    (mesh.perf.collectives.KINDS), or the mnemonic of another instruction on the collective
     queue."""
     return KINDS.get(type(instr), instr.mnemonic)
 
@@ -229,7 +229,7 @@ class ProgramEstimate:
     @cached_property
     def link_bytes(self) -> np.ndarray:
         """The bytes every torus link carries over one step, [chip, torus axis, direction
-        (0: towards lower coordinates, 1: higher)] (collective_model.link_bytes): each
+        (0: towards lower coordinates, 1: higher)] (mesh.perf.collectives.link_bytes): each
         collective's, a loop body's times its trip count (1 when unknown, as the estimate
         counts it), the most any branch puts on each link."""
         return _program_link_bytes(self.program, self.topology, self.placement)

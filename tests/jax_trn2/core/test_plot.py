@@ -16,7 +16,7 @@ from jax_trn2.core import plot
 from jax_trn2.cli import main
 from mesh import isa
 from mesh.machine import get_topology
-from mesh.perf.collective_model import link_bytes
+from mesh.perf.collectives import link_bytes
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 F32 = jnp.float32

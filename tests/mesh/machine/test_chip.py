@@ -27,7 +27,8 @@ def test_override_takes_effect():
     assert ChipSpec(tensor_clock_hz=1.0e9).tensor_clock_hz == 1.0e9
 
 
-@pytest.mark.parametrize("field", ["tensor_clock_hz", "vector_clock_hz", "hbm_bandwidth", "pe_cols"])
+@pytest.mark.parametrize("field", ["tensor_clock_hz", "vector_clock_hz", "hbm_bandwidth", "pe_cols",
+                                   "host_link_bandwidth"])
 def test_non_positive_field_raises_with_value(field):
     with pytest.raises(ValueError, match=rf"{field} must be positive, got -3"):
         ChipSpec(**{field: -3})
@@ -54,6 +55,17 @@ def test_duplicate_or_non_positive_rate_raises():
         ChipSpec(matmul_rates=(("bfloat16", 1.0), ("float32", 0)))
     with pytest.raises(ValueError, match="rate reference"):
         ChipSpec(matmul_rates=(("bfloat16", 2.0),))
+
+
+def test_negative_host_round_trip_raises():
+    with pytest.raises(ValueError, match=r"host_round_trip_seconds must be >= 0, got -1"):
+        ChipSpec(host_round_trip_seconds=-1)
+
+
+@pytest.mark.parametrize("rates", [((1, 1.0),), ((1, 1.0), (2, 0.0)), ((1, 1.0), (3, 0.5))])
+def test_vector_rates_need_positive_rates_for_one_and_two_operands(rates):
+    with pytest.raises(ValueError, match=r"vector_rates must give positive rates"):
+        ChipSpec(vector_rates=rates)
 
 
 def test_unknown_dtype_names_it_and_the_known_ones():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mesh import isa
-from mesh.perf.collective_model import link_bytes, plan_collective
+from mesh.perf.collectives import link_bytes, plan_collective
 from mesh.machine import get_topology, place_mesh
 
 ULTRA = get_topology("trn2-ultra")

@@ -9,11 +9,12 @@ import pytest
 
 from mesh import isa
 from mesh.machine.chip import ChipSpec
-from mesh.perf.cost import Cost, instruction_cost, on_chip_values
+from mesh.fusion import on_chip_values
+from mesh.perf.cost import Cost, instruction_cost
 from mesh.perf.estimate import IDEAL, ProgramEstimate
 from mesh.perf.tensor_engine import tile_matmul
 from mesh.machine import get_topology, place_mesh
-from mesh.perf.collective_model import plan_collective
+from mesh.perf.collectives import plan_collective
 
 CHIP = ChipSpec()
 LANES = CHIP.neuron_cores * CHIP.sbuf_partitions  # elements per engine cycle per chip

@@ -11,7 +11,7 @@ import pytest
 
 from mesh import isa
 from mesh.machine import get_topology, place_mesh
-from mesh.perf.collective_model import link_bytes, plan_collective
+from mesh.perf.collectives import link_bytes, plan_collective
 
 CLUSTER = get_topology("trn2-ultracluster-16")  # 16 UltraServers of 64 chips: 1,024 chips
 ULTRA = get_topology("trn2-ultra")  # one UltraServer on its own

@@ -8,7 +8,7 @@ import pytest
 
 from mesh import isa
 from mesh.machine import get_topology, place_mesh
-from mesh.perf.collective_model import ON_CHIP, plan_collective
+from mesh.perf.collectives import ON_CHIP, plan_collective
 
 INSTANCE = get_topology("trn2.48xlarge")  # 16 chips, 4 devices (LNC=2) each
 RT, CHIP = INSTANCE.runtime, INSTANCE.chip
