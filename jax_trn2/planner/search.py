@@ -13,9 +13,13 @@ no tracing) and then:
 
 - pruned as "shape" when a sharding of its arguments does not divide their shape (the
   full plan would fail so, its reason naming the layout axis at fault);
-- pruned as "memory" when its arguments alone, split as the step's in_shardings say, take
-  more than a device's HBM: every argument is resident when the step starts, so the peak
-  is at least their bytes per device (`argument_bytes`);
+- pruned as "memory" when the least its peak can be (`least_peak_bytes`) exceeds a
+  device's HBM: its arguments, split as the step's in_shardings say (every argument is
+  resident when the step starts: `argument_bytes`), or, while a top-level scan of its
+  traced program runs, the per-step outputs it stacks and those earlier scans stacked that
+  it or later work reads (the activations a jax.grad keeps for the backward pass), each
+  split over every device at most, with the arguments still to be read (`memory_floor`,
+  from the jaxpr, once per variant and remat policy);
 - pruned as "time" when the least time its matmuls can take, the FLOPs of its traced
   program (counted once per variant and remat policy, `matmul_flops`) spread evenly over
   the devices at their peak rate (`compute_seconds`), is no less (per token, when tokens
@@ -23,8 +27,9 @@ no tracing) and then:
   partitioner splits the matmuls, it does not remove them, and the busiest device does at
   least the average share.
 
-The rest are planned in full, those with the least bound first (so a good plan is found
-early and prunes the most), in worker processes as a sweep plans.
+The rest are planned in full, first those whose least peak leaves half a device's HBM
+free, each group fastest bound first (so a plan that fits is found early and prunes the
+most), in worker processes as a sweep plans.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
 import numpy as np
-from jax.extend.core import jaxprs_in_params
+from jax.extend.core import DropVar, Var, jaxprs_in_params
 from jax.sharding import NamedSharding, Sharding
 
 from jax_trn2.planner.layout import Layout
@@ -57,8 +62,8 @@ class IndivisibleArgumentError(ValueError):
 @dataclass(frozen=True)
 class Pruned:
     """A variant not planned in full, and why: `why` is SHAPE (its arguments do not split
-    as its shardings say), MEMORY (`bound`: bytes per device its arguments alone take,
-    over a device's HBM) or TIME (`bound`: the least seconds its step can take, no less
+    as its shardings say), MEMORY (`bound`: the least bytes per device its peak can be,
+    over a device's HBM: least_peak_bytes) or TIME (`bound`: the least seconds its step can take, no less
     than the best plan's)."""
 
     variant: Variant
@@ -90,8 +95,8 @@ class Search(Sweep):
         total = sum(counts.values())
         head = (f"searched {total} variants in {self.wall_seconds:.1f} s: {counts['planned']} "
                 f"planned in full; pruned {counts[SHAPE]} whose arguments do not split as "
-                f"their shardings say, {counts[MEMORY]} whose arguments alone exceed a "
-                f"device's HBM, {counts[TIME]} whose least compute time cannot beat the best "
+                f"their shardings say, {counts[MEMORY]} whose least peak (arguments, "
+                f"activations their scans keep) exceeds a device's HBM, {counts[TIME]} whose least compute time cannot beat the best "
                 "plan found")
         return "\n\n".join([head, super().table(), pruned_table(self.pruned)])
 
@@ -118,11 +123,16 @@ def argument_bytes(layout: Layout, jitted: Any, args: Sequence[Any]) -> int:
     without a sharding counts as split over every device (the least it could take).
     Raises IndivisibleArgumentError naming the layout axis when a sharding does not
     divide its shape."""
+    return sum(_argument_leaf_bytes(layout, jitted, args))
+
+
+def _argument_leaf_bytes(layout: Layout, jitted: Any, args: Sequence[Any]) -> list[int]:
+    """argument_bytes of each leaf of the arguments, in the order the jaxpr takes them."""
     dynamic, _ = jitted.dynamic_arguments(tuple(args), {})
     shardings = getattr(jitted, "in_shardings", None)
     if not isinstance(shardings, (tuple, list)):
         shardings = (shardings,) * len(dynamic)
-    total = 0
+    sizes = []
     for i, (sharding, arg) in enumerate(zip(shardings, dynamic)):
         leaves = jax.tree_util.tree_flatten_with_path(arg)[0]
         given = [sharding] * len(leaves) if isinstance(sharding, Sharding) or \
@@ -132,8 +142,8 @@ def argument_bytes(layout: Layout, jitted: Any, args: Sequence[Any]) -> int:
             given = [None] * len(leaves)
         for (path, leaf), s in zip(leaves, given):
             s = s if isinstance(s, Sharding) else getattr(leaf, "sharding", None)
-            total += _shard_bytes(layout, s, leaf, f"argument {i}{jax.tree_util.keystr(path)}")
-    return total
+            sizes.append(_shard_bytes(layout, s, leaf, f"argument {i}{jax.tree_util.keystr(path)}"))
+    return sizes
 
 
 def _shard_bytes(layout: Layout, sharding: Sharding | None, leaf: Any, what: str) -> int:
@@ -154,6 +164,155 @@ def _shard_bytes(layout: Layout, sharding: Sharding | None, leaf: Any, what: str
 def _axes(spec: tuple, dim: int) -> tuple[str, ...]:
     entry = spec[dim] if dim < len(spec) else None
     return (entry,) if isinstance(entry, str) else tuple(entry or ())
+
+
+@dataclass(frozen=True)
+class LoopInstant:
+    """What must be in HBM while one top-level scan of a step runs, from its jaxpr (the
+    same for every sharding of the step): `stacked_bytes`, the global bytes of the scans'
+    per-step outputs live then (its own, and earlier scans' it reads or later work reads:
+    the residuals a backward pass keeps from the forward one), and `donated`, the donated
+    argument leaves that work after the scan still reads."""
+
+    stacked_bytes: int
+    donated: frozenset[int]
+
+
+@dataclass(frozen=True)
+class MemoryFloor:
+    """The parts of a step's least peak HBM that come from its jaxpr: its loop instants,
+    each leaf's global bytes and donation, and the leaves not donated that it reads (every
+    argument not donated is live the whole step)."""
+
+    instants: tuple[LoopInstant, ...]
+    leaf_bytes: tuple[int, ...]  # global bytes of each argument leaf
+    held: frozenset[int]  # leaves not donated that the step reads
+
+
+def memory_floor(traced: Any) -> MemoryFloor | None:
+    """The MemoryFloor of a traced step (`jitted.trace(*args)`), or None when its jaxpr's
+    arguments do not line up with its arguments' leaves."""
+    jaxpr = traced.jaxpr.jaxpr
+    donated = [bool(getattr(info, "donated", False)) for info in jax.tree.leaves(traced.args_info)]
+    if len(donated) != len(jaxpr.invars):
+        return None
+    eqns = _needed_eqns(jaxpr)
+    read = {v for e in eqns for v in _vars(e.invars)} | set(_vars(jaxpr.outvars))
+    argument = {v: i for i, v in enumerate(jaxpr.invars)}
+    made_by = {v: k for k, e in enumerate(eqns) for v in _vars(e.outvars)}
+    stacked = {k: _stacked_outputs(e) & read for k, e in enumerate(eqns)
+               if e.primitive.name == "scan"}
+    instants = []
+    for k, own in stacked.items():
+        reads_after = {v for j in _descendants(eqns, k) for v in _vars(eqns[j].invars)}
+        before = _ancestors(eqns, k)
+        inputs = set(_vars(eqns[k].invars))
+        live = set(own) | {v for v in inputs | reads_after if made_by.get(v) in stacked and
+                           v in stacked[made_by[v]] and (v in inputs or made_by[v] in before)}
+        instants.append(LoopInstant(
+            sum(_value_bytes(v) for v in live),
+            frozenset(argument[v] for v in reads_after if v in argument and donated[argument[v]])))
+    return MemoryFloor(tuple(instants), tuple(_value_bytes(v) for v in jaxpr.invars),
+                       frozenset(i for v, i in argument.items() if not donated[i] and v in read))
+
+
+def least_peak_bytes(layout: Layout, leaf_bytes: Sequence[int], floor: MemoryFloor | None
+                     ) -> int:
+    """A lower bound of the step's peak HBM per device under `layout`, given its arguments'
+    bytes per device (`_argument_leaf_bytes`) and its MemoryFloor: the larger of
+
+    - its arguments, all resident when the step starts;
+    - at each top-level scan, while it runs: its per-step outputs (a scan writes them into
+      stacked buffers of their own), the earlier scans' stacked outputs it or work after it
+      reads (made before it starts, freed after it ends: the residuals a jax.grad keeps for
+      its backward pass), the donated arguments work after it reads, each at least its
+      global bytes over the layout's devices (the most it can be split), and the arguments
+      not donated, as split.
+
+    A scan's per-step output that its body passes through from an input is not counted
+    (it may be a view), nor one nothing needed reads."""
+    least = sum(leaf_bytes)
+    if floor is None:
+        return least
+    held = sum(leaf_bytes[i] for i in floor.held)
+    for instant in floor.instants:
+        split = _split(instant.stacked_bytes, layout) + \
+            sum(_split(floor.leaf_bytes[i], layout) for i in instant.donated)
+        least = max(least, held + split)
+    return least
+
+
+def memory_lower_bound(layout: Layout, jitted: Any, args: Sequence[Any]) -> int:
+    """least_peak_bytes of `jitted` called with `args` under `layout` (traced here)."""
+    return least_peak_bytes(layout, _argument_leaf_bytes(layout, jitted, args),
+                            memory_floor(jitted.trace(*args)))
+
+
+def _split(nbytes: int, layout: Layout) -> int:
+    return -(-nbytes // layout.devices)
+
+
+def _vars(atoms: Iterable[Any]) -> list[Any]:
+    """The variables among jaxpr atoms (not literals, not dropped outputs)."""
+    return [v for v in atoms if isinstance(v, Var) and not isinstance(v, DropVar)]
+
+
+def _value_bytes(v: Any) -> int:
+    return math.prod(v.aval.shape) * np.dtype(v.aval.dtype).itemsize
+
+
+def _needed_eqns(jaxpr: Any) -> list[Any]:
+    """The equations the jaxpr's outputs depend on (or with effects), in order: what a
+    compiler keeps."""
+    needed = set(_vars(jaxpr.outvars))
+    kept = []
+    for e in reversed(jaxpr.eqns):
+        if e.effects or any(v in needed for v in _vars(e.outvars)):
+            kept.append(e)
+            needed.update(_vars(e.invars))
+    return kept[::-1]
+
+
+def _descendants(eqns: Sequence[Any], k: int) -> list[int]:
+    """The equations after eqns[k] that depend on it: whatever the schedule, they start
+    after it ends."""
+    made = set(_vars(eqns[k].outvars))
+    found = []
+    for j in range(k + 1, len(eqns)):
+        if any(v in made for v in _vars(eqns[j].invars)):
+            found.append(j)
+            made.update(_vars(eqns[j].outvars))
+    return found
+
+
+def _ancestors(eqns: Sequence[Any], k: int) -> set[int]:
+    """The equations before eqns[k] it depends on: they end before it starts."""
+    wanted = set(_vars(eqns[k].invars))
+    found = set()
+    for j in range(k - 1, -1, -1):
+        if any(v in wanted for v in _vars(eqns[j].outvars)):
+            found.add(j)
+            wanted.update(_vars(eqns[j].invars))
+    return found
+
+
+def _stacked_outputs(eqn: Any) -> set[Any]:
+    """A scan's per-step outputs stacked over two or more steps, each distinct body result
+    once, leaving out those its body passes through from a constant or a per-step input
+    (or a literal): those may be views of its inputs. (A carry's value at each step is
+    written anew.)"""
+    if eqn.params["length"] < 2:
+        return set()
+    body = eqn.params["jaxpr"].jaxpr
+    consts, carries = eqn.params["num_consts"], eqn.params["num_carry"]
+    read_only = set(_vars(body.invars[:consts] + body.invars[consts + carries:]))
+    seen, stacked = set(), set()
+    for inner, outer in zip(body.outvars[carries:], eqn.outvars[carries:]):
+        if isinstance(inner, Var) and inner not in read_only and inner not in seen \
+                and isinstance(outer, Var) and not isinstance(outer, DropVar):
+            seen.add(inner)
+            stacked.add(outer)
+    return stacked
 
 
 def matmul_flops(jaxpr: Any) -> dict[str, float]:
@@ -204,7 +363,8 @@ def search(build: Callable[..., tuple[Any, Sequence[Any]]], layouts: Iterable[La
            workers: int | None = None, progress: bool | Callable[[int, int, Plan], None] = False
            ) -> Search:
     """Plan every layout (and combination of `params`) of `build` as jax_trn2.plan.sweep
-    does, but prune first what cannot fit (its arguments exceed a device's HBM) or cannot
+    does, but prune first what cannot fit (its least peak, arguments and the activations
+    its scans keep, exceeds a device's HBM) or cannot
     win (its least compute time is no less than the best plan found so far), and what
     cannot be split (its arguments' shapes over its shardings): see the module's
     docstring. Returns a Search: the table of the plans made in full, `pruned` and
@@ -215,21 +375,24 @@ def search(build: Callable[..., tuple[Any, Sequence[Any]]], layouts: Iterable[La
     started = time.perf_counter()
     plans: list[Plan] = []
     pruned: list[Pruned] = []
-    flops: dict[tuple, dict[str, float]] = {}  # by variant: its traced matmul FLOPs
-    bounds: dict[Variant, float] = {}
+    traced: dict[tuple, _Traced] = {}  # by _trace_key
+    bounds: dict[Variant, float] = {}  # least seconds (per token)
+    least_bytes: dict[Variant, float] = {}  # least peak HBM per device
 
     for job in jobs:
         if job.layout.placement_error:
             plans.append(plan_of(job, (None, job.layout.placement_error, 0.0, ()),
                                  tokens_per_step, model_flops))
             continue
-        why = _cannot_fit(build, job, flops)
-        if why is None:
-            bounds[job] = _per_token(compute_seconds(flops[_flops_key(job)], job.layout),
-                                     job.figure(tokens_per_step))
-        else:
+        why = _cannot_fit(build, job, traced)
+        if isinstance(why, Pruned):
             pruned.append(why)
-    survivors = sorted(bounds, key=bounds.get)
+            continue
+        least_bytes[job] = why / job.layout.machine.device.hbm_bytes
+        flops = traced[_trace_key(job)].flops if _trace_key(job) in traced else {}
+        bounds[job] = _per_token(compute_seconds(flops, job.layout),
+                                 job.figure(tokens_per_step))
+    survivors = sorted(bounds, key=lambda job: _planning_order(bounds[job], least_bytes[job]))
 
     def best_seconds() -> float:
         return min((p.rank_seconds for p in plans if p.fits), default=math.inf)
@@ -258,37 +421,60 @@ def search(build: Callable[..., tuple[Any, Sequence[Any]]], layouts: Iterable[La
                   wall_seconds=time.perf_counter() - started, workers=count)
 
 
-def _flops_key(job: Variant) -> tuple:
-    """What a step's matmuls may depend on besides its shardings: the build's parameters
-    and the layout's remat, microbatches and schedule."""
+def _trace_key(job: Variant) -> tuple:
+    """What a step's traced program (its matmuls, its scans' outputs) may depend on besides
+    its shardings: the build's parameters and the layout's remat, microbatches and
+    schedule."""
     layout = job.layout
     return job.params, layout.remat, layout.microbatches, layout.schedule
 
 
-def _cannot_fit(build: Callable, job: Variant, flops: dict[tuple, dict[str, float]]
-                ) -> Pruned | None:
-    """Build `job`; a Pruned when its arguments do not split or exceed a device's HBM;
-    else None, its variant's matmul FLOPs counted into `flops` if not yet (a build or
-    trace that fails counts none: the full plan will say why)."""
+@dataclass(frozen=True)
+class _Traced:
+    """What a search reads from a variant's traced program."""
+
+    flops: Mapping[str, float]  # matmul_flops
+    floor: MemoryFloor | None  # memory_floor
+
+
+def _cannot_fit(build: Callable, job: Variant, traced: dict[tuple, _Traced]
+                ) -> Pruned | float:
+    """Build `job`; a Pruned when its arguments do not split or its least peak HBM
+    (least_peak_bytes) exceeds a device's; else that least peak, its program's figures
+    traced into `traced` if not yet (a build or trace that fails has none: the full plan
+    will say why)."""
+    key = _trace_key(job)
     try:
         jitted, args = build_variant(build, job)
-        nbytes = argument_bytes(job.layout, jitted, args)
+        leaf_bytes = _argument_leaf_bytes(job.layout, jitted, args)
     except IndivisibleArgumentError as e:
         return Pruned(job, SHAPE, str(e), 0.0)
     except Exception:
-        flops.setdefault(_flops_key(job), {})
-        return None
+        return 0.0
+    if key not in traced:
+        try:
+            step = jitted.trace(*args)
+            traced[key] = _Traced(matmul_flops(step.jaxpr), memory_floor(step))
+        except Exception:  # not kept: another layout of the same program may trace
+            return 0.0
+    nbytes = least_peak_bytes(job.layout, leaf_bytes, traced[key].floor)
     hbm = job.layout.machine.device.hbm_bytes
     if nbytes > hbm:
-        return Pruned(job, MEMORY, f"its arguments alone take {bytes_text(nbytes)} per "
-                                   f"device, over a device's {bytes_text(hbm)}", nbytes)
-    key = _flops_key(job)
-    if key not in flops:
-        try:
-            flops[key] = matmul_flops(jitted.trace(*args).jaxpr)
-        except Exception:
-            flops[key] = {}
-    return None
+        arguments = sum(leaf_bytes)
+        what = f"its arguments alone take {bytes_text(arguments)}" if nbytes == arguments \
+            else ("its arguments and the per-step outputs of its scans (at their most "
+                  f"split) take at least {bytes_text(nbytes)}")
+        return Pruned(job, MEMORY, f"{what} per device, over a device's {bytes_text(hbm)}",
+                      nbytes)
+    return nbytes
+
+
+def _planning_order(seconds: float, hbm_share: float) -> tuple[bool, float]:
+    """Plan first those whose least peak leaves at least half a device's HBM free (the
+    activations and temporaries the floor leaves out must fit there), fastest bound
+    first: the first plans are then likely to fit, and the time bound prunes from the
+    start."""
+    return hbm_share > 0.5, seconds
 
 
 def _per_token(seconds: float, tokens: float | None) -> float:

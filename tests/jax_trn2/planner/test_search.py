@@ -1,6 +1,8 @@
 """jax_trn2.plan.search and sweeps over the build's parameters: each variant's own tokens
 and FLOPs, and pruning bounds that are lower bounds of the full plans."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -9,7 +11,7 @@ import jax_trn2
 from jax_trn2 import plan
 from jax_trn2.planner.layout import Layout, grid
 from jax_trn2.planner.search import (MEMORY, SHAPE, TIME, argument_bytes, compute_seconds,
-                                     matmul_flops)
+                                     matmul_flops, memory_floor, memory_lower_bound)
 from mesh.machine import get_topology
 
 TOPOLOGY = "trn2"  # 16 chips of 96 GiB
@@ -133,3 +135,88 @@ def test_a_search_prunes_only_what_cannot_fit_or_win(small_space):
             assert pruned.why == SHAPE and not truth.ok
     text = str(searched)
     assert f"searched {len(layouts)} variants" in text and "planned in full" in text
+
+
+# A deep linear-tanh stack trained by jax.grad, its layers run by a scan: the residuals its
+# backward pass keeps (per-step outputs of the forward scan) outweigh its weights.
+LAYERS, TOKENS, WIDTH = 8, 2 ** 20, 4096
+
+
+def scanned(ws, x, remat=False):
+    """A step of LAYERS tanh layers (ws f32[LAYERS, WIDTH, WIDTH]) on x bf16[TOKENS, WIDTH]."""
+    def layer(h, w):
+        return jnp.tanh(h @ w.astype(jnp.bfloat16)), None
+
+    def loss(ws):
+        h, _ = jax.lax.scan(jax.checkpoint(layer) if remat else layer, x, ws)
+        return h.astype(jnp.float32).sum()
+    return ws - 1e-3 * jax.grad(loss)(ws)
+
+
+def build_scanned(layout, tokens=TOKENS):
+    mesh = layout.make_mesh()
+    ws = layout.sharding(mesh, None, "embed", "mlp")
+    step = jax_trn2.jit(functools.partial(scanned, remat=layout.remat is not None),
+                        in_shardings=(ws, layout.sharding(mesh, "batch", None)),
+                        out_shardings=ws, donate_argnums=0, topology=layout.topology)
+    return step, (jax.ShapeDtypeStruct((LAYERS, WIDTH, WIDTH), jnp.float32),
+                  jax.ShapeDtypeStruct((tokens, WIDTH), jnp.bfloat16))
+
+
+def test_the_memory_floor_by_hand():
+    """Without remat the forward scan stacks, for each layer, its input h, its weight cast
+    to bfloat16, its output y = tanh(h @ w) and 1 - y (tanh's derivative is 1 - y^2: jax
+    keeps both), all bfloat16; with remat only h. The backward
+    scan stacks each layer's weight gradient (float32) while it reads those."""
+    h = LAYERS * TOKENS * WIDTH * 2
+    cast = LAYERS * WIDTH * WIDTH * 2
+    grads = LAYERS * WIDTH * WIDTH * 4
+    for remat, forward in ((None, 3 * h + cast), ("full", h)):
+        layout = Layout.of(fsdp=16, topology=TOPOLOGY, remat=remat)
+        jitted, args = build_scanned(layout)
+        floor = memory_floor(jitted.trace(*args))
+        assert [i.stacked_bytes for i in floor.instants] == [forward, forward + grads], remat
+        # the weights are donated and read after the forward scan (by the backward one):
+        # at least their bytes over the 16 chips; x (not donated) as split
+        weights, x = LAYERS * WIDTH * WIDTH * 4, TOKENS * WIDTH * 2
+        assert floor.instants[0].donated == {0} and floor.held == {1}
+        assert memory_lower_bound(layout, jitted, args) == \
+            (forward + grads + weights) // 16 + x // 16
+
+
+@pytest.fixture(scope="module")
+def scanned_space():
+    """Every dp x fsdp x tp of 16 chips and of 2, remat off and on, of the scanned step:
+    planned in full, and searched."""
+    layouts = grid(16, remats=(None, "full"), topologies=(TOPOLOGY,)) + \
+        grid(2, remats=(None, "full"), topologies=(TOPOLOGY,))
+    full = plan.sweep(build_scanned, layouts, workers=1, progress=False)
+    searched = plan.search(build_scanned, layouts, workers=1)
+    return layouts, full, searched
+
+
+def test_the_memory_floor_is_a_lower_bound_of_the_full_plans(scanned_space):
+    _, full, _ = scanned_space
+    planned = [p for p in full if p.ok]
+    assert len(planned) >= 10
+    above_arguments = 0
+    for p in planned:
+        jitted, args = build_scanned(p.layout)
+        least = memory_lower_bound(p.layout, jitted, args)
+        assert least <= p.estimate.peak_bytes, p.name
+        above_arguments += least > argument_bytes(p.layout, jitted, args)
+    assert above_arguments == len(planned)  # the residuals count in every one
+
+
+def test_a_search_prunes_by_the_activations_it_must_keep(scanned_space):
+    layouts, full, searched = scanned_space
+    by_layout = {p.layout: p for p in full}
+    memory = [p for p in searched.pruned if p.why == MEMORY]
+    assert memory
+    for pruned in memory:
+        truth = by_layout[pruned.variant.layout]
+        jitted, args = build_scanned(pruned.variant.layout)
+        assert argument_bytes(pruned.variant.layout, jitted, args) <= HBM  # not by arguments
+        assert not truth.fits and truth.estimate.peak_bytes >= pruned.bound > HBM
+    assert searched.best.layout == full.best.layout
+    assert searched.best.step_seconds == full.best.step_seconds
