@@ -1,0 +1,42 @@
+"""Calling one executor kernel directly: a one-instruction program over a small mesh, its
+operands in the executor's layout (leading mesh dims, size 1 where a value is replicated)."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from mesh import dtypes, isa
+from mesh.isa.kernels import kernel_for
+from mesh.isa.kernels.context import KernelContext
+
+
+def info_of(array: np.ndarray, nm: int) -> isa.ValueInfo:
+    """The value an executor array holds: varying along the mesh dims of size > 1."""
+    varying = frozenset(a for a in range(nm) if array.shape[a] > 1)
+    return isa.ValueInfo(isa.TensorType(tuple(array.shape[nm:]),
+                                        dtypes.dtype_name(array.dtype)), varying)
+
+
+def run_kernel(make: Callable[[tuple, tuple], isa.Instruction], args: Sequence[np.ndarray],
+               outs: Sequence[tuple[tuple[int, ...], str, frozenset]],
+               mesh: dict[str, int], rounding: Callable | None = None) -> list[np.ndarray]:
+    """The kernel of `make(outs, ins)` on `args` (arrays with a leading dim per mesh axis);
+    `outs` gives each result's (per-chip shape, dtype name, mesh axes it varies along)."""
+    spec = isa.MeshSpec(tuple(mesh), tuple(mesh.values()))
+    ins = tuple(range(len(args)))
+    out_ids = tuple(range(len(args), len(args) + len(outs)))
+    values = {i: info_of(np.asarray(a), spec.rank) for i, a in zip(ins, args)}
+    values.update({o: isa.ValueInfo(isa.TensorType(tuple(shape), dtype), frozenset(varying))
+                   for o, (shape, dtype, varying) in zip(out_ids, outs)})
+    instr = make(out_ids, ins)
+    program = isa.Program(spec, (instr,), ins, out_ids, values)
+    ctx = KernelContext(program, run=None, rounding=rounding)
+    return [np.asarray(r) for r in kernel_for(instr)(instr, list(args), ctx)]
+
+
+def bits(x: np.ndarray) -> np.ndarray:
+    """x's bit patterns, for bit-exact comparisons of floats (-0.0 and NaNs included)."""
+    x = np.asarray(x)
+    return x.view(np.dtype(f"uint{8 * x.dtype.itemsize}"))
