@@ -12,7 +12,6 @@ from lowering import UnsupportedOpError
 from mesh import isa
 from rule_lowering import lower_jax, only, out_type
 
-
 MESH = jax.make_mesh((4,), ("x",))
 # 8 float32 split over the 4 chips of axis x
 X = jax.ShapeDtypeStruct((8,), np.float32, sharding=jax.sharding.NamedSharding(MESH, P("x")))
@@ -51,6 +50,5 @@ def test_all_reduce_with_other_body_is_unsupported():
           use_global_device_ids} : (tensor<2xf32>) -> tensor<2xf32>
       return %y : tensor<2xf32>
     }}"""
-
     with pytest.raises(UnsupportedOpError, match="reduction body other than one of add"):
         lowering.lower(text)
