@@ -31,7 +31,9 @@ TP = "tp"  # the mesh axis the model is split over
 
 @dataclasses.dataclass(frozen=True)
 class Llama:
-    """A Llama-architecture decoder (grouped-query attention, SwiGLU MLP, RMSNorm)."""
+    """A Llama-architecture decoder (grouped-query attention with rotary position
+    embeddings, SwiGLU MLP, RMSNorm); `qk_norm` adds Qwen3's RMSNorm of each query and key
+    head before the rotation."""
 
     layers: int
     d_model: int
@@ -40,12 +42,15 @@ class Llama:
     d_ff: int
     vocab: int
     head_dim: int = 128
+    rope_theta: float = 500000.0
+    qk_norm: bool = False
     dtype: str = "bfloat16"
 
     def param_count(self) -> int:
         attention = self.d_model * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
         mlp = 3 * self.d_model * self.d_ff
-        return self.layers * (attention + mlp + 2 * self.d_model) + \
+        norms = 2 * self.d_model + (2 * self.head_dim if self.qk_norm else 0)
+        return self.layers * (attention + mlp + norms) + \
             2 * self.vocab * self.d_model + self.d_model
 
 
@@ -54,7 +59,8 @@ LLAMA_3_8B = Llama(layers=32, d_model=4096, heads=32, kv_heads=8, d_ff=14336, vo
 LLAMA_3_70B = Llama(layers=80, d_model=8192, heads=64, kv_heads=8, d_ff=28672, vocab=128256)
 LLAMA_3_405B = Llama(layers=126, d_model=16384, heads=128, kv_heads=8, d_ff=53248,
                      vocab=128256)
-QWEN_3_32B = Llama(layers=64, d_model=5120, heads=64, kv_heads=8, d_ff=25600, vocab=151936)
+QWEN_3_32B = Llama(layers=64, d_model=5120, heads=64, kv_heads=8, d_ff=25600, vocab=151936,
+                   rope_theta=1000000.0, qk_norm=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +102,8 @@ def _weights(split: Split, *, stacked: bool = True) -> dict[str, jax.ShapeDtypeS
         "w1": (c.d_model, c.d_ff), "w3": (c.d_model, c.d_ff), "w2": (c.d_ff, c.d_model),
         "norm1": (c.d_model,), "norm2": (c.d_model,),
     }
+    if c.qk_norm:
+        layer.update(q_norm=(c.head_dim,), k_norm=(c.head_dim,))
     weights = {k: jax.ShapeDtypeStruct((c.layers, *shape), dt) for k, shape in layer.items()}
     weights["embed"] = jax.ShapeDtypeStruct((c.vocab, c.d_model), dt)
     weights["head"] = jax.ShapeDtypeStruct((c.d_model, c.vocab), dt)
@@ -107,7 +115,7 @@ def _weights(split: Split, *, stacked: bool = True) -> dict[str, jax.ShapeDtypeS
 WEIGHT_SPECS = {
     "wq": P(None, None, TP), "wk": P(None, None, TP), "wv": P(None, None, TP),
     "wo": P(None, TP, None), "w1": P(None, None, TP), "w3": P(None, None, TP),
-    "w2": P(None, TP, None), "norm1": P(), "norm2": P(), "embed": P(), "head": P(None, TP),
+    "w2": P(None, TP, None), "norm1": P(), "norm2": P(), "q_norm": P(), "k_norm": P(), "embed": P(), "head": P(None, TP),
     "norm": P(),
 }
 
@@ -116,6 +124,30 @@ def _rms_norm(x, scale):
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-5)
     return (x32 * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def _rotary(x, positions, theta: float):
+    """Rotary position embedding of x [..., positions, heads, head_dim] (Llama's and
+    Qwen's: the two halves of each head rotated by position / theta^(2i / head_dim))."""
+    half = x.shape[-1] // 2
+    inverse_frequencies = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions.astype(jnp.float32)[:, None] * inverse_frequencies  # [positions, half]
+    cos, sin = jnp.cos(angles)[:, None], jnp.sin(angles)[:, None]  # over the heads
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return rotated.astype(x.dtype)
+
+
+def _queries_and_keys(split: Split, h, w, positions):
+    """This chip's query and key heads of h [batch, positions, d], normalised (Qwen3) and
+    rotated: ([batch, positions, heads, head_dim], [batch, positions, kv heads, head_dim])."""
+    c = split.config
+    batch, length = h.shape[:2]
+    q = (h @ w["wq"]).reshape(batch, length, split.heads, c.head_dim)
+    k = (h @ w["wk"]).reshape(batch, length, split.kv_heads, c.head_dim)
+    if c.qk_norm:
+        q, k = _rms_norm(q, w["q_norm"]), _rms_norm(k, w["k_norm"])
+    return _rotary(q, positions, c.rope_theta), _rotary(k, positions, c.rope_theta)
 
 
 def _mlp(h, layer):
@@ -141,9 +173,10 @@ def _decode_body(split: Split, weights, cache_k, cache_v, tokens, position):
 
     def layer(carry, w):
         x, index, cache_k, cache_v = carry  # the caches carried: updated in place
-        h = _rms_norm(x, w["norm1"])
-        q = (h @ w["wq"]).reshape(batch, split.kv_heads, group, c.head_dim)
-        k = (h @ w["wk"]).reshape(1, batch, 1, split.kv_heads, c.head_dim)
+        h = _rms_norm(x, w["norm1"])[:, None]  # [B, 1, d]: one new position
+        q, k = _queries_and_keys(split, h, w, position[None])
+        q = q.reshape(batch, split.kv_heads, group, c.head_dim)
+        k = k.reshape(1, batch, 1, split.kv_heads, c.head_dim)
         v = (h @ w["wv"]).reshape(1, batch, 1, split.kv_heads, c.head_dim)
         cache_k = jax.lax.dynamic_update_slice(cache_k, k, (index, 0, position, 0, 0))
         cache_v = jax.lax.dynamic_update_slice(cache_v, v, (index, 0, position, 0, 0))
@@ -175,8 +208,7 @@ def _prefill_body(split: Split, weights, tokens):
     def layer(x, w):
         h = gathered(_rms_norm(x, w["norm1"]))
         length = h.shape[1]
-        q = (h @ w["wq"]).reshape(batch, length, split.heads, c.head_dim)
-        k = (h @ w["wk"]).reshape(batch, length, split.kv_heads, c.head_dim)
+        q, k = _queries_and_keys(split, h, w, jnp.arange(length))
         v = (h @ w["wv"]).reshape(batch, length, split.kv_heads, c.head_dim)
         attended = jax_trn2.flash_attention(q, k, v, causal=True)
         x = x + scattered(attended.reshape(batch, length, -1) @ w["wo"])

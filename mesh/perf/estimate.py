@@ -34,6 +34,11 @@ from mesh.memory import MemoryAnalysis
 from mesh.units import bandwidth_text, bytes_text, seconds_text
 
 
+# The summary names the source lines (and scopes) that take the largest shares of the
+# critical path.
+SOURCE_LINES_SHOWN = 5
+
+
 @dataclass(frozen=True)
 class RegionEstimate:
     """A sub-program of a loop or conditional and its estimate: `runs` times per run of the
@@ -282,6 +287,9 @@ class ProgramEstimate:
             "critical_path_seconds": self.critical_path_by_engine(),
             "critical_path_by_source": self.critical_path_by_source(),
             "critical_path_by_scope": self.critical_path_by_scope(),
+            "engine_seconds_by_source": {
+                line: {e: cost.engine_seconds.get(e, 0.0) for e in schedule.ENGINES}
+                for line, cost in self.cost_by_source().items()},
             "loops_of_unknown_trip_count": self.unknown_trip_counts,
             "runtime": dict(self.runtime.items()),
             "expected_leaves_out": EXPECTED_LEAVES_OUT,
@@ -352,6 +360,9 @@ class ProgramEstimate:
         if step:
             lines += _largest_shares("critical path by source line",
                                      info["critical_path_by_source"], step, "(no source line)")
+        if step:
+            lines.append("time by source line (busy per engine, one step):")
+            lines += ["  " + row for row in self.source_table().splitlines()]
         if step and any(info["critical_path_by_scope"]):
             lines += _largest_shares("critical path by scope", info["critical_path_by_scope"],
                                      step, "(no scope)")
@@ -414,6 +425,49 @@ class ProgramEstimate:
             line = line_text(instr.loc)
             shares[line] = shares.get(line, 0.0) + seconds
         return shares
+
+    def cost_by_source(self) -> dict[str, Cost]:
+        """The step's cost at each line of the user's code (keys as critical_path_by_source):
+        each engine's busy seconds, FLOPs, HBM bytes and peak seconds of the instructions
+        the line made, loops counted by their trip counts (sums over the lines equal
+        busy_seconds() and the step's FLOPs), with `optimal_seconds` the line's share of the
+        critical path. The table a Neuron profile's operator view gives, line by line."""
+        costs: dict[str, Cost] = {}
+        self._add_costs_by_source(costs, 1.0)
+        for line, seconds in self.critical_path_by_source().items():
+            costs[line] = dataclasses.replace(costs.get(line, Cost()), optimal_seconds=seconds)
+        return costs
+
+    def _add_costs_by_source(self, costs: dict[str, Cost], runs: float) -> None:
+        for i, (instr, cost) in enumerate(zip(self.program.instructions, self.costs)):
+            regions = self.regions.get(i)
+            if regions:
+                for region in regions:
+                    region.estimate._add_costs_by_source(costs, runs * region.runs)
+                continue
+            line = line_text(instr.loc)
+            costs[line] = costs.get(line, Cost()) + runs * dataclasses.replace(
+                cost, optimal_seconds=0.0)
+
+    def source_table(self, rows: int = SOURCE_LINES_SHOWN) -> str:
+        """The `rows` lines of the user's code with the most critical-path time, each with
+        its share of the step, every engine's busy time and its FLOPs and HBM traffic."""
+        step = self.step_seconds
+        ranked = sorted(self.cost_by_source().items(), key=lambda kv: -kv[1].optimal_seconds)
+        width = max([len(name or "(no source line)") for name, _ in ranked[:rows]] + [11])
+        head = (f"{'source line':<{width}} {'critical':>8} "
+                + " ".join(f"{e + ' ms':>13}" for e in schedule.ENGINES)
+                + f" {'FLOPs':>9} {'HBM':>10}")
+        lines = [head]
+        for name, cost in ranked[:rows]:
+            share = cost.optimal_seconds / step if step else 0.0
+            lines.append(f"{name or '(no source line)':<{width}} {share:8.1%} "
+                         + " ".join(f"{cost.engine_seconds.get(e, 0.0) * 1e3:13,.3f}"
+                                    for e in schedule.ENGINES)
+                         + f" {cost.flops:9.3g} {bytes_text(cost.bytes_accessed):>10}")
+        if len(ranked) > rows:
+            lines.append(f"... {len(ranked) - rows} more lines")
+        return "\n".join(lines)
 
     def critical_path_by_scope(self) -> dict[str, float]:
         """Seconds of the critical path in each of the user's name scopes (a Flax module
@@ -485,9 +539,6 @@ def _program_link_bytes(program: isa.Program, topology: Topology,
     return total
 
 
-# The summary names the source lines (and scopes) that take the largest shares of the
-# critical path.
-SOURCE_LINES_SHOWN = 5
 
 
 def _largest_shares(title: str, shares: dict[str, float], step: float,

@@ -93,6 +93,25 @@ def test_loop_time_is_split_among_the_engines_and_lines_inside():
     assert busiest.rsplit(":", 1)[0].endswith("test_program_estimates.py")
 
 
+def test_engine_time_by_source_line_adds_up_to_the_step():
+    """The per-line table counts a loop body's lines once per trip: its engine seconds sum
+    to each engine's busy time, and the loop body's line holds its matmul and its tanh."""
+    def layers(x, w):
+        y = jax.lax.scan(lambda x, wi: (jnp.tanh(x @ wi), None), x, w)[0]
+        return y * 2.0
+
+    c = compiled(layers, jax.ShapeDtypeStruct((2048, 1024), BF16),
+                 jax.ShapeDtypeStruct((4, 1024, 1024), BF16))
+    info = c.cost_analysis()["trn2"]
+    by_line = info["engine_seconds_by_source"]
+    for engine, busy in info["engine_busy_seconds"].items():
+        assert sum(row[engine] for row in by_line.values()) == pytest.approx(busy)
+    body = next(line for line, row in by_line.items() if row["Tensor"])
+    assert by_line[body]["Scalar"] > 0  # the tanh shares the matmul's line
+    text = c.as_text()
+    assert "time by source line" in text and body in text.split("time by source line")[1]
+
+
 def test_listing_times_every_instruction_inside_a_loop():
     def layers(x, w):
         return jax.lax.scan(lambda x, wi: (jnp.tanh(x @ wi), None), x, w)[0]
