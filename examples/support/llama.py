@@ -126,19 +126,26 @@ def _rms_norm(x, scale):
     return (x32 * scale.astype(jnp.float32)).astype(x.dtype)
 
 
-def _rotary(x, positions, theta: float):
-    """Rotary position embedding of x [..., positions, heads, head_dim] (Llama's and
-    Qwen's: the two halves of each head rotated by position / theta^(2i / head_dim))."""
+def _rotation(positions, config: Llama):
+    """The rotary embedding's (cos, sin) [positions, 1, head_dim / 2] (Llama's and Qwen's: the
+    two halves of each head turned by position / theta^(2i / head_dim)), computed once per
+    step and shared by every layer, as Hugging Face's and NxD's models do."""
+    half = config.head_dim // 2
+    inverse_frequencies = config.rope_theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions.astype(jnp.float32)[:, None] * inverse_frequencies
+    return jnp.cos(angles)[:, None], jnp.sin(angles)[:, None]  # broadcast over the heads
+
+
+def _rotary(x, rotation):
+    """x [..., positions, heads, head_dim] rotated by `rotation` (_rotation's)."""
+    cos, sin = rotation
     half = x.shape[-1] // 2
-    inverse_frequencies = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angles = positions.astype(jnp.float32)[:, None] * inverse_frequencies  # [positions, half]
-    cos, sin = jnp.cos(angles)[:, None], jnp.sin(angles)[:, None]  # over the heads
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return rotated.astype(x.dtype)
 
 
-def _queries_and_keys(split: Split, h, w, positions):
+def _queries_and_keys(split: Split, h, w, rotation):
     """This chip's query and key heads of h [batch, positions, d], normalised (Qwen3) and
     rotated: ([batch, positions, heads, head_dim], [batch, positions, kv heads, head_dim])."""
     c = split.config
@@ -147,7 +154,7 @@ def _queries_and_keys(split: Split, h, w, positions):
     k = (h @ w["wk"]).reshape(batch, length, split.kv_heads, c.head_dim)
     if c.qk_norm:
         q, k = _rms_norm(q, w["q_norm"]), _rms_norm(k, w["k_norm"])
-    return _rotary(q, positions, c.rope_theta), _rotary(k, positions, c.rope_theta)
+    return _rotary(q, rotation), _rotary(k, rotation)
 
 
 def _mlp(h, layer):
@@ -170,11 +177,12 @@ def _decode_body(split: Split, weights, cache_k, cache_v, tokens, position):
     batch = x.shape[0]
     group = split.heads // split.kv_heads
     visible = jnp.arange(cache_k.shape[2]) <= position  # the cache bucket, masked
+    rotation = _rotation(position[None], c)
 
     def layer(carry, w):
         x, index, cache_k, cache_v = carry  # the caches carried: updated in place
         h = _rms_norm(x, w["norm1"])[:, None]  # [B, 1, d]: one new position
-        q, k = _queries_and_keys(split, h, w, position[None])
+        q, k = _queries_and_keys(split, h, w, rotation)
         q = q.reshape(batch, split.kv_heads, group, c.head_dim)
         k = k.reshape(1, batch, 1, split.kv_heads, c.head_dim)
         v = (h @ w["wv"]).reshape(1, batch, 1, split.kv_heads, c.head_dim)
@@ -198,6 +206,7 @@ def _prefill_body(split: Split, weights, tokens):
     c = split.config
     x = weights["embed"][tokens]  # [B, T/chips, d]: this chip's part of the sequence
     batch = x.shape[0]
+    rotation = _rotation(jnp.arange(x.shape[1] * split.chips), c)  # the whole sequence's
 
     def gathered(h):  # the whole sequence, for a block
         return jax.lax.all_gather(h, TP, axis=1, tiled=True)
@@ -208,7 +217,7 @@ def _prefill_body(split: Split, weights, tokens):
     def layer(x, w):
         h = gathered(_rms_norm(x, w["norm1"]))
         length = h.shape[1]
-        q, k = _queries_and_keys(split, h, w, jnp.arange(length))
+        q, k = _queries_and_keys(split, h, w, rotation)
         v = (h @ w["wv"]).reshape(batch, length, split.kv_heads, c.head_dim)
         attended = jax_trn2.flash_attention(q, k, v, causal=True)
         x = x + scattered(attended.reshape(batch, length, -1) @ w["wo"])

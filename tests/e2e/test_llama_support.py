@@ -65,7 +65,9 @@ def test_keys_are_rotated_by_position():
     """The rotation turns each pair (x_i, x_{i+half}) by position / theta^(i / half): at
     position 0 nothing moves, and a rotation keeps each pair's length."""
     x = jnp.asarray(np.random.default_rng(1).standard_normal((3, 2, 8)), jnp.float32)
-    rotated = llama._rotary(x, jnp.arange(3), 10000.0)
+    config = llama.Llama(layers=1, d_model=16, heads=2, kv_heads=2, d_ff=16, vocab=8,
+                         head_dim=8, rope_theta=10000.0)
+    rotated = llama._rotary(x, llama._rotation(jnp.arange(3), config))
     np.testing.assert_array_equal(rotated[0], x[0])
     pair_length = lambda v: v[..., :4] ** 2 + v[..., 4:] ** 2  # noqa: E731
     np.testing.assert_allclose(pair_length(rotated), pair_length(x), rtol=1e-6)
