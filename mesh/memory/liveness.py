@@ -65,8 +65,8 @@ from typing import Iterable, Sequence
 from mesh import isa, sharding
 from mesh.isa import control
 from mesh.fused_kernels import is_fused_kernel
-from mesh.fusion import (STREAMING_CONSUMERS, STREAMING_PRODUCERS, on_chip_values, readers_of,
-                         view_values)
+from mesh.fusion import (STREAMING_CONSUMERS, STREAMING_PRODUCERS, adds_unit_dims,
+                         on_chip_values, readers_of, view_values)
 
 ARGUMENT = "argument"
 OUTPUT = "output"
@@ -256,7 +256,8 @@ class _Builder:
         read_in_place = view_values(self.program)
         for instr in self.program.instructions:
             if isinstance(instr, isa.Reshape) or \
-                    self._adds_unit_dims(instr) or (
+                    (instr.ins and instr.ins[0] not in self.on_chip and
+                     adds_unit_dims(instr, self.program)) or (
                     isinstance(instr, (isa.Slice, isa.DynamicSlice)) and
                     instr.outs[0] in read_in_place) or (
                     isinstance(instr, (isa.Shard, isa.Unshard)) and
@@ -264,14 +265,6 @@ class _Builder:
                 self.root[instr.outs[0]] = self.find(instr.ins[0])
             for out, operand in _passed_through(instr):
                 self.root[out] = self.find(operand)
-
-    def _adds_unit_dims(self, instr: isa.Instruction) -> bool:
-        """A BroadcastInDim that keeps its operand's elements in order (as many elements,
-        dimensions in order), adding only dimensions of size 1: a bitcast (of a stored
-        operand: one fused into it is written out by it)."""
-        return isinstance(instr, isa.BroadcastInDim) and instr.ins[0] not in self.on_chip and \
-            list(instr.dimensions) == sorted(instr.dimensions) and \
-            self.stored_type(instr.ins[0]).size == self.stored_type(instr.outs[0]).size
 
     def _in_place(self, order: list[int]) -> None:
         """Results written into an operand's buffer that dies at the instruction, and a
