@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 import jax_trn2  # noqa: E402
 from mesh.machine import ChipSpec, get_topology  # noqa: E402
-from support import llama  # noqa: E402
+from support import llama, moe  # noqa: E402
 
 RANKS_PER_CHIP = 4  # logical NeuronCores per chip at Trn2's default LNC=2
 NCCOM = "Neuron docs, tools/neuron-sys-tools/nccom-test.rst"
@@ -246,7 +246,69 @@ PROGRAMS = [
          prefill(llama.QWEN_3_32B, 4, 4096), PREFILL + SERVED + UNBUCKETED),
 ]
 
-CASES = COLLECTIVES + ENGINES + PROGRAMS
+
+# --- whole programs: mixture of experts --------------------------------------------------
+
+def moe_decode(config: moe.Moe, tp: int, batch: int, bucket: int):
+    def build():
+        split = llama.Split(config, tp)
+        mesh = jax_trn2.make_mesh((tp,), (llama.TP,), topology=machine_for(tp))
+        return moe.decode_step(split, mesh), moe.decode_args(split, batch, bucket)
+    return build
+
+
+def moe_prefill(config: moe.Moe, tp: int, length: int):
+    def build():
+        split = llama.Split(config, tp)
+        mesh = jax_trn2.make_mesh((tp,), (llama.TP,), topology=machine_for(tp))
+        return moe.prefill(split, mesh), moe.prefill_args(split, 1, length)
+    return build
+
+
+# optimum-neuron (neuronx-distributed 0.15) compiles one context-encoding graph of the whole
+# SEQUENCE_LENGTH (bucketing off), so every prompt runs padded to 4,096 positions, and one
+# decode graph of BATCH_SIZE rows reading a 4,096-position cache (padded when one request
+# runs). guidellm's "synchronous" row: one request at a time.
+MOE_SERVED = (" Leaves out the server's own time (measured at the client through vLLM), "
+              "Qwen3's q/k norms and rotary embedding, and the NKI kernels' own schedules "
+              "(the blockwise kernel's per-block weight loads: N blocks read N experts' "
+              "weights where the grouped matmul reads each expert once).")
+MOE_DECODE = ("models the attention weights and the padded cache streamed from HBM, the "
+              "router, ")
+MOE_PREFILL = ("models the 4,096-position prompt through sequence-parallel attention (fused "
+               "kernel), the router, NxD's blockwise experts: the (token, expert) pairs "
+               "scattered into N = ceil((T*k - (E-1))/512) + E - 1 blocks of 512 rows, a "
+               "grouped matmul over them (jax.lax.ragged_dot), gathered back and added, one "
+               "reduce-scatter after it.")
+MOE = [
+    Case("Qwen3-30B-A3B inter-token latency", "validation",
+         "trn2.3xlarge (1 chip, TP4) BF16, compiled for batch 16 and 4,096 tokens, one "
+         "request at a time; optimum-neuron + guidellm", 56.36e-3,
+         f"{OPTIMUM}/qwen3-30B-A3B-trn2 (commit b0a576eb)",
+         moe_decode(moe.QWEN_3_30B_A3B, 4, 16, 4096),
+         MOE_DECODE + "every expert over the 16 rows (16 x 8 / 128 = 1 reaches NxD's "
+         "selective-loading threshold): all 128 experts' weights read each layer." + MOE_SERVED),
+    Case("Qwen3-30B-A3B TTFT", "validation",
+         "trn2.3xlarge (1 chip, TP4) BF16, prompt padded to the 4,096-token graph", 1546.75e-3,
+         f"{OPTIMUM}/qwen3-30B-A3B-trn2 (commit b0a576eb)",
+         moe_prefill(moe.QWEN_3_30B_A3B, 4, 4096), MOE_PREFILL + MOE_SERVED),
+    Case("Qwen3-235B-A22B inter-token latency", "validation",
+         "trn2.48xlarge (16 chips, TP64) BF16, compiled for batch 4 and 4,096 tokens, one "
+         "request at a time; optimum-neuron + guidellm", 32.18e-3,
+         f"{OPTIMUM}/qwen3-235B-A22B-trn2 (commit 5996de0f)",
+         moe_decode(moe.QWEN_3_235B_A22B, 64, 4, 4096),
+         MOE_DECODE + "selective loading (4 x 8 / 128 < 1): each row's 8 experts' weights "
+         "gathered and applied to it, 32 experts' weights read each layer." + MOE_SERVED),
+    Case("Qwen3-235B-A22B TTFT", "validation",
+         "trn2.48xlarge (16 chips, TP64) BF16, prompt padded to the 4,096-token graph",
+         4587.15e-3, f"{OPTIMUM}/qwen3-235B-A22B-trn2 (commit 5996de0f)",
+         moe_prefill(moe.QWEN_3_235B_A22B, 64, 4096),
+         MOE_PREFILL + " Each chip's slice of an expert is 1536 / 64 = 24 columns, which "
+         "NxD's blockwise NKI kernel may reject (its TODO: sizes not divisible by 16), "
+         "falling back to a torch loop over the 191 blocks: not modelled." + MOE_SERVED),
+]
+
+CASES = COLLECTIVES + ENGINES + PROGRAMS + MOE
 
 
 def seconds_text(s: float) -> str:

@@ -171,7 +171,7 @@ def _next_token(x_last, weights):
     return jnp.take_along_axis(tokens, jnp.argmax(bests, axis=0)[None], axis=0)[0]
 
 
-def _decode_body(split: Split, weights, cache_k, cache_v, tokens, position):
+def _decode_body(split: Split, weights, cache_k, cache_v, tokens, position, mlp=_mlp):
     c = split.config
     x = weights["embed"][tokens]  # [B, d]
     batch = x.shape[0]
@@ -194,7 +194,7 @@ def _decode_body(split: Split, weights, cache_k, cache_v, tokens, position):
         probs = jax.nn.softmax(jnp.where(visible, scores, -1e30), axis=-1)
         attended = jnp.einsum("bkgs,bskd->bkgd", probs.astype(x.dtype), values)
         x = x + jax.lax.psum(attended.reshape(batch, -1) @ w["wo"], TP)
-        x = x + jax.lax.psum(_mlp(_rms_norm(x, w["norm2"]), w), TP)
+        x = x + jax.lax.psum(mlp(_rms_norm(x, w["norm2"]), w), TP)
         return (x, index + 1, cache_k, cache_v), None
 
     stacked = {k: v for k, v in weights.items() if k not in ("embed", "head", "norm")}
@@ -202,7 +202,7 @@ def _decode_body(split: Split, weights, cache_k, cache_v, tokens, position):
     return _next_token(x, weights), cache_k, cache_v
 
 
-def _prefill_body(split: Split, weights, tokens):
+def _prefill_body(split: Split, weights, tokens, mlp=_mlp):
     c = split.config
     x = weights["embed"][tokens]  # [B, T/chips, d]: this chip's part of the sequence
     batch = x.shape[0]
@@ -221,7 +221,7 @@ def _prefill_body(split: Split, weights, tokens):
         v = (h @ w["wv"]).reshape(batch, length, split.kv_heads, c.head_dim)
         attended = jax_trn2.flash_attention(q, k, v, causal=True)
         x = x + scattered(attended.reshape(batch, length, -1) @ w["wo"])
-        x = x + scattered(_mlp(gathered(_rms_norm(x, w["norm2"])), w))
+        x = x + scattered(mlp(gathered(_rms_norm(x, w["norm2"])), w))
         return x, (k, v)
 
     stacked = {k: v for k, v in weights.items() if k not in ("embed", "head", "norm")}
