@@ -269,8 +269,8 @@ def moe_prefill(config: moe.Moe, tp: int, length: int):
 # SEQUENCE_LENGTH (bucketing off), so every prompt runs padded to 4,096 positions, and one
 # decode graph of BATCH_SIZE rows reading a 4,096-position cache (padded when one request
 # runs). guidellm's "synchronous" row: one request at a time.
-MOE_SERVED = (" Leaves out the server's own time (measured at the client through vLLM), "
-              "Qwen3's q/k norms and rotary embedding, and the NKI kernels' own schedules "
+MOE_SERVED = (" Leaves out the server's own time (measured at the client through vLLM) "
+              "and the NKI kernels' own schedules "
               "(the blockwise kernel's per-block weight loads: N blocks read N experts' "
               "weights where the grouped matmul reads each expert once).")
 MOE_DECODE = ("models the attention weights and the padded cache streamed from HBM, the "

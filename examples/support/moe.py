@@ -61,13 +61,14 @@ class Moe(llama.Llama):
 # Qwen/Qwen3-30B-A3B-Instruct-2507: hidden_size 2048, num_hidden_layers 48,
 # num_attention_heads 32, num_key_value_heads 4, head_dim 128, num_experts 128,
 # num_experts_per_tok 8, moe_intermediate_size 768, vocab_size 151936, norm_topk_prob true.
+# Both have Qwen3's q/k norm; rope_theta is Qwen3's 1e6 (a rotation's angle changes no cost).
 QWEN_3_30B_A3B = Moe(layers=48, d_model=2048, heads=32, kv_heads=4, d_ff=768, vocab=151936,
-                     experts=128, top_k=8)
-# Qwen/Qwen3-235B-A22B-Instruct-2507: hidden_size 4096, num_hidden_layers 94, num_attention_heads 64,
-# num_key_value_heads 4, head_dim 128, num_experts 128, num_experts_per_tok 8,
-# moe_intermediate_size 1536, vocab_size 151936, norm_topk_prob true.
+                     experts=128, top_k=8, rope_theta=1000000.0, qk_norm=True)
+# Qwen/Qwen3-235B-A22B-Instruct-2507: hidden_size 4096, num_hidden_layers 94,
+# num_attention_heads 64, num_key_value_heads 4, head_dim 128, num_experts 128,
+# num_experts_per_tok 8, moe_intermediate_size 1536, vocab_size 151936, norm_topk_prob true.
 QWEN_3_235B_A22B = Moe(layers=94, d_model=4096, heads=64, kv_heads=4, d_ff=1536,
-                       vocab=151936, experts=128, top_k=8)
+                       vocab=151936, experts=128, top_k=8, rope_theta=1000000.0, qk_norm=True)
 
 # How the expert weights are split over the TP chips: each expert's intermediate dim.
 EXPERT_SPECS = {"w1": P(None, None, None, TP), "w3": P(None, None, None, TP),
