@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
 from mesh import dtypes, isa
@@ -45,7 +46,8 @@ def run_kernel(make: Callable[[tuple, tuple], isa.Instruction], args: Sequence[n
     """The kernel of `make(outs, ins)` on `args` (arrays with a leading dim per mesh axis);
     `outs` gives each result's (per-chip shape, dtype name, mesh axes it varies along)."""
     instr, ctx = kernel_call(make, args, outs, mesh, rounding)
-    return [np.asarray(r) for r in kernel_for(instr)(instr, list(args), ctx)]
+    arrays = [jnp.asarray(a) for a in args]  # as the executor holds them
+    return [np.asarray(r) for r in kernel_for(instr)(instr, arrays, ctx)]
 
 
 def sub_program(mesh: dict[str, int], instructions: Sequence[isa.Instruction],
