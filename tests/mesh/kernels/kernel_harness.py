@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -46,8 +47,9 @@ def run_kernel(make: Callable[[tuple, tuple], isa.Instruction], args: Sequence[n
     """The kernel of `make(outs, ins)` on `args` (arrays with a leading dim per mesh axis);
     `outs` gives each result's (per-chip shape, dtype name, mesh axes it varies along)."""
     instr, ctx = kernel_call(make, args, outs, mesh, rounding)
-    arrays = [jnp.asarray(a) for a in args]  # as the executor holds them
-    return [np.asarray(r) for r in kernel_for(instr)(instr, arrays, ctx)]
+    with jax.enable_x64(True):  # as the executor runs, 64-bit values keeping their type
+        arrays = [jnp.asarray(a) for a in args]  # as the executor holds them
+        return [np.asarray(r) for r in kernel_for(instr)(instr, arrays, ctx)]
 
 
 def sub_program(mesh: dict[str, int], instructions: Sequence[isa.Instruction],

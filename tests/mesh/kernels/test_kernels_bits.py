@@ -2,6 +2,7 @@
 (low bits first), reduce_precision's rounding and overflow, stablehlo.rng's range and
 rng_bit_generator's per-chip states."""
 
+import jax
 import ml_dtypes
 import numpy as np
 from jax import lax
@@ -76,13 +77,14 @@ def test_rng_is_the_same_on_every_call_and_each_chip_draws_in_its_own_range():
 
 def test_rng_bit_generator_draws_each_chips_bits_from_its_own_state():
     """As lax.rng_bit_generator on each chip's state: chip 1's bits are not chip 0's."""
-    states = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.uint32)  # THREE_FRY's 128 bits
+    states = np.array([[1, 2], [3, 4]], np.uint64)
     make = lambda outs, ins: isa.RngBitGenerator(outs, ins, algorithm="THREE_FRY")
-    new_states, drawn = run_kernel(make, [states], [((4,), "uint32", {0}),
+    new_states, drawn = run_kernel(make, [states], [((2,), "uint64", {0}),
                                                     ((4,), "uint32", {0})], {"x": 2})
     for chip in range(2):
-        want_state, want_bits = lax.rng_bit_generator(states[chip], (4,), np.uint32,
-                                                      lax.RandomAlgorithm.RNG_THREE_FRY)
+        with jax.enable_x64(True):  # the state keeps its 64-bit type, as in the executor
+            want_state, want_bits = lax.rng_bit_generator(states[chip], (4,), np.uint32,
+                                                          lax.RandomAlgorithm.RNG_THREE_FRY)
         np.testing.assert_array_equal(drawn[chip], want_bits)
         np.testing.assert_array_equal(new_states[chip], want_state)
     assert (drawn[0] != drawn[1]).any()
