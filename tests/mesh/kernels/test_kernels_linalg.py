@@ -20,7 +20,8 @@ def lapack(routine: str, args, outs, **options):
 
 def test_potrf_factors_one_triangle_and_reports_the_first_failing_minor():
     """[[4, 2], [2, 5]] = L L^T with L = [[2, 0], [1, 2]]; the upper triangle keeps the
-    input's 2. [[1, 2], [2, 1]] is not positive definite at its second minor: info 2."""
+    input's 2. [[1, 2], [2, 1]] is not positive definite at its second minor: info 2;
+    [[4, 2, 0], [2, 5, 0], [0, 0, -1]] at its third: info 3 (LAPACK's dpotrf says so)."""
     factor, info = lapack("potrf", [[[4, 2], [2, 5]]], [MATRIX, INFO], uplo="L")
     np.testing.assert_allclose(factor, [[2, 2], [1, 2]])
     assert info == 0
@@ -28,6 +29,9 @@ def test_potrf_factors_one_triangle_and_reports_the_first_failing_minor():
     np.testing.assert_allclose(factor, [[2, 1], [2, 2]])  # U = L^T, the lower 2 kept
     _, info = lapack("potrf", [[[1, 2], [2, 1]]], [MATRIX, INFO], uplo="L")
     assert info == 2
+    _, info = lapack("potrf", [[[4, 2, 0], [2, 5, 0], [0, 0, -1]]],
+                     [((3, 3), "float32", set()), INFO], uplo="U")
+    assert info == 3
 
 
 def test_getrf_pivots_are_1_based_and_a_zero_pivot_is_reported():
