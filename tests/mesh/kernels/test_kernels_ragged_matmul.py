@@ -36,6 +36,17 @@ def test_rows_after_the_last_group_are_zeros():
     np.testing.assert_array_equal(out[0], [[1, 0], [3, 1], [5, 1], [0, 0], [0, 0]])
 
 
+def test_rows_in_no_group_are_zeros_whatever_the_rhs_holds():
+    """Sizes [2, 0, 0]: rows 2 to 4 are in no group, zeros even though the rhs of the
+    groups they are not in holds infinities (no 0 * inf)."""
+    rhs = RHS.copy()
+    rhs[0, 1:] = np.inf
+    sizes = np.array([[2, 0, 0]], np.int32)
+    (out,) = run_kernel(ragged_rows, [LHS, rhs, sizes], [((5, 2), "float32", set())],
+                        {"x": 1})
+    np.testing.assert_array_equal(out[0], [[1, 0], [5, 2], [0, 0], [0, 0], [0, 0]])
+
+
 def test_each_chip_cuts_its_rows_by_its_own_group_sizes():
     """Chip 0 puts every row in group 0, chip 1 every row in group 1 (all 100 * row sum)."""
     sizes = np.array([[5, 0, 0], [0, 5, 0]], np.int32)
