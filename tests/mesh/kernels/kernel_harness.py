@@ -23,18 +23,26 @@ def info_of(array: np.ndarray, nm: int) -> isa.ValueInfo:
                                         dtypes.dtype_name(array.dtype)), varying)
 
 
+def mesh_spec(mesh: dict[str, int]) -> isa.MeshSpec:
+    return isa.MeshSpec(tuple(mesh), tuple(mesh.values()))
+
+
+def value_info(shape: tuple[int, ...], dtype: str, varying) -> isa.ValueInfo:
+    """A value of per-chip `shape` and type `dtype` varying along mesh axes `varying`."""
+    return isa.ValueInfo(isa.TensorType(tuple(shape), dtype), frozenset(varying))
+
+
 def kernel_call(make: Callable[[tuple, tuple], isa.Instruction], args: Sequence[np.ndarray],
                 outs: Sequence[tuple[tuple[int, ...], str, frozenset]],
                 mesh: dict[str, int], rounding: Callable | None = None
                 ) -> tuple[isa.Instruction, KernelContext]:
     """The instruction `make(outs, ins)` over `args` and the context a kernel sees it in, as
     run_kernel runs it (for helpers of kernels that take the context)."""
-    spec = isa.MeshSpec(tuple(mesh), tuple(mesh.values()))
+    spec = mesh_spec(mesh)
     ins = tuple(range(len(args)))
     out_ids = tuple(range(len(args), len(args) + len(outs)))
     values = {i: info_of(np.asarray(a), spec.rank) for i, a in zip(ins, args)}
-    values.update({o: isa.ValueInfo(isa.TensorType(tuple(shape), dtype), frozenset(varying))
-                   for o, (shape, dtype, varying) in zip(out_ids, outs)})
+    values.update({o: value_info(*out) for o, out in zip(out_ids, outs)})
     instr = make(out_ids, ins)
     program = isa.Program(spec, (instr,), ins, out_ids, values)
     run = lambda sub, sub_args, reached=None: run_program(sub, sub_args, rounding, reached)
@@ -57,10 +65,8 @@ def sub_program(mesh: dict[str, int], instructions: Sequence[isa.Instruction],
                 values: dict[int, tuple[tuple[int, ...], str, frozenset]]) -> isa.Program:
     """A loop body, branch or reducer over `mesh`: `values` gives each value's (per-chip
     shape, dtype name, mesh axes it varies along), as run_kernel's `outs` do."""
-    spec = isa.MeshSpec(tuple(mesh), tuple(mesh.values()))
-    infos = {v: isa.ValueInfo(isa.TensorType(tuple(shape), dtype), frozenset(varying))
-             for v, (shape, dtype, varying) in values.items()}
-    return isa.Program(spec, tuple(instructions), tuple(inputs), tuple(outputs), infos)
+    return isa.Program(mesh_spec(mesh), tuple(instructions), tuple(inputs), tuple(outputs),
+                       {v: value_info(*info) for v, info in values.items()})
 
 
 def bits(x: np.ndarray) -> np.ndarray:
