@@ -46,9 +46,40 @@ def potrf(instr: isa.LinearAlgebra, shapes, a):
         factor = jnp.swapaxes(factor, -1, -2).conj()
     n = a.shape[-1]
     keep = jnp.triu(jnp.ones((n, n), bool)) if upper else jnp.tril(jnp.ones((n, n), bool))
-    diagonal = jnp.diagonal(factor, axis1=-2, axis2=-1)
-    info = _info_from_diagonal(diagonal, ~jnp.isfinite(diagonal))
-    return [jnp.where(keep, factor, a), info]
+    failed = ~jnp.isfinite(jnp.diagonal(factor, axis1=-2, axis2=-1)).all(-1)
+    # jax fills a failed factor with NaNs, so its diagonal does not say where it failed
+    info = lax.cond(failed.any(), lambda: _first_failing_minor(source),
+                    lambda: jnp.zeros(failed.shape, jnp.int32))
+    return [jnp.where(keep, factor, a), jnp.where(failed, info, 0)]
+
+
+def _not_positive_definite(a: jnp.ndarray, k: jnp.ndarray) -> jnp.ndarray:
+    """Whether the leading k x k minor of each matrix of `a` (from its lower triangle;
+    k [batch...]) has no Cholesky factor: the factor of the minor bordered by the identity
+    is not finite."""
+    inside = jnp.arange(a.shape[-1]) < k[..., None]
+    minor = jnp.where(inside[..., :, None] & inside[..., None, :], a,
+                      jnp.eye(a.shape[-1], dtype=a.dtype))
+    factor = lax.linalg.cholesky(minor, symmetrize_input=False)
+    return ~jnp.isfinite(jnp.diagonal(factor, axis1=-2, axis2=-1)).all(-1)
+
+
+def _first_failing_minor(a: jnp.ndarray) -> jnp.ndarray:
+    """potrf's info for matrices (lower triangle) with no Cholesky factor: the order of
+    the first leading minor that is not positive definite, found by bisection (a minor
+    containing one that fails fails too), log2(n) + 1 factorisations."""
+    n = a.shape[-1]
+    good = jnp.zeros(a.shape[:-2], jnp.int32)  # a leading minor known to factor
+    bad = jnp.full(a.shape[:-2], n, jnp.int32)  # one known not to
+
+    def halve(_, bounds):
+        good, bad = bounds
+        middle = (good + bad + 1) // 2
+        fails = _not_positive_definite(a, middle)
+        return jnp.where(fails, good, middle), jnp.where(fails, middle, bad)
+
+    _, bad = lax.fori_loop(0, n.bit_length(), halve, (good, bad))
+    return bad
 
 
 def getrf(instr: isa.LinearAlgebra, shapes, a):
