@@ -158,12 +158,14 @@ def platform_env(platform: str, base: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def pytest_command(test_file: JaxTestFile, junit_xml: Path, k: str | None) -> list[str]:
-    """pytest on one file. `-P`: the checkout, the working directory, does not go on the
-    import path, so its jax sources do not stand in for the installed jax."""
-    target = test_file.path + (f"::{test_file.test_class}" if test_file.test_class else "")
-    command = [sys.executable, "-P", "-m", "pytest", "-p", "no:xdist", "-p",
-               "no:cacheprovider", "-q", f"--junitxml={junit_xml}", target]
+def pytest_command(test_file: JaxTestFile, checkout: Path, junit_xml: Path,
+                   k: str | None) -> list[str]:
+    """pytest on one file of `checkout`, which finds jax's settings in its pyproject.toml.
+    It runs in the checkout's tests/ directory (see run_file)."""
+    target = str(checkout / test_file.path) + \
+        (f"::{test_file.test_class}" if test_file.test_class else "")
+    command = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider",
+               "-q", f"--junitxml={junit_xml}", target]
     expressions = [e for e in (test_file.k, k) if e]
     if expressions:
         command += ["-k", " and ".join(f"({e})" for e in expressions)]
@@ -173,14 +175,17 @@ def pytest_command(test_file: JaxTestFile, junit_xml: Path, k: str | None) -> li
 def run_file(test_file: JaxTestFile, platform: str, checkout: Path, output_dir: Path,
              k: str | None, timeout: float) -> FileRun:
     """Runs one file on one platform in its own process; its output goes to a log file
-    beside its junit xml."""
-    stem = f"{test_file.name}.{platform}"
+    beside its junit xml. The process runs in the checkout's tests/ directory, which
+    `python -m` puts on the import path: the checkout's root, holding jax's sources,
+    would stand in for the installed jax."""
+    stem = f"{re.sub(r'[^A-Za-z0-9]+', '_', test_file.label).strip('_')}.{platform}"
     junit_xml, log = output_dir / f"{stem}.xml", output_dir / f"{stem}.log"
     junit_xml.unlink(missing_ok=True)
     env = platform_env(platform, dict(os.environ) | dict(test_file.env))
     start = time.perf_counter()
     with open(log, "w") as out:
-        process = subprocess.Popen(pytest_command(test_file, junit_xml, k), cwd=checkout,
+        process = subprocess.Popen(pytest_command(test_file, checkout, junit_xml, k),
+                                   cwd=checkout / "tests",
                                    env=env, stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True)
         timed_out = False

@@ -59,9 +59,10 @@ def test_the_table_counts_each_platform_and_the_differences_list_the_cpu_passes(
 def test_files_by_default_name_or_path_and_the_command_ands_the_k_expressions(tmp_path):
     api, custom = jc.resolve_files(["api_test", "tests/x_test.py::XTest"])
     assert (api.k, custom.path, custom.test_class) == ("jit", "tests/x_test.py", "XTest")
-    command = jc.pytest_command(api, tmp_path / "a.xml", "not slow")
+    command = jc.pytest_command(api, tmp_path, tmp_path / "a.xml", "not slow")
     assert command[command.index("-k") + 1] == "(jit) and (not slow)"
-    assert "tests/x_test.py::XTest" in jc.pytest_command(custom, tmp_path / "a.xml", None)
+    assert f"{tmp_path}/tests/x_test.py::XTest" in \
+        jc.pytest_command(custom, tmp_path, tmp_path / "a.xml", None)
 
 
 def test_a_checkout_of_another_jax_version_is_refused(tmp_path):
