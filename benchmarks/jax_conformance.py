@@ -139,7 +139,9 @@ def check_checkout(checkout: Path, files: list[JaxTestFile]) -> str:
             f"(`git -C {checkout} checkout jax-v{installed}`)")
     missing = [f.path for f in files if not (checkout / f.path).is_file()]
     if missing:
-        raise SystemExit(f"not in {checkout}: {', '.join(missing)}")
+        raise SystemExit(f"not in {checkout}: {', '.join(missing)} (--files takes paths "
+                         "tests/x_test.py or the names "
+                         f"{', '.join(f.name for f in DEFAULT_FILES)})")
     return checkout_version
 
 
