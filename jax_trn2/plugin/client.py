@@ -13,12 +13,11 @@ import numpy as np
 
 from jax_trn2.core.platform import DEVICE_KIND
 from jax_trn2.plugin import abi
-from jax_trn2.plugin.handles import Buffer, Device, Handles, Memory, Record
+from jax_trn2.plugin.handles import MEMORY_KINDS, Buffer, Device, Handles, Memory, Record
 from jax_trn2.core.options import ClientOptions
 from mesh import sharding
 from mesh.machine import Topology, device_order, place_mesh_within
 
-DEVICE_MEMORY_KIND = "device"  # jax's name for a device's own memory: here its HBM
 # Host arrays whose latest copy buffer_from_host remembers (by a sample of elements): as
 # many as the pieces of a sharded array (each replicated over some devices) jax puts one
 # device at a time.
@@ -51,11 +50,13 @@ class Client:
         self.addressable_devices = [d for d in self.devices if d.addressable]
         # jax.distributed's processes by index: their state as jaxlib last reported it
         self.process_states: dict[int, int] = {}
+        # each device's memories, its HBM first (its default): ids kind by kind
         self.memories = []
-        for device in self.devices:
-            memory = Memory(device.id, DEVICE_MEMORY_KIND, device)
-            device.memories.append(memory)
-            self.memories.append(memory)
+        for k, kind in enumerate(MEMORY_KINDS):
+            for device in self.devices:
+                memory = Memory(k * len(self.devices) + device.id, kind, device)
+                device.memories.append(memory)
+                self.memories.append(memory)
         for device in self.devices:
             handles.add(device)
         for memory in self.memories:

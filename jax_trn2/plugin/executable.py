@@ -23,7 +23,7 @@ from jax._src.lib import xla_client
 
 from jax_trn2.core import donation, lowerings, options
 from jax_trn2.plugin import abi, proto
-from jax_trn2.plugin.handles import Buffer, Device, Memory, Whole
+from jax_trn2.plugin.handles import Buffer, Device, Whole
 from lowering import protobuf
 from mesh import sharding
 from mesh.machine import Topology, device_order
@@ -107,10 +107,11 @@ class Executable:
                                    for k, i in enumerate(self.arg_slots) if i is not None])
         sizes = self._mesh_sizes()
         per_device: list[list[Buffer]] = [[] for _ in self.devices]
-        for i in self.result_slots:
+        for i, kind in zip(self.result_slots, self.out_memory_kinds, strict=True):
             if i is None:  # a token, as XLA gives (no data)
                 for d, device in enumerate(self.devices):
-                    per_device[d].append(Buffer(_TOKEN, device, _memory(device), token=True))
+                    per_device[d].append(Buffer(_TOKEN, device, device.memory(kind),
+                                                token=True))
                 continue
             host = sharding.on_host(results[i])  # a view of the simulator's result
             partials = _at(self.out_partials, i)
@@ -124,7 +125,7 @@ class Executable:
             for d, piece in enumerate(pieces):
                 device = self.devices[d]
                 per_device[d].append(Buffer(piece.reshape(piece.shape[partials:]), device,
-                                            _memory(device), whole, d))
+                                            device.memory(kind), whole, d))
         for row in arguments:
             donation.delete_donated(row, donated)
         return per_device
@@ -277,10 +278,6 @@ def _at(partials: tuple, i: int) -> int:
     """How many leading dims of program input or output i stack partial sums
     (isa.Program.input_partials: none for a program that has none)."""
     return partials[i] if i < len(partials) else 0
-
-
-def _memory(device: Device) -> Memory:
-    return device.memories[0]
 
 
 def _module_name(module: Any) -> str:

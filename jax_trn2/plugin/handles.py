@@ -102,22 +102,41 @@ class MemoryVtable:
         self._data[(memory or 0, key or 0)] = data or 0
 
 
+# A device's memory spaces by jax's names, its default first: its HBM ("device"), and the
+# host's memory behind it, as TPU and GPU devices have them (jax offloads to
+# "pinned_host"). A memory's kind id is its index here.
+MEMORY_KINDS = ("device", "pinned_host", "unpinned_host")
+DEVICE_MEMORY_KIND = MEMORY_KINDS[0]
+
+
 @dataclass(eq=False)
 class Memory:
-    """A device's memory space: its HBM ("device", jax's name for a device's own memory)."""
+    """A device's memory space: its HBM, or the host memory it reads and writes over the
+    host link (MEMORY_KINDS)."""
 
     id: int
     kind: str
     device: "Device"
     owned: abi.Owned = field(default_factory=abi.Owned)
 
-    KIND_ID = 0  # one kind of memory per device
+    def __post_init__(self) -> None:
+        if self.kind not in MEMORY_KINDS:
+            raise ValueError(f"memory kind {self.kind!r} is not one of {MEMORY_KINDS}")
+
+    @property
+    def kind_id(self) -> int:
+        return MEMORY_KINDS.index(self.kind)
+
+    @property
+    def is_hbm(self) -> bool:
+        return self.kind == DEVICE_MEMORY_KIND
 
     def description(self) -> str:
         device = self.device
         where = f"chip {device.machine_device}" if not device.kind_has_cores else \
             f"the chip at {device.coords[:-1]}, logical core {device.core_on_chip}'s share"
-        return f"HBM of Trainium2 {where} (memory kind {self.kind!r})"
+        memory = "HBM of Trainium2" if self.is_hbm else "host memory of Trainium2"
+        return f"{memory} {where} (memory kind {self.kind!r})"
 
 
 @dataclass(eq=False)
@@ -154,8 +173,16 @@ class Device:
     def to_string(self) -> str:
         return f"Trn2Device(id={self.id}, coords={self.coords})"
 
+    def memory(self, kind: str) -> Memory:
+        """This device's memory of `kind` (one of MEMORY_KINDS)."""
+        for memory in self.memories:
+            if memory.kind == kind:
+                return memory
+        raise ValueError(f"{self.to_string()} has no memory of kind {kind!r}; its kinds: "
+                         f"{[m.kind for m in self.memories]}")
+
     def allocated(self, nbytes: int) -> None:
-        """Account a buffer of `nbytes` made on this chip (memory_stats)."""
+        """Account a buffer of `nbytes` made in this chip's HBM (memory_stats)."""
         with self.lock:
             self.bytes_in_use += nbytes
             self.peak_bytes_in_use = max(self.peak_bytes_in_use, self.bytes_in_use)
@@ -215,7 +242,8 @@ class Buffer:
         self.dtype, self.shape, self.nbytes = array.dtype, array.shape, array.nbytes
         if token:
             self.dtype, self.shape = None, ()
-        device.allocated(self.nbytes)
+        self.hbm_bytes = self.nbytes if memory.is_hbm else 0  # host memory is not HBM
+        device.allocated(self.hbm_bytes)
 
     def share(self, view: np.ndarray, whole: Whole, index: int) -> None:
         """Hold piece `index` of `whole` (equal to this buffer's data) instead of a copy of
@@ -227,7 +255,7 @@ class Buffer:
         """Release the data (PJRT_Buffer_Delete, donation); the handle lives on."""
         if not self.deleted:
             self.deleted = self.record.deleted = True
-            self.device.freed(self.nbytes)
+            self.device.freed(self.hbm_bytes)
             self.array = self.whole = None
 
     def data(self) -> np.ndarray:

@@ -320,8 +320,7 @@ def Memory_Id(args):
 
 @slot
 def Memory_Kind_Id(args):
-    _get(args.memory, Memory)
-    args.kind_id = Memory.KIND_ID
+    args.kind_id = _get(args.memory, Memory).kind_id
 
 
 @slot

@@ -101,9 +101,10 @@ def identity(ctx: LoweringContext, op: Op):
 @custom_call_rule("annotate_device_placement")
 def device_placement(ctx: LoweringContext, op: Op):
     """A value placed in another memory (jax.device_put to a memory kind: pinned_host for
-    offloading) keeps its value; the simulated chips hold every buffer in HBM, and the
-    result's memory kind is given back to the caller as jax gives it
-    (lowering.partition.result_memory_kinds)."""
+    offloading) keeps its value; the result's memory kind is given back to the caller as
+    jax gives it (lowering.partition.result_memory_kinds), where the plugin keeps it in
+    that memory. The move over the host link is not costed: the chips' model holds the
+    program's values in HBM."""
     return op.operands
 
 

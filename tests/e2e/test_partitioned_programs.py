@@ -510,8 +510,8 @@ def test_a_donated_array_jax_moves_first_is_not_the_callers(rng, mesh):
     (lambda v: v + 1, SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")),
 ])
 def test_results_placed_in_host_memory_come_back_there(rng, f, out_shardings):
-    """Offloading (a memory kind of pinned_host): the chips model keeps every buffer in HBM,
-    and the result comes back in the memory jax.jit puts it in."""
+    """Offloading (a memory kind of pinned_host): the result comes back in the memory
+    jax.jit puts it in."""
     x = rng.standard_normal(8).astype(np.float32)
     options = {} if out_shardings is None else {"out_shardings": out_shardings}
     got, want = jax_trn2.jit(f, **options)(x), jax.jit(f, **options)(x)

@@ -4,7 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.experimental.compute_on import compute_on2
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
 import jax_trn2
 from mesh.machine import RuntimeSpec
@@ -369,6 +370,33 @@ def test_no_buffer_growth_over_many_calls(devices):
         f(x).block_until_ready()
     assert len(table.HANDLES) <= before + 2
     assert devices[0].memory_stats()["bytes_in_use"] < 10_000
+
+
+def test_host_memory_kinds_hold_arrays_outside_hbm(devices):
+    """pinned_host and unpinned_host, as jax offloads to them on TPU and GPU: device_put
+    there and back, a program's result placed there (compute_on's), none counted in
+    the chip's HBM."""
+    device = devices[5]
+    assert [m.kind for m in device.addressable_memories()] == \
+        ["device", "pinned_host", "unpinned_host"]
+    assert "host memory" in str(device.memory("pinned_host"))
+    in_use = device.memory_stats()["bytes_in_use"]
+    x = np.arange(4096, dtype=np.float32)
+    on_host = jax.device_put(x, SingleDeviceSharding(device, memory_kind="pinned_host"))
+    assert on_host.sharding.memory_kind == "pinned_host"
+    assert device.memory_stats()["bytes_in_use"] == in_use
+    back = jax.device_put(on_host, SingleDeviceSharding(device))
+    assert back.sharding.memory_kind == "device"
+    assert device.memory_stats()["bytes_in_use"] == in_use + x.nbytes
+    np.testing.assert_array_equal(np.asarray(back), x)
+
+    @compute_on2(compute_type="device_host", out_memory_spaces=jax.memory.Space.Host)
+    def double(v):
+        return v * 2
+
+    doubled = double(back)
+    assert doubled.sharding.memory_kind == "pinned_host"
+    np.testing.assert_array_equal(np.asarray(doubled), x * 2)
 
 
 def test_unsafe_buffer_pointer_is_the_pieces_address(devices):
