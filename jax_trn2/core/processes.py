@@ -11,9 +11,12 @@ heartbeats for `heartbeat_timeout_seconds` (jax.distributed.initialize's; 100 by
 from __future__ import annotations
 
 import threading
-from typing import Iterable
+from typing import Any, Iterable, Sequence
 
+import jax
+import numpy as np
 from jax._src import distributed
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 # How long a failed run waits for the coordination service's verdict on the other
 # processes (s): jax's default heartbeat timeout (100 s), with a margin.
@@ -49,3 +52,29 @@ def lost_processes(process_ids: Iterable[int],
     if "live" not in answer:
         return None
     return [i for i in ids if i not in answer["live"]]
+
+
+def stacked_over_processes(local: np.ndarray, devices: Sequence[jax.Device]) -> np.ndarray:
+    """Every process's `local` (the same shape and dtype in each), stacked in process
+    order, in every process: moved by jax's cross-process collectives over `devices` (the
+    devices of every process of the job, as many of each; gloo or MPI on CPUs). Every
+    process calls it, in the same order as its other collectives."""
+    by_process: dict[int, list[jax.Device]] = {}
+    for device in devices:
+        by_process.setdefault(device.process_index, []).append(device)
+    mesh = Mesh(np.array([by_process[p] for p in sorted(by_process)]), ("process", "local"))
+    rows = jax.make_array_from_process_local_data(
+        NamedSharding(mesh, PartitionSpec("process")), local[None])
+    return replicated([rows])[0]
+
+
+def replicated(arrays: Sequence[jax.Array]) -> list[np.ndarray]:
+    """Global arrays over the devices of several processes (NamedShardings), each whole on
+    the host of every process (jax's collectives gather them)."""
+    shardings = [NamedSharding(a.sharding.mesh, PartitionSpec()) for a in arrays]
+    whole = jax.jit(_identity, out_shardings=shardings)(list(arrays))
+    return [np.asarray(a.addressable_data(0)) for a in whole]
+
+
+def _identity(x: Any) -> Any:  # (one function: jax compiles the gather once per signature)
+    return x
