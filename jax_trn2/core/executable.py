@@ -20,7 +20,7 @@ import lowering
 from jax_trn2.core.device import Buffer, Device
 from jax_trn2.core.machines import PROCESS_GRID_AXES, placement_for, topology_for
 from jax_trn2.core.processes import ProcessLostError, lost_processes, replicated, \
-    stacked_over_processes
+    runtime_failure, stacked_over_processes
 from lowering import partition
 from lowering.host import host_devices
 from lowering.plan import plan_program
@@ -504,8 +504,8 @@ class LoadedExecutable:
         stopped, as ProcessLostError naming them (jax_trn2.core.processes)."""
         try:
             yield
-        except jax.errors.JaxRuntimeError as e:
-            if not self.spans_processes:
+        except (jax.errors.JaxRuntimeError, ValueError) as e:
+            if not self.spans_processes or not runtime_failure(e):
                 raise
             owners = sorted({d.process_index for d in self._devices})
             lost = lost_processes(owners)

@@ -10,6 +10,7 @@ heartbeats for `heartbeat_timeout_seconds` (jax.distributed.initialize's; 100 by
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any, Iterable, Sequence
 
@@ -23,9 +24,23 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 LIVENESS_WAIT_S = 120
 
 
+# The status codes of a failed run's errors: jaxlib raises most as JaxRuntimeError, some (a
+# gloo collective whose peer is gone, in a computation jax dispatches from its C++ path) as
+# ValueError, with the same "CODE: message" text.
+_RUNTIME_STATUS = re.compile(r"(UNKNOWN|INTERNAL|UNAVAILABLE|ABORTED|CANCELLED|"
+                             r"DEADLINE_EXCEEDED|FAILED_PRECONDITION|DATA_LOSS): ")
+
+
 class ProcessLostError(RuntimeError):
     """A process of the jax.distributed job stopped while a simulation ran over its
     devices (jax_trn2.jit's executor_devices)."""
+
+
+def runtime_failure(error: BaseException) -> bool:
+    """Whether `error` is a failure of a running computation (jaxlib's), which a process
+    that stopped causes in the others, rather than one of their arguments or programs."""
+    return isinstance(error, jax.errors.JaxRuntimeError) or (
+        isinstance(error, ValueError) and _RUNTIME_STATUS.match(str(error)) is not None)
 
 
 def lost_processes(process_ids: Iterable[int],

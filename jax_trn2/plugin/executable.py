@@ -315,22 +315,25 @@ def _every_process_holds_every_block(blocks: list[tuple[int, ...]], owners: list
 
 def _executor_devices(devices: Sequence[Device]) -> list[Any] | None:
     """Where the simulation of a program on `devices` runs: for devices of several
-    jax.distributed processes, the CPU devices of those processes (one computation over
-    them, each process computing its share: jax_trn2.jit's executor_devices); else the
-    simulator's own (None)."""
-    owners = {d.process_index for d in devices}
-    if len(owners) == 1 and all(d.addressable for d in devices):
+    jax.distributed processes, one CPU device of each of those processes (one computation
+    over them, as jax_trn2.jit's executor_devices runs it: process p computes the p-th
+    block of the chips, with all its cores, XLA:CPU's threads); else the simulator's own
+    (None)."""
+    owners = sorted({d.process_index for d in devices})
+    if owners == [devices[0].process_index] and devices[0].addressable:
         return None
     import jax
-    cpus = [c for c in jax.devices("cpu") if c.process_index in owners]
-    missing = owners - {c.process_index for c in cpus}
+    cpus: dict[int, Any] = {}
+    for cpu in jax.devices("cpu"):
+        cpus.setdefault(cpu.process_index, cpu)
+    missing = [p for p in owners if p not in cpus]
     if missing:
-        raise ValueError(f"this trn2 program runs on devices of processes {sorted(owners)}, "
-                         f"but jax's CPU backend has no devices of processes {sorted(missing)}: "
-                         "the simulation of a program across processes runs on their CPU "
-                         "devices (jax.distributed.initialize before jax starts its backends, "
-                         "with jax_cpu_collectives_implementation 'gloo' or 'mpi')")
-    return cpus
+        raise ValueError(f"this trn2 program runs on devices of processes {owners}, but "
+                         f"jax's CPU backend has no devices of processes {missing}: the "
+                         "simulation of a program across processes runs on their CPU devices "
+                         "(jax.distributed.initialize before jax starts its backends, with "
+                         "jax_cpu_collectives_implementation 'gloo' or 'mpi')")
+    return [cpus[p] for p in owners]
 
 
 def _chips(topology: Topology, devices: Sequence[Device]) -> list[int]:
