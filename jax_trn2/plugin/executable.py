@@ -324,15 +324,19 @@ def _executor_devices(devices: Sequence[Device]) -> list[Any] | None:
         return None
     import jax
     cpus: dict[int, Any] = {}
-    for cpu in jax.devices("cpu"):
-        cpus.setdefault(cpu.process_index, cpu)
+    try:
+        for cpu in jax.devices("cpu"):
+            cpus.setdefault(cpu.process_index, cpu)
+    except RuntimeError:  # JAX_PLATFORMS without cpu: no CPU backend
+        pass
     missing = [p for p in owners if p not in cpus]
     if missing:
         raise ValueError(f"this trn2 program runs on devices of processes {owners}, but "
                          f"jax's CPU backend has no devices of processes {missing}: the "
                          "simulation of a program across processes runs on their CPU devices "
                          "(jax.distributed.initialize before jax starts its backends, with "
-                         "jax_cpu_collectives_implementation 'gloo' or 'mpi')")
+                         "jax_cpu_collectives_implementation 'gloo' or 'mpi', and 'cpu' in "
+                         "JAX_PLATFORMS if it is set)")
     return [cpus[p] for p in owners]
 
 
