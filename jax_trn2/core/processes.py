@@ -1,9 +1,11 @@
 """The processes of a jax.distributed job that a simulation runs over, and which of them
 are gone when a run fails.
 
-A run over the executor devices of several processes (jax_trn2.jit's executor_devices)
-is one XLA computation in each, joined by jax's cross-process collectives (gloo or MPI on
-CPUs). When a process dies, the others' collectives fail (gloo: the peer's connection is
+A run over the executor devices of several processes (jax_trn2.jit's executor_devices, or
+the trn2 plugin's program over several processes' devices) is one XLA computation in each,
+joined by jax's cross-process collectives (gloo or MPI on CPUs); the plugin also moves
+its arguments' pieces and its results between the processes with them
+(stacked_over_processes, replicated). When a process dies, the others' collectives fail (gloo: the peer's connection is
 reset) or wait on it; jax's coordination service declares it dead once it has missed its
 heartbeats for `heartbeat_timeout_seconds` (jax.distributed.initialize's; 100 by default).
 """
@@ -33,7 +35,8 @@ _RUNTIME_STATUS = re.compile(r"(UNKNOWN|INTERNAL|UNAVAILABLE|ABORTED|CANCELLED|"
 
 class ProcessLostError(RuntimeError):
     """A process of the jax.distributed job stopped while a simulation ran over its
-    devices (jax_trn2.jit's executor_devices)."""
+    devices (jax_trn2.jit's executor_devices, or a trn2 program over several processes'
+    devices: jax raises it there as its own error type, with this message)."""
 
 
 def runtime_failure(error: BaseException) -> bool:
