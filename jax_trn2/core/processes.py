@@ -6,8 +6,9 @@ the trn2 plugin's program over several processes' devices) is one XLA computatio
 joined by jax's cross-process collectives (gloo or MPI on CPUs); the plugin also moves
 its arguments' pieces and its results between the processes with them
 (stacked_over_processes, replicated). When a process dies, the others' collectives fail
-(gloo: the peer's connection is reset) or wait on it; jax's coordination service declares it dead once it has missed its
-heartbeats for `heartbeat_timeout_seconds` (jax.distributed.initialize's; 100 by default).
+(gloo: the peer's connection is reset) or wait on it; jax's coordination service declares
+it dead once it has missed its heartbeats for `heartbeat_timeout_seconds`
+(jax.distributed.initialize's; 100 by default).
 """
 
 from __future__ import annotations
