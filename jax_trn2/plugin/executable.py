@@ -106,6 +106,8 @@ class Executable:
         if len(arguments) != len(self.local):
             raise ValueError(f"got argument lists for {len(arguments)} devices; the program "
                              f"runs on {len(self.local)} devices of this process")
+        if not self.local:  # other processes' devices alone: they run it, without this one
+            return []
         count = len(self.arg_slots)
         for d, row in enumerate(arguments):
             if len(row) != count:
@@ -320,7 +322,7 @@ def _executor_devices(devices: Sequence[Device]) -> list[Any] | None:
     block of the chips, with all its cores, XLA:CPU's threads); else the simulator's own
     (None)."""
     owners = sorted({d.process_index for d in devices})
-    if owners == [devices[0].process_index] and devices[0].addressable:
+    if len(owners) == 1:  # run by that process alone (any other has none of its devices)
         return None
     import jax
     cpus: dict[int, Any] = {}

@@ -36,6 +36,10 @@ WORKER = textwrap.dedent("""
     y = jax.jit(lambda v: v + 1, in_shardings=whole, out_shardings=whole)(np.arange(4.0))
     print("spanning program", sorted({d.process_index for d in y.sharding.device_set}),
           [np.asarray(s.data).tolist() for s in y.addressable_shards][0])
+    first = NamedSharding(jax.make_mesh((4,), ("d",), devices=trn2[:4]), P("d"))  # process 0's
+    z = jax.jit(lambda v: v * 3)(jax.make_array_from_callback(
+        (4,), first, lambda index: np.arange(4.0, dtype=np.float32)[index], dtype=np.float32))
+    print("process 0's program", [np.asarray(s.data).tolist() for s in z.addressable_shards])
 """)
 
 
@@ -64,6 +68,9 @@ def test_processes_run_cpu_programs_and_own_a_share_of_the_devices_each(processe
         assert lines[1] == f"devices 64 local {64 // processes} owners [{i}]"
         assert lines[2] == "local program [0.0, 2.0, 4.0, 6.0]"
         assert lines[3] == f"spanning program {list(range(processes))} [1.0, 2.0, 3.0, 4.0]"
+        # every process calls it; the others, with none of its devices, get no shards
+        assert lines[4] == "process 0's program " + (
+            "[[0.0], [3.0], [6.0], [9.0]]" if i == 0 else "[]")
 
 
 def test_devices_are_split_in_blocks_of_consecutive_ids():
