@@ -3,10 +3,12 @@
     python examples/multi_process.py            # starts 2 processes on this machine
     python examples/multi_process.py 0 2 HOST:PORT   # on several hosts: each its own id
 
-Every process runs the same program with the same arguments; jax_trn2.jit with
-executor_devices=jax.devices() splits the simulated chips over the job's devices (each
-process computes its block) and gives back a global jax.Array, of which each process holds
-its devices' shards.
+Every process runs the same program with the same arguments, through both doors:
+jax_trn2.jit with executor_devices=jax.devices() splits the simulated chips over the job's
+devices (each process computes its block) and gives back a global jax.Array, of which each
+process holds its devices' shards; plain jax.jit on a mesh of jax.devices("trn2"), whose
+devices the plugin splits over the processes, runs the same way, each process passing and
+getting back its own devices' shards.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ def run(process_id: int, num_processes: int, coordinator: str) -> None:
                                process_id=process_id)
     import numpy as np
     from jax.experimental import multihost_utils
-    from jax.sharding import PartitionSpec as P
+    from jax.sharding import NamedSharding, PartitionSpec as P
 
     import jax_trn2
 
@@ -35,7 +37,15 @@ def run(process_id: int, num_processes: int, coordinator: str) -> None:
     out = jax_trn2.jit(f, executor_devices=jax.devices())(a)  # a global jax.Array
     rows = sorted({s.index[0].start or 0 for s in out.addressable_shards})
     total = multihost_utils.process_allgather(out, tiled=True).sum()
-    print(f"process {jax.process_index()}: holds rows from {rows[0]}, sum {total:.6g}")
+
+    # the plugin's door: the trn2 devices, split over the processes (jax.local_devices)
+    trn2 = jax.make_mesh((4, 16), ("x", "y"), devices=jax.devices("trn2"))
+    g = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "y"), mesh=trn2,
+                              in_specs=P("x", "y"), out_specs=P("x")))
+    shards = jax.device_put(a, NamedSharding(trn2, P("x", "y")))  # this process's pieces
+    plugin_total = multihost_utils.process_allgather(g(shards), tiled=True).sum()
+    print(f"process {jax.process_index()}: holds rows from {rows[0]}, jax.jit on trn2: sum "
+          f"{plugin_total:.6g}, jax_trn2.jit: sum {total:.6g}")
 
 
 def free_port() -> int:

@@ -269,7 +269,7 @@ def compile_program(program: isa.Program,
         # StableHLO has 64-bit values even when the user's jax has no jax_enable_x64
         # (jax.random's u64 counters, RNG states): they keep their type in the executor.
         with jax.enable_x64(True):
-            values = [_from_input(a, v, program)
+            values = [_whole_chips(_from_input(a, v, program), devices, program.mesh.rank)
                       for a, v in zip(args, program.inputs, strict=True)]
             return run_program(kept, values, rounding.rounder(), split_check=split_check,
                                executor=executor, on_cpu=runs_on_cpu(devices),
@@ -307,6 +307,18 @@ def compile_program(program: isa.Program,
                                       for shape in input_shapes(program, global_io)),
                    out_shardings=[split_over(devices, shape)  # (a list, as `fun` returns)
                                   for shape in out_shapes])
+
+
+def _whole_chips(x: jnp.ndarray, devices: Sequence[jax.Device] | None,
+                 mesh_rank: int) -> jnp.ndarray:
+    """An input in the executor layout, over several `devices` split along a mesh axis
+    (its first `mesh_rank` dims) or replicated: each device computes on whole chips.
+    Where its arguments are split along a chip's own dims (a global array's, or no mesh
+    axis the device count divides), XLA's partitioner would otherwise split the chips'
+    arithmetic too, and a sum split so adds in another order (a GEMM's contraction)."""
+    if devices is None or len(devices) == 1:
+        return x
+    return jax.lax.with_sharding_constraint(x, split_over(devices, x.shape, mesh_rank))
 
 
 def input_dtype(name: str, on_cpu: bool = True) -> np.dtype:
@@ -380,15 +392,17 @@ def output_shapes(program: isa.Program, global_io: bool,
             else program.array_shape(v) for i, v in enumerate(program.outputs)]
 
 
-def split_over(devices: Sequence[jax.Device], shape: tuple[int, ...]) -> NamedSharding:
+def split_over(devices: Sequence[jax.Device], shape: tuple[int, ...],
+               within: int | None = None) -> NamedSharding:
     """The sharding of an array of compile_program's function over several `devices`
-    (its inputs and outputs alike): split along its first axis whose size the device
-    count divides (in the executor layout, a mesh axis: each device holds the chips of a
-    block of the mesh), else replicated. Over the devices of several processes (under
-    jax.distributed), each process holds its devices' shards of it."""
+    (its inputs and outputs alike): split along its first axis (of the first `within`)
+    whose size the device count divides (in the executor layout, a mesh axis: each device
+    holds the chips of a block of the mesh), else replicated. Over the devices of several
+    processes (under jax.distributed), each process holds its devices' shards of it."""
     mesh = Mesh(np.array(devices), ("executor",))  # (compile_program's `executor`)
     spec = [None] * len(shape)
-    axis = next((i for i, n in enumerate(shape) if n > 1 and n % len(devices) == 0), None)
+    axis = next((i for i, n in enumerate(shape[:within]) if n > 1 and n % len(devices) == 0),
+                None)
     if axis is not None:
         spec[axis] = "executor"
     return NamedSharding(mesh, PartitionSpec(*spec))

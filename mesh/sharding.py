@@ -179,6 +179,13 @@ def device_pieces(chips: np.ndarray | PerChip,
             for coords in np.ndindex(*axis_sizes)]
 
 
+def device_blocks(dim_axes: DimAxes, axis_sizes: Sequence[int]) -> list[tuple[int, ...]]:
+    """Per device (logical device order), the block of the global array its piece is (per
+    dim, the block's index among the dim's blocks): devices with the same block hold copies
+    of one piece."""
+    return [tuple(_block(coords, dim_axes, axis_sizes)) for coords in np.ndindex(*axis_sizes)]
+
+
 def _block(coords: Sequence[int], dim_axes: DimAxes, axis_sizes: Sequence[int]) -> list[int]:
     """Per dim, the index of the block of the global array that the chip at mesh
     coordinates `coords` holds (its dim's axes major first)."""

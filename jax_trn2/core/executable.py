@@ -19,7 +19,8 @@ from jax.sharding import NamedSharding, SingleDeviceSharding
 import lowering
 from jax_trn2.core.device import Buffer, Device
 from jax_trn2.core.machines import PROCESS_GRID_AXES, placement_for, topology_for
-from jax_trn2.core.processes import ProcessLostError, lost_processes
+from jax_trn2.core.processes import ProcessLostError, lost_processes, replicated, \
+    runtime_failure, stacked_over_processes
 from lowering import partition
 from lowering.host import host_devices
 from lowering.plan import plan_program
@@ -503,8 +504,8 @@ class LoadedExecutable:
         stopped, as ProcessLostError naming them (jax_trn2.core.processes)."""
         try:
             yield
-        except jax.errors.JaxRuntimeError as e:
-            if not self.spans_processes:
+        except (jax.errors.JaxRuntimeError, ValueError) as e:
+            if not self.spans_processes or not runtime_failure(e):
                 raise
             owners = sorted({d.process_index for d in self._devices})
             lost = lost_processes(owners)
@@ -515,6 +516,22 @@ class LoadedExecutable:
                 f"stopped while the simulation ran over the devices of processes {owners} "
                 f"({str(e).splitlines()[0]}). Every process of a run must take part in it: "
                 "restart the job (from a checkpoint)") from e
+
+    def from_every_process(self, local: np.ndarray) -> np.ndarray:
+        """For a run over the devices of several processes (spans_processes): every
+        process's `local` (the same shape and dtype in each), stacked in process order, in
+        every process, moved by jax's collectives over the executor devices (what each
+        process holds that the others need for the run: the trn2 plugin's argument
+        pieces). Every process calls it alike; ProcessLostError names one that stopped."""
+        with self._lost_processes_named(), _executor_context():
+            return stacked_over_processes(local, self._devices)
+
+    def on_every_host(self, results: Sequence[jax.Array]) -> list[np.ndarray]:
+        """`run`'s results of a run over the devices of several processes, each whole on
+        the host of every process (the trn2 plugin cuts its own devices' pieces from
+        them). Every process calls it alike; ProcessLostError names one that stopped."""
+        with self._lost_processes_named(), _executor_context():
+            return replicated(results)
 
     def execute_sharded(self, per_device_args: Sequence[Sequence[Any]]) -> list[list[Buffer]]:
         """Run on one argument list per device (logical device order); returns one result

@@ -1,28 +1,50 @@
 """The processes of a jax.distributed job that a simulation runs over, and which of them
 are gone when a run fails.
 
-A run over the executor devices of several processes (jax_trn2.jit's executor_devices)
-is one XLA computation in each, joined by jax's cross-process collectives (gloo or MPI on
-CPUs). When a process dies, the others' collectives fail (gloo: the peer's connection is
-reset) or wait on it; jax's coordination service declares it dead once it has missed its
-heartbeats for `heartbeat_timeout_seconds` (jax.distributed.initialize's; 100 by default).
+A run over the executor devices of several processes (jax_trn2.jit's executor_devices, or
+the trn2 plugin's program over several processes' devices) is one XLA computation in each,
+joined by jax's cross-process collectives (gloo or MPI on CPUs); the plugin also moves
+its arguments' pieces and its results between the processes with them
+(stacked_over_processes, replicated). When a process dies, the others' collectives fail
+(gloo: the peer's connection is reset) or wait on it; jax's coordination service declares
+it dead once it has missed its heartbeats for `heartbeat_timeout_seconds`
+(jax.distributed.initialize's; 100 by default).
 """
 
 from __future__ import annotations
 
+import re
 import threading
-from typing import Iterable
+from typing import Any, Iterable, Sequence
 
+import jax
+import numpy as np
 from jax._src import distributed
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 # How long a failed run waits for the coordination service's verdict on the other
 # processes (s): jax's default heartbeat timeout (100 s), with a margin.
 LIVENESS_WAIT_S = 120
 
 
+# The status codes of a failed run's errors: jaxlib raises most as JaxRuntimeError, some (a
+# gloo collective whose peer is gone, in a computation jax dispatches from its C++ path) as
+# ValueError, with the same "CODE: message" text.
+_RUNTIME_STATUS = re.compile(r"(UNKNOWN|INTERNAL|UNAVAILABLE|ABORTED|CANCELLED|"
+                             r"DEADLINE_EXCEEDED|FAILED_PRECONDITION|DATA_LOSS): ")
+
+
 class ProcessLostError(RuntimeError):
     """A process of the jax.distributed job stopped while a simulation ran over its
-    devices (jax_trn2.jit's executor_devices)."""
+    devices (jax_trn2.jit's executor_devices, or a trn2 program over several processes'
+    devices: jax raises it there as its own error type, with this message)."""
+
+
+def runtime_failure(error: BaseException) -> bool:
+    """Whether `error` is a failure of a running computation (jaxlib's), which a process
+    that stopped causes in the others, rather than one of their arguments or programs."""
+    return isinstance(error, jax.errors.JaxRuntimeError) or (
+        isinstance(error, ValueError) and _RUNTIME_STATUS.match(str(error)) is not None)
 
 
 def lost_processes(process_ids: Iterable[int],
@@ -49,3 +71,29 @@ def lost_processes(process_ids: Iterable[int],
     if "live" not in answer:
         return None
     return [i for i in ids if i not in answer["live"]]
+
+
+def stacked_over_processes(local: np.ndarray, devices: Sequence[jax.Device]) -> np.ndarray:
+    """Every process's `local` (the same shape and dtype in each), stacked in process
+    order, in every process: moved by jax's cross-process collectives over `devices` (the
+    devices of every process of the job, as many of each; gloo or MPI on CPUs). Every
+    process calls it, in the same order as its other collectives."""
+    by_process: dict[int, list[jax.Device]] = {}
+    for device in devices:
+        by_process.setdefault(device.process_index, []).append(device)
+    mesh = Mesh(np.array([by_process[p] for p in sorted(by_process)]), ("process", "local"))
+    rows = jax.make_array_from_process_local_data(
+        NamedSharding(mesh, PartitionSpec("process")), local[None])
+    return replicated([rows])[0]
+
+
+def replicated(arrays: Sequence[jax.Array]) -> list[np.ndarray]:
+    """Global arrays over the devices of several processes (NamedShardings), each whole on
+    the host of every process (jax's collectives gather them)."""
+    shardings = [NamedSharding(a.sharding.mesh, PartitionSpec()) for a in arrays]
+    whole = jax.jit(_identity, out_shardings=shardings)(list(arrays))
+    return [np.asarray(a.addressable_data(0)) for a in whole]
+
+
+def _identity(x: Any) -> Any:  # (one function: jax compiles the gather once per signature)
+    return x

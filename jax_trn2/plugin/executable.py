@@ -57,9 +57,12 @@ class Executable:
             list(parsed.env_option_overrides),
             options.ProgramOptions(client.options.rounding, topology=client.options.topology))
         self.devices: list[Device] = [client.device(d) for row in self.assignment for d in row]
-        _refuse_other_processes_devices(self.devices, client.options.process_index)
+        # positions in self.devices of this process's devices (under jax.distributed, the
+        # others' are other processes'): PJRT's Execute takes and gives theirs alone
+        self.local = [d for d, device in enumerate(self.devices) if device.addressable]
         self.loaded = LoadedExecutable.from_stablehlo(
             self.options.topology, self.code, rounding=self.options.rounding,
+            executor_devices=_executor_devices(self.devices),
             device_assignment=_chips(self.options.topology, self.devices),
             host_callbacks=lowerings.CALLBACKS)
         self.in_layouts, self.out_layouts = self.loaded.layouts
@@ -88,11 +91,23 @@ class Executable:
 
     # --- running ---------------------------------------------------------------------------
 
+    @property
+    def addressable_devices(self) -> list[Device]:
+        """This process's devices of the program, those Execute takes and gives buffers of."""
+        return [self.devices[d] for d in self.local]
+
     def execute(self, arguments: Sequence[Sequence[Buffer]],
                 non_donatable: set[int]) -> list[list[Buffer]]:
-        """Run on one argument list per device; returns one result list per device, and
-        deletes the donated arguments (as PJRT does; `non_donatable`: argument positions
-        the caller keeps)."""
+        """Run on one argument list per addressable device; returns one result list per
+        addressable device, and deletes the donated arguments (as PJRT does;
+        `non_donatable`: argument positions the caller keeps). A program over the devices
+        of several processes runs in each of them at once (each process's jax calls it:
+        multi-controller), as one simulation over their CPU devices."""
+        if len(arguments) != len(self.local):
+            raise ValueError(f"got argument lists for {len(arguments)} devices; the program "
+                             f"runs on {len(self.local)} devices of this process")
+        if not self.local:  # other processes' devices alone: they run it, without this one
+            return []
         count = len(self.arg_slots)
         for d, row in enumerate(arguments):
             if len(row) != count:
@@ -103,15 +118,15 @@ class Executable:
             donation.check_used_once(row, donated,
                                      lambda k, d=d: f"flattened argument {k} of device {d}")
         self.loaded.prefetch_workspace()  # a first call's: made while arguments assemble
-        results = self.loaded.run([self._argument(i, [row[k] for row in arguments])
-                                   for k, i in enumerate(self.arg_slots) if i is not None])
+        results = self.loaded.run(self._arguments(arguments))
+        if self.loaded.spans_processes:  # each process cuts its own devices' pieces
+            results = self.loaded.on_every_host(results)
         sizes = self._mesh_sizes()
-        per_device: list[list[Buffer]] = [[] for _ in self.devices]
+        per_device: list[list[Buffer]] = [[] for _ in self.local]
         for i, kind in zip(self.result_slots, self.out_memory_kinds, strict=True):
             if i is None:  # a token, as XLA gives (no data)
-                for d, device in enumerate(self.devices):
-                    per_device[d].append(Buffer(_TOKEN, device, device.memory(kind),
-                                                token=True))
+                for row, device in zip(per_device, self.addressable_devices):
+                    row.append(Buffer(_TOKEN, device, device.memory(kind), token=True))
                 continue
             host = sharding.on_host(results[i])  # a view of the simulator's result
             partials = _at(self.out_partials, i)
@@ -122,10 +137,10 @@ class Executable:
             else:
                 whole = Whole(self._layout(self.out_layouts, i, host.ndim), sizes, results[i])
                 pieces = sharding.pieces(host, whole.layout, sizes)
-            for d, piece in enumerate(pieces):
-                device = self.devices[d]
-                per_device[d].append(Buffer(piece.reshape(piece.shape[partials:]), device,
-                                            device.memory(kind), whole, d))
+            for row, d in zip(per_device, self.local):
+                device, piece = self.devices[d], pieces[d]
+                row.append(Buffer(piece.reshape(piece.shape[partials:]), device,
+                                  device.memory(kind), whole, d))
         for row in arguments:
             donation.delete_donated(row, donated)
         return per_device
@@ -135,27 +150,109 @@ class Executable:
         given = layouts[i] if i < len(layouts) else None
         return given if given is not None else ((),) * ndim
 
-    def _argument(self, i: int, pieces: list[Buffer]) -> Any:
-        """Argument i as a global array from its per-device pieces. Pieces of one global
+    def _arguments(self, arguments: Sequence[Sequence[Buffer]]) -> list[Any]:
+        """The program's arguments as global arrays, from this process's devices' buffers
+        (one row per device of self.local); over several processes, with the pieces of the
+        other processes' devices that it needs (_add_other_processes_pieces)."""
+        slots = [(k, i) for k, i in enumerate(self.arg_slots) if i is not None]
+        pieces = {i: dict(zip(self.local, (row[k] for row in arguments))) for k, i in slots}
+        if self.loaded.spans_processes:
+            self._add_other_processes_pieces(pieces)
+        return [self._argument(i, pieces[i]) for _, i in slots]
+
+    def _argument(self, i: int, pieces: dict[int, Buffer | np.ndarray]) -> Any:
+        """Argument i as a global array from its pieces by device position (this
+        process's buffers, and other processes' pieces as arrays). Buffers of one global
         array laid out as the program takes it are that array; others are assembled (and
         their replicas compared) once: the buffers then share the assembled array."""
         sizes = self._mesh_sizes()
         partials = _at(self.in_partials, i)
-        layout = self._layout(self.in_layouts, i, partials + pieces[0].data().ndim)
-        whole = pieces[0].whole
-        if whole is not None and (whole.layout, whole.sizes) == (layout, sizes) and all(
-                p.whole is whole and p.index == d for d, p in enumerate(pieces)):
-            return whole.value
+        own = {d: p for d, p in pieces.items() if isinstance(p, Buffer)}
+        if self._held_whole(i, own):
+            return next(iter(own.values())).whole.value
+        layout = self._argument_layout(i, pieces)
         # a value unreduced along some axes: each piece one partial sum, stacked
-        stacked = [p.data().reshape((1,) * partials + p.data().shape) for p in pieces]
+        stacked = [_data(pieces[d]) for d in range(len(self.devices))]
+        stacked = [p.reshape((1,) * partials + p.shape) for p in stacked]
         try:
             value = sharding.assemble(stacked, layout, sizes)
         except ValueError as e:
             raise ValueError(f"{self.loaded.arg_names[i]}: {e}") from None
         whole = Whole(layout, sizes, value)
-        for d, (piece, view) in enumerate(zip(pieces, sharding.pieces(value, layout, sizes))):
-            piece.share(view.reshape(view.shape[partials:]), whole, d)
+        views = sharding.pieces(value, layout, sizes)
+        for d, piece in own.items():
+            piece.share(views[d].reshape(views[d].shape[partials:]), whole, d)
         return value
+
+    def _add_other_processes_pieces(self, pieces: dict[int, dict[int, Any]]) -> None:
+        """Complete each argument's pieces (by device position) with those of the other
+        processes' devices: copies of this process's own where its devices hold every
+        block of the value (a replicated argument), else theirs, moved by jax's
+        collectives from the processes that hold them. Every process decides alike (by
+        the layouts, and by what every process says it lacks), so that each runs the
+        same collectives."""
+        owners = [device.process_index for device in self.devices]
+        blocks = {i: self._blocks(i, pieces[i]) for i in pieces}
+        uncovered = [i for i in pieces
+                     if not _every_process_holds_every_block(blocks[i], owners)]
+        if uncovered:
+            # an argument every process holds whole (a result of the last run) moves not
+            lacks = np.array([not self._held_whole(i, pieces[i]) for i in uncovered])
+            lacking = self.loaded.from_every_process(lacks).any(axis=0)
+            moved = [i for i, lack in zip(uncovered, lacking) if lack]
+            if moved:
+                self._move_pieces(moved, pieces, owners)
+        for i, by_device in pieces.items():  # (an argument held whole needs no others)
+            mine = {blocks[i][d]: _data(p) for d, p in by_device.items()}
+            for d in range(len(self.devices)):
+                if d not in by_device and blocks[i][d] in mine:
+                    by_device[d] = mine[blocks[i][d]]
+
+    def _argument_layout(self, i: int, by_device: dict[int, Any]) -> tuple:
+        """dim_axes of argument i (a dim first for each dim of stacked partial sums), of
+        which `by_device` holds pieces."""
+        some = _data(next(iter(by_device.values())))
+        return self._layout(self.in_layouts, i, _at(self.in_partials, i) + some.ndim)
+
+    def _blocks(self, i: int, by_device: dict[int, Any]) -> list[tuple[int, ...]]:
+        """Per device position, the block of argument i its piece is (mesh.sharding)."""
+        return sharding.device_blocks(self._argument_layout(i, by_device), self._mesh_sizes())
+
+    def _held_whole(self, i: int, by_device: dict[int, Buffer]) -> bool:
+        """Whether this process's buffers of argument i (by device position) are pieces of
+        a global array it holds, laid out as the program takes it."""
+        whole = next(iter(by_device.values())).whole
+        return whole is not None and (whole.layout, whole.sizes) == (
+            self._argument_layout(i, by_device), self._mesh_sizes()) and all(
+            p.whole is whole and p.index == d for d, p in by_device.items())
+
+    def _move_pieces(self, moved: list[int], pieces: dict[int, dict[int, Any]],
+                     owners: list[int]) -> None:
+        """Add the other processes' pieces of arguments `moved` to `pieces`, in one
+        collective: each process gives a row of bytes, its devices' pieces of each
+        argument in device order (as many as the process with the most devices has,
+        zeros after its own)."""
+        per_process = max(owners.count(p) for p in set(owners))
+        mine = []
+        for i in moved:
+            local = [_data(pieces[i][d]) for d in self.local]
+            rows = np.zeros((per_process, local[0].nbytes), np.uint8)
+            for row, piece in zip(rows, local):
+                row[:] = np.ascontiguousarray(piece).reshape(-1).view(np.uint8)
+            mine.append(rows.reshape(-1))
+        every = self.loaded.from_every_process(np.concatenate(mine))
+        by_process = {p: [d for d, o in enumerate(owners) if o == p] for p in set(owners)}
+        offset = 0
+        for i in moved:
+            template = _data(pieces[i][self.local[0]])
+            size = template.nbytes
+            for row, p in zip(every, sorted(by_process)):
+                for k, d in enumerate(by_process[p]):
+                    if d not in pieces[i]:
+                        start = offset + k * size
+                        pieces[i][d] = row[start:start + size].view(template.dtype).reshape(
+                            template.shape)
+            offset += per_process * size
 
     def _mesh_sizes(self) -> tuple[int, ...]:
         return self.loaded.program.mesh.axis_sizes or (len(self.devices),)
@@ -205,6 +302,44 @@ class Executable:
         from them: the simulator's compile is its lowering)."""
         return _SERIALIZED_MAGIC + protobuf.field_bytes(1, self.code) + \
             protobuf.field_bytes(2, self.compile_options)
+
+
+def _data(piece: Buffer | np.ndarray) -> np.ndarray:
+    return piece.data() if isinstance(piece, Buffer) else piece
+
+
+def _every_process_holds_every_block(blocks: list[tuple[int, ...]], owners: list[int]) -> bool:
+    """Whether the devices of each process (`owners`: per device position, its process)
+    hold every block of a value (`blocks`: per device position, its block)."""
+    every = set(blocks)
+    return all({b for b, o in zip(blocks, owners) if o == p} == every for p in set(owners))
+
+
+def _executor_devices(devices: Sequence[Device]) -> list[Any] | None:
+    """Where the simulation of a program on `devices` runs: for devices of several
+    jax.distributed processes, one CPU device of each of those processes (one computation
+    over them, as jax_trn2.jit's executor_devices runs it: process p computes the p-th
+    block of the chips, with all its cores, XLA:CPU's threads); else the simulator's own
+    (None)."""
+    owners = sorted({d.process_index for d in devices})
+    if len(owners) == 1:  # run by that process alone (any other has none of its devices)
+        return None
+    import jax
+    cpus: dict[int, Any] = {}
+    try:
+        for cpu in jax.devices("cpu"):
+            cpus.setdefault(cpu.process_index, cpu)
+    except RuntimeError:  # JAX_PLATFORMS without cpu: no CPU backend
+        pass
+    missing = [p for p in owners if p not in cpus]
+    if missing:
+        raise ValueError(f"this trn2 program runs on devices of processes {owners}, but "
+                         f"jax's CPU backend has no devices of processes {missing}: the "
+                         "simulation of a program across processes runs on their CPU devices "
+                         "(jax.distributed.initialize before jax starts its backends, with "
+                         "jax_cpu_collectives_implementation 'gloo' or 'mpi', and 'cpu' in "
+                         "JAX_PLATFORMS if it is set)")
+    return [cpus[p] for p in owners]
 
 
 def _chips(topology: Topology, devices: Sequence[Device]) -> list[int]:
@@ -301,17 +436,3 @@ def _flat(values: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = str(value)
     return out
-
-
-def _refuse_other_processes_devices(devices: Sequence[Device], process_index: int) -> None:
-    """A program on devices of several jax.distributed processes needs their values to
-    cross processes, which the simulator does not do yet: an error that says so, at
-    compile time (a program on this process's own devices runs as on one process)."""
-    others = sorted({d.process_index for d in devices} - {process_index})
-    if others:
-        raise NotImplementedError(
-            f"this trn2 program runs on devices of process(es) {others} as well as this one's "
-            f"({process_index}): a simulation across jax.distributed processes is not "
-            "supported yet. Run it on this process's devices (jax.local_devices(backend="
-            "'trn2')), in one process, or with jax_trn2.jit(f, executor_devices="
-            "jax.devices()): one simulation over the devices of every process.")

@@ -622,15 +622,15 @@ def Executable_DeserializeAndLoad(args):
 def LoadedExecutable_AddressableDevices(args):
     executable = _executable(args.executable)
     args.addressable_devices, args.num_addressable_devices = \
-        _device_pointers(executable, executable.devices)
+        _device_pointers(executable, executable.addressable_devices)
 
 
 @slot
 def LoadedExecutable_AddressableDeviceLogicalIds(args):
     """(replica, partition) of each addressable device, in AddressableDevices' order."""
     executable = _executable(args.executable)
-    ids = [value for r in range(executable.num_replicas)
-           for p in range(executable.num_partitions) for value in (r, p)]
+    ids = [value for d in executable.local
+           for value in divmod(d, executable.num_partitions)]
     args.addressable_device_logical_ids, count = executable.owned.array(ctypes.c_int, ids)
     args.num_addressable_device_logical_ids = count // 2
 

@@ -98,3 +98,4 @@ def test_multi_process_example_runs_one_simulation_over_two_processes(monkeypatc
     # every process gathers the same whole result: the 64 x 64 values' blocks summed over y
     total = float(sum(range(64 * 64)))
     assert all(line.endswith(f"sum {total:.6g}") for line in lines)
+    assert all(f"jax.jit on trn2: sum {total:.6g}," in line for line in lines)  # both doors

@@ -136,3 +136,32 @@ def test_native_matmuls_are_split_over_the_devices():
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "native matmuls split" in result.stdout
+
+
+UNDIVIDED_SCRIPT = """
+import jax
+jax.config.update("jax_num_cpu_devices", 3)
+import jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+import jax_trn2
+
+# 3 devices divide no axis of the (8,) mesh, but the arguments' dim of 48: the simulation
+# is replicated over them, each computing whole chips (not the GEMM's contraction split
+# three ways, which sums in another order)
+mesh = jax_trn2.make_mesh((8,), ("d",), topology="trn2")
+rows, whole = NamedSharding(mesh, P("d")), NamedSharding(mesh, P())
+a = np.random.default_rng(0).standard_normal((64, 48)).astype(np.float32)
+f = lambda x, y: (x @ y.T).sum(axis=0)
+one = jax_trn2.jit(f, in_shardings=(rows, whole), out_shardings=rows)(a, a[:16])
+three = jax_trn2.jit(f, in_shardings=(rows, whole), out_shardings=rows,
+                     executor_devices=jax.devices())(a, a[:16])
+assert np.array_equal(np.asarray(one).view(np.uint8), np.asarray(three).view(np.uint8))
+print("bit-identical over 3 devices")
+"""
+
+
+def test_devices_that_divide_no_mesh_axis_compute_whole_chips():
+    result = subprocess.run([sys.executable, "-c", UNDIVIDED_SCRIPT], cwd=REPO,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "bit-identical over 3 devices" in result.stdout

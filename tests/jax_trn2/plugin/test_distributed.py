@@ -1,6 +1,6 @@
 """The plugin under jax.distributed: two and four processes on localhost, with the plugin
-installed (jax starts its backend in each), run a CPU program and split the simulated
-devices."""
+installed (jax starts its backend in each), run a CPU program, split the simulated devices
+and run a program over the devices of every process."""
 
 import socket
 import subprocess
@@ -32,11 +32,14 @@ WORKER = textwrap.dedent("""
     x = jax.device_put(np.arange(4.0, dtype=np.float32), local[0])
     print("local program", np.asarray(jax.jit(lambda v: v * 2)(x)).tolist())
     mesh = jax.make_mesh((len(trn2),), ("d",), devices=trn2)
-    try:
-        jax.jit(lambda v: v + 1, out_shardings=NamedSharding(mesh, P())).lower(
-            jax.ShapeDtypeStruct((4,), jnp.float32)).compile()
-    except Exception as e:
-        print("spanning program:", str(e).splitlines()[0])
+    whole = NamedSharding(mesh, P())
+    y = jax.jit(lambda v: v + 1, in_shardings=whole, out_shardings=whole)(np.arange(4.0))
+    print("spanning program", sorted({d.process_index for d in y.sharding.device_set}),
+          [np.asarray(s.data).tolist() for s in y.addressable_shards][0])
+    first = NamedSharding(jax.make_mesh((4,), ("d",), devices=trn2[:4]), P("d"))  # process 0's
+    z = jax.jit(lambda v: v * 3)(jax.make_array_from_callback(
+        (4,), first, lambda index: np.arange(4.0, dtype=np.float32)[index], dtype=np.float32))
+    print("process 0's program", [np.asarray(s.data).tolist() for s in z.addressable_shards])
 """)
 
 
@@ -60,13 +63,14 @@ def test_processes_run_cpu_programs_and_own_a_share_of_the_devices_each(processe
             w.kill()
     for i, (worker, (out, err)) in enumerate(zip(workers, outputs)):
         assert worker.returncode == 0, err[-3000:]
-        lines = out.splitlines()
+        lines = [line for line in out.splitlines() if not line.startswith("[Gloo]")]
         assert lines[0] == "cpu sum 8.0"
         assert lines[1] == f"devices 64 local {64 // processes} owners [{i}]"
         assert lines[2] == "local program [0.0, 2.0, 4.0, 6.0]"
-        others = [p for p in range(processes) if p != i]
-        assert f"runs on devices of process(es) {others}" in lines[3]
-        assert "not supported yet" in lines[3]
+        assert lines[3] == f"spanning program {list(range(processes))} [1.0, 2.0, 3.0, 4.0]"
+        # every process calls it; the others, with none of its devices, get no shards
+        assert lines[4] == "process 0's program " + (
+            "[[0.0], [3.0], [6.0], [9.0]]" if i == 0 else "[]")
 
 
 def test_devices_are_split_in_blocks_of_consecutive_ids():
