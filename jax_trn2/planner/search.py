@@ -203,15 +203,24 @@ def memory_floor(traced: Any) -> MemoryFloor | None:
     stacked = {k: _stacked_outputs(e) & read for k, e in enumerate(eqns)
                if e.primitive.name == "scan"}
     instants = []
-    for k, own in stacked.items():
+    matmuls = {k for k, e in enumerate(eqns) if _writes_a_matmul(e)}
+    for k, e in enumerate(eqns):
+        if k not in stacked and k not in matmuls:
+            continue
         reads_after = {v for j in _descendants(eqns, k) for v in _vars(eqns[j].invars)}
         before = _ancestors(eqns, k)
-        inputs = set(_vars(eqns[k].invars))
-        live = set(own) | {v for v in inputs | reads_after if made_by.get(v) in stacked and
-                           v in stacked[made_by[v]] and (v in inputs or made_by[v] in before)}
+        inputs = set(_vars(e.invars))
+        live = {v for v in inputs | reads_after if made_by.get(v) in stacked and
+                v in stacked[made_by[v]] and (v in inputs or made_by[v] in before)}
+        still_read = reads_after
+        if k in stacked:
+            live |= stacked[k]
+        else:  # a matmul writes a buffer of its own while it reads its operands
+            live |= set(_vars(e.outvars)) | {v for v in inputs if made_by.get(v) in matmuls}
+            still_read = reads_after | inputs
         instants.append(LoopInstant(
             sum(_value_bytes(v) for v in live),
-            frozenset(argument[v] for v in reads_after if v in argument and donated[argument[v]])))
+            frozenset(argument[v] for v in still_read if v in argument and donated[argument[v]])))
     return MemoryFloor(tuple(instants), tuple(_value_bytes(v) for v in jaxpr.invars),
                        frozenset(i for v, i in argument.items() if not donated[i] and v in read))
 
@@ -294,6 +303,17 @@ def _ancestors(eqns: Sequence[Any], k: int) -> set[int]:
             found.add(j)
             wanted.update(_vars(eqns[j].invars))
     return found
+
+
+def _writes_a_matmul(eqn: Any) -> bool:
+    """Whether a jaxpr equation is a matmul that contracts two or more elements: the
+    Tensor Engine writes its result to a buffer of its own (no fused chain keeps a matmul's
+    result in SBUF, mesh.fusion), and it is no view of its operands. (One that contracts
+    one element is a product a compiler may run as an elementwise op, and fuse.)"""
+    if eqn.primitive.name != "dot_general":
+        return False
+    (contract, _), _ = eqn.params["dimension_numbers"]
+    return math.prod(eqn.invars[0].aval.shape[d] for d in contract) >= 2
 
 
 def _stacked_outputs(eqn: Any) -> set[Any]:
