@@ -177,26 +177,26 @@ def _axes(spec: tuple, dim: int) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class LoopInstant:
+class Instant:
     """What must be in HBM while one top-level scan or matmul of a step runs, from its
-    jaxpr (the same for every sharding of the step): `stacked_bytes`, the global bytes of
+    jaxpr (the same for every sharding of the step): `live_bytes`, the global bytes of
     what it writes (a scan's per-step outputs; a matmul's result, and its operands that
     other matmuls wrote) and of the scans' per-step outputs live then (earlier scans' it
     reads or later work reads: the residuals a backward pass keeps from the forward one),
     and `donated`, the donated argument leaves it or work after it still reads (a matmul;
     work after it alone for a scan, which may write its outputs over one it reads)."""
 
-    stacked_bytes: int
+    live_bytes: int
     donated: frozenset[int]
 
 
 @dataclass(frozen=True)
 class MemoryFloor:
-    """The parts of a step's least peak HBM that come from its jaxpr: its loop instants,
+    """The parts of a step's least peak HBM that come from its jaxpr: its instants,
     each leaf's global bytes and donation, and the leaves not donated that it reads (every
     argument not donated is live the whole step)."""
 
-    instants: tuple[LoopInstant, ...]
+    instants: tuple[Instant, ...]
     leaf_bytes: tuple[int, ...]  # global bytes of each argument leaf
     held: frozenset[int]  # leaves not donated that the step reads
 
@@ -230,7 +230,7 @@ def memory_floor(traced: Any) -> MemoryFloor | None:
         else:  # a matmul writes a buffer of its own while it reads its operands
             live |= set(_vars(e.outvars)) | {v for v in inputs if made_by.get(v) in matmuls}
             still_read = reads_after | inputs
-        instants.append(LoopInstant(
+        instants.append(Instant(
             sum(_value_bytes(v) for v in live),
             frozenset(argument[v] for v in still_read if v in argument and donated[argument[v]])))
     return MemoryFloor(tuple(instants), tuple(_value_bytes(v) for v in jaxpr.invars),
@@ -261,7 +261,7 @@ def least_peak_bytes(layout: Layout, leaf_bytes: Sequence[int], floor: MemoryFlo
         return least
     held = sum(leaf_bytes[i] for i in floor.held)
     for instant in floor.instants:
-        split = _split(instant.stacked_bytes, layout) + \
+        split = _split(instant.live_bytes, layout) + \
             sum(_split(floor.leaf_bytes[i], layout) for i in instant.donated)
         least = max(least, held + split)
     return least
@@ -531,8 +531,8 @@ def _cannot_fit(build: Callable, job: Variant, traced: dict[tuple, _Traced]
     if nbytes > hbm:
         arguments = sum(leaf_bytes)
         what = f"its arguments alone take {bytes_text(arguments)}" if nbytes == arguments \
-            else ("its arguments and the per-step outputs of its scans (at their most "
-                  f"split) take at least {bytes_text(nbytes)}")
+            else ("its arguments with the per-step outputs of its scans or a matmul's "
+                  f"result (at their most split) take at least {bytes_text(nbytes)}")
         return Pruned(job, MEMORY, f"{what} per device, over a device's {bytes_text(hbm)}",
                       nbytes)
     return nbytes

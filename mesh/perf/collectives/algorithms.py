@@ -52,12 +52,12 @@ def _ring_stage(grids: list[np.ndarray], dim: int, block: float) -> Steps:
     k = grids[0].shape[dim]
     if k == 1:
         return []
-    parts = []
-    for grid in grids:
-        for shift in (-1, 1):
-            peer = np.roll(grid, shift, axis=dim).ravel()
-            parts.append(Pattern(grid.ravel(), peer, np.full(grid.size, block / 2)))
-    return [(Pattern.concat(parts), k - 1)]
+    # every group at once, in the order of a loop over groups, then shifts -1 and +1
+    stacked = np.stack(grids)
+    members = np.stack([stacked, stacked], axis=1).ravel()
+    peers = np.stack([np.roll(stacked, shift, axis=dim + 1) for shift in (-1, 1)],
+                     axis=1).ravel()
+    return [(Pattern(members, peers, np.full(members.size, block / 2)), k - 1)]
 
 
 def _line_stage(grids: list[np.ndarray], dim: int, block: float, broken=None) -> Steps:
@@ -69,13 +69,15 @@ def _line_stage(grids: list[np.ndarray], dim: int, block: float, broken=None) ->
     k = grids[0].shape[dim]
     if k == 1:
         return []
-    parts = []
-    for grid in grids:
-        lines = np.array([_opened(line, broken) for line in grid_lines(grid, dim)])
-        lower, upper = lines[:, :-1].ravel(), lines[:, 1:].ravel()
-        parts.append(Pattern(np.concatenate([lower, upper]), np.concatenate([upper, lower]),
-                             np.full(2 * lower.size, block)))
-    return [(Pattern.concat(parts), k - 1)]
+    # [group, line, member], a line opened after its broken link (a healthy machine has none)
+    lines = np.stack([np.array([_opened(line, broken) for line in grid_lines(grid, dim)])
+                      if broken is not None else grid_lines(grid, dim) for grid in grids])
+    lower = lines[:, :, :-1].reshape(len(grids), -1)
+    upper = lines[:, :, 1:].reshape(len(grids), -1)
+    # every group at once, in the order of a loop over groups
+    src = np.concatenate([lower, upper], axis=1).ravel()
+    dst = np.concatenate([upper, lower], axis=1).ravel()
+    return [(Pattern(src, dst, np.full(src.size, block)), k - 1)]
 
 
 def _opened(ring: np.ndarray, broken) -> np.ndarray:

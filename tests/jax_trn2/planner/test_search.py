@@ -151,7 +151,7 @@ def test_the_memory_floor_counts_a_top_level_matmul_with_the_resident_state(smal
     layouts, full, _ = small_space
     jitted, args = build(layouts[0])
     floor = memory_floor(jitted.trace(*args))
-    assert max(i.stacked_bytes for i in floor.instants) == D * W * 2
+    assert max(i.live_bytes for i in floor.instants) == D * W * 2
     for p in full:
         if p.ok:
             jitted, args = build(p.layout)
@@ -178,14 +178,14 @@ def build_tanh_stack(layout):
 
 def test_the_memory_floor_counts_each_matmul_result_with_the_resident_state():
     """m, x and w (3.5 GiB, not donated) stay the whole step; each y @ w writes 1 GiB of its
-    own beside them (over the devices at most), and the one that reads the previous
-    matmul's tanh... reads no matmul's result: only its own counts."""
+    own beside them (over the devices at most). Its operand y is a tanh's, not a matmul's
+    (an elementwise chain a compiler may fuse into its reader): only the result counts."""
     result = 2 ** 15 * 2 ** 14 * 2
     arguments = 2 ** 29 * 4 + result + 2 ** 14 * 2 ** 14 * 2
     for layout in (Layout.of(tp=2, topology=TOPOLOGY), Layout.of(fsdp=16, topology=TOPOLOGY)):
         jitted, args = build_tanh_stack(layout)
         floor = memory_floor(jitted.trace(*args))
-        assert [i.stacked_bytes for i in floor.instants] == [result] * 4
+        assert [i.live_bytes for i in floor.instants] == [result] * 4
         least = memory_lower_bound(layout, jitted, args)
         assert least == arguments + result // layout.devices
         assert least <= plan.estimate(jitted, args, layout.machine).peak_bytes, layout.name
@@ -250,7 +250,7 @@ def test_the_memory_floor_by_hand():
         layout = Layout.of(fsdp=16, topology=TOPOLOGY, remat=remat)
         jitted, args = build_scanned(layout)
         floor = memory_floor(jitted.trace(*args))
-        assert [i.stacked_bytes for i in floor.instants] == [forward, forward + grads], remat
+        assert [i.live_bytes for i in floor.instants] == [forward, forward + grads], remat
         # the weights are donated and read after the forward scan (by the backward one):
         # at least their bytes over the 16 chips; x (not donated) as split
         weights, x = LAYERS * WIDTH * WIDTH * 4, TOKENS * WIDTH * 2
