@@ -5,6 +5,7 @@ and two sequence lengths), pruning what cannot fit or win; wall time and plans p
 
     python benchmarks/plan_search.py            # both
     python benchmarks/plan_search.py --only 405B
+    python benchmarks/plan_search.py --only 405B --batches 256 --seqs 8192   # 132 variants
 """
 
 from __future__ import annotations
@@ -32,15 +33,16 @@ def sweep_70b() -> None:
           f"{len(table) / seconds:.2f} plans/s ({table.workers} workers)\n", flush=True)
 
 
-def search_405b(workers: int | None) -> None:
+def search_405b(workers: int | None, batches: tuple[int, ...] = BATCHES,
+                seqs: tuple[int, ...] = SEQS) -> None:
     config = plan_llama.MODELS["405B"]
     layouts = plan.grid(1024, ("dp", "fsdp", "tp"), remats=(None, "full"),
                         topologies=(CLUSTER,))
     print(f"Llama 3.1 405B: {config.param_count() / 1e9:.1f}B parameters on 1,024 chips; "
-          f"{len(layouts)} layouts x {len(BATCHES) * len(SEQS)} (batch, seq)", flush=True)
+          f"{len(layouts)} layouts x {len(batches) * len(seqs)} (batch, seq)", flush=True)
     started = time.perf_counter()
     result = plan.search(functools.partial(plan_llama.build, "405B"), layouts,
-                         params={"batch": BATCHES, "seq": SEQS},
+                         params={"batch": batches, "seq": seqs},
                          tokens_per_step=lambda batch, seq: batch * seq,
                          model_flops=functools.partial(_model_flops, config),
                          workers=workers, progress=True)
@@ -54,6 +56,11 @@ def search_405b(workers: int | None) -> None:
           f"pruned: {counts['shape']} shape, {counts['memory']} memory, {counts['time']} time")
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    """'256,512' -> (256, 512)."""
+    return tuple(int(part) for part in text.split(","))
+
+
 def _model_flops(config, batch: int, seq: int) -> float:
     return plan_llama.model_flops(config, batch, seq)
 
@@ -62,8 +69,12 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=("70B", "405B"))
     parser.add_argument("--workers", type=int)
+    parser.add_argument("--batches", type=_ints, default=BATCHES, metavar="B,B,...",
+                        help="the 405B search's batch sizes (default: 64,128,256,512)")
+    parser.add_argument("--seqs", type=_ints, default=SEQS, metavar="S,S,...",
+                        help="the 405B search's sequence lengths (default: 4096,8192)")
     args = parser.parse_args()
     if args.only != "405B":
         sweep_70b()
     if args.only != "70B":
-        search_405b(args.workers)
+        search_405b(args.workers, args.batches, args.seqs)

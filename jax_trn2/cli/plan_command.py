@@ -4,20 +4,24 @@
                   --remat none,full --tokens-per-step 524288 --model-flops 3.3e17
                   --train-tokens 15e12 --price 2.5 --plot sweep.png --json rows.json
     jax-trn2 plan script.py:build --layout fsdp=64 --layout dp=4,fsdp=4,tp=4
+    jax-trn2 plan script.py:build --grid 1024 --param batch=256 --param batch=512 --search
 
 `build(layout)` in the script returns `(jitted, args)` for a jax_trn2.plan.Layout, as for
-jax_trn2.plan.sweep; the script is imported as a module (its `if __name__ ==
+jax_trn2.plan.sweep (`build(layout, **values)` with --param); the script is imported as a module (its `if __name__ ==
 "__main__":` block does not run), so worker processes can import it too.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 from pathlib import Path
+from typing import Any
 
 from jax_trn2.planner import plan
 from jax_trn2.planner.layout import KINDS, Layout, grid
+from jax_trn2.planner.search import search
 from jax_trn2.core.platform import DEFAULT_TOPOLOGY
 from jax_trn2.cli.scripts import load_target
 
@@ -54,6 +58,14 @@ def add_plan(subparsers) -> None:
                         help=f"the machine (repeatable; default: {DEFAULT_TOPOLOGY})")
     parser.add_argument("--microbatches", type=int, help="a pipeline's microbatches")
     parser.add_argument("--schedule", help="a pipeline schedule the build knows (e.g. 1f1b)")
+    parser.add_argument("--param", type=param, action="append", default=[],
+                        metavar="NAME=VALUE", help="a value of a parameter build takes as a "
+                        "keyword, build(layout, NAME=VALUE): a Python literal (64, 'full', "
+                        "None) or else the text; repeat a NAME for more values, each "
+                        "combination planned (e.g. --param batch=64 --param batch=128)")
+    parser.add_argument("--search", action="store_true",
+                        help="prune what cannot fit or cannot win before planning it in full "
+                             "(jax_trn2.plan.search), for large spaces")
     parser.add_argument("--tokens-per-step", type=float, help="tokens one step trains")
     parser.add_argument("--model-flops", type=float,
                         help="the model's FLOPs per step (model FLOP utilisation, bubble)")
@@ -81,6 +93,27 @@ def layout_axes(text: str) -> tuple[tuple[str, int], ...]:
             f"expected AXIS=SIZE pairs separated by commas (dp=4,tp=8), got {text!r}") from None
 
 
+def param(text: str) -> tuple[str, Any]:
+    """'batch=64' -> ('batch', 64); 'remat=full' -> ('remat', 'full'): the value a Python
+    literal, else the text as it is."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip().isidentifier():
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=VALUE with NAME a keyword of build (batch=64), got {text!r}")
+    try:
+        return name.strip(), ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError):
+        return name.strip(), value.strip()
+
+
+def params(pairs: list[tuple[str, Any]]) -> dict[str, list[Any]] | None:
+    """--param's (name, value) pairs as a sweep's params: each name's values in order."""
+    swept: dict[str, list[Any]] = {}
+    for name, value in pairs:
+        swept.setdefault(name, []).append(value)
+    return swept or None
+
+
 def names(text: str) -> tuple[str, ...]:
     """'dp,fsdp' -> ('dp', 'fsdp')."""
     return tuple(part.strip() for part in text.split(",") if part.strip())
@@ -105,9 +138,11 @@ def candidates(args: argparse.Namespace) -> list[Layout]:
 def plan_command(args: argparse.Namespace) -> int:
     """`jax-trn2 plan script.py:build ...`: print the ranked table; returns 0."""
     _, build = load_target(args.target)
-    table = plan.sweep(build, candidates(args), tokens_per_step=args.tokens_per_step,
-                       model_flops=args.model_flops, train_tokens=args.train_tokens,
-                       price_per_chip_hour=args.price, workers=args.workers)
+    run = search if args.search else plan.sweep
+    table = run(build, candidates(args), params=params(args.param),
+                tokens_per_step=args.tokens_per_step, model_flops=args.model_flops,
+                train_tokens=args.train_tokens, price_per_chip_hour=args.price,
+                workers=args.workers, progress=True)
     print(table)
     if args.plot is not None:
         table.plot(args.plot)

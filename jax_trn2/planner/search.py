@@ -15,21 +15,30 @@ no tracing) and then:
   full plan would fail so, its reason naming the layout axis at fault);
 - pruned as "memory" when the least its peak can be (`least_peak_bytes`) exceeds a
   device's HBM: its arguments, split as the step's in_shardings say (every argument is
-  resident when the step starts: `argument_bytes`), or, while a top-level scan of its
-  traced program runs, the per-step outputs it stacks and those earlier scans stacked that
-  it or later work reads (the activations a jax.grad keeps for the backward pass), each
-  split over every device at most, with the arguments still to be read (`memory_floor`,
-  from the jaxpr, once per variant and remat policy);
-- pruned as "time" when the least time its matmuls can take, the FLOPs of its traced
-  program (counted once per variant and remat policy, `matmul_flops`) spread evenly over
-  the devices at their peak rate (`compute_seconds`), is no less (per token, when tokens
-  per step are known) than the expected step of the best fitting plan found so far: the
-  partitioner splits the matmuls, it does not remove them, and the busiest device does at
-  least the average share.
+  resident when the step starts: `argument_bytes`), or, while a top-level scan or matmul
+  of its traced program runs, what it writes (a scan's stacked per-step outputs, a
+  matmul's result and its operands other matmuls wrote) and the scans' stacked outputs
+  made before it and read after it (the activations a jax.grad keeps for the backward
+  pass), each split over every device at most, with the arguments still to be read
+  (`memory_floor`, from the jaxpr, once per variant and remat policy);
+- pruned as "time" when the least time its matmuls can keep the Tensor Engine, each the
+  longer of its FLOPs at the peak rate and its operands and result at the HBM's bandwidth,
+  spread evenly over the devices (`compute_seconds` of `matmul_work`, counted once per
+  variant and remat policy), is no less (per token, when tokens per step are known) than
+  the expected step of the best fitting plan found so far: the partitioner splits the
+  matmuls, it does not remove them, and the busiest device does at least the average.
 
 The rest are planned in full, first those whose least peak leaves half a device's HBM
 free, each group fastest bound first (so a plan that fits is found early and prunes the
-most), in worker processes as a sweep plans.
+most), in worker processes as a sweep plans; each is asked again when its turn comes
+(branch and bound) and pruned as "time" once the best plan found beats its bound.
+
+What the bounds leave out: communication (which collectives a step needs, and how large,
+is the partitioner's choice: a weight split over fsdp may be gathered or the activations
+moved instead, so no floor of it follows from the layout alone without partitioning), and
+the sharding the partitioner gives values the step does not constrain (a scan's stacked
+activations count as split over every device, though most layouts split them over their
+batch axes only).
 """
 
 from __future__ import annotations
@@ -63,8 +72,8 @@ class IndivisibleArgumentError(ValueError):
 class Pruned:
     """A variant not planned in full, and why: `why` is SHAPE (its arguments do not split
     as its shardings say), MEMORY (`bound`: the least bytes per device its peak can be,
-    over a device's HBM: least_peak_bytes) or TIME (`bound`: the least seconds its step can take, no less
-    than the best plan's)."""
+    over a device's HBM: least_peak_bytes) or TIME (`bound`: the least seconds its step
+    can take, no less than the best plan's); `reason` in words."""
 
     variant: Variant
     why: str
@@ -96,8 +105,9 @@ class Search(Sweep):
         head = (f"searched {total} variants in {self.wall_seconds:.1f} s: {counts['planned']} "
                 f"planned in full; pruned {counts[SHAPE]} whose arguments do not split as "
                 f"their shardings say, {counts[MEMORY]} whose least peak (arguments, "
-                f"activations their scans keep) exceeds a device's HBM, {counts[TIME]} whose least compute time cannot beat the best "
-                "plan found")
+                "activations their scans keep, matmul results) exceeds a device's HBM, "
+                f"{counts[TIME]} whose matmuls alone (their FLOPs at the peak rate, their "
+                "bytes at the HBM's bandwidth) cannot beat the best plan found")
         return "\n\n".join([head, super().table(), pruned_table(self.pruned)])
 
 
@@ -167,24 +177,26 @@ def _axes(spec: tuple, dim: int) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class LoopInstant:
-    """What must be in HBM while one top-level scan of a step runs, from its jaxpr (the
-    same for every sharding of the step): `stacked_bytes`, the global bytes of the scans'
-    per-step outputs live then (its own, and earlier scans' it reads or later work reads:
-    the residuals a backward pass keeps from the forward one), and `donated`, the donated
-    argument leaves that work after the scan still reads."""
+class Instant:
+    """What must be in HBM while one top-level scan or matmul of a step runs, from its
+    jaxpr (the same for every sharding of the step): `live_bytes`, the global bytes of
+    what it writes (a scan's per-step outputs; a matmul's result, and its operands that
+    other matmuls wrote) and of the scans' per-step outputs live then (earlier scans' it
+    reads or later work reads: the residuals a backward pass keeps from the forward one),
+    and `donated`, the donated argument leaves it or work after it still reads (a matmul;
+    work after it alone for a scan, which may write its outputs over one it reads)."""
 
-    stacked_bytes: int
+    live_bytes: int
     donated: frozenset[int]
 
 
 @dataclass(frozen=True)
 class MemoryFloor:
-    """The parts of a step's least peak HBM that come from its jaxpr: its loop instants,
+    """The parts of a step's least peak HBM that come from its jaxpr: its instants,
     each leaf's global bytes and donation, and the leaves not donated that it reads (every
     argument not donated is live the whole step)."""
 
-    instants: tuple[LoopInstant, ...]
+    instants: tuple[Instant, ...]
     leaf_bytes: tuple[int, ...]  # global bytes of each argument leaf
     held: frozenset[int]  # leaves not donated that the step reads
 
@@ -203,15 +215,24 @@ def memory_floor(traced: Any) -> MemoryFloor | None:
     stacked = {k: _stacked_outputs(e) & read for k, e in enumerate(eqns)
                if e.primitive.name == "scan"}
     instants = []
-    for k, own in stacked.items():
+    matmuls = {k for k, e in enumerate(eqns) if _writes_a_matmul(e)}
+    for k, e in enumerate(eqns):
+        if k not in stacked and k not in matmuls:
+            continue
         reads_after = {v for j in _descendants(eqns, k) for v in _vars(eqns[j].invars)}
         before = _ancestors(eqns, k)
-        inputs = set(_vars(eqns[k].invars))
-        live = set(own) | {v for v in inputs | reads_after if made_by.get(v) in stacked and
-                           v in stacked[made_by[v]] and (v in inputs or made_by[v] in before)}
-        instants.append(LoopInstant(
+        inputs = set(_vars(e.invars))
+        live = {v for v in inputs | reads_after if made_by.get(v) in stacked and
+                v in stacked[made_by[v]] and (v in inputs or made_by[v] in before)}
+        still_read = reads_after
+        if k in stacked:
+            live |= stacked[k]
+        else:  # a matmul writes a buffer of its own while it reads its operands
+            live |= set(_vars(e.outvars)) | {v for v in inputs if made_by.get(v) in matmuls}
+            still_read = reads_after | inputs
+        instants.append(Instant(
             sum(_value_bytes(v) for v in live),
-            frozenset(argument[v] for v in reads_after if v in argument and donated[argument[v]])))
+            frozenset(argument[v] for v in still_read if v in argument and donated[argument[v]])))
     return MemoryFloor(tuple(instants), tuple(_value_bytes(v) for v in jaxpr.invars),
                        frozenset(i for v, i in argument.items() if not donated[i] and v in read))
 
@@ -227,7 +248,11 @@ def least_peak_bytes(layout: Layout, leaf_bytes: Sequence[int], floor: MemoryFlo
       reads (made before it starts, freed after it ends: the residuals a jax.grad keeps for
       its backward pass), the donated arguments work after it reads, each at least its
       global bytes over the layout's devices (the most it can be split), and the arguments
-      not donated, as split.
+      not donated, as split;
+    - at each top-level matmul (the largest temporaries of a step outside its loops: the
+      logits, a weight's gradient), likewise, with its result and its operands that other
+      matmuls wrote (a matmul's result is a buffer of its own, mesh.fusion keeps none in
+      SBUF, and no view of its operands) and the donated arguments it reads.
 
     A scan's per-step output that its body passes through from an input is not counted
     (it may be a view), nor one nothing needed reads."""
@@ -236,7 +261,7 @@ def least_peak_bytes(layout: Layout, leaf_bytes: Sequence[int], floor: MemoryFlo
         return least
     held = sum(leaf_bytes[i] for i in floor.held)
     for instant in floor.instants:
-        split = _split(instant.stacked_bytes, layout) + \
+        split = _split(instant.live_bytes, layout) + \
             sum(_split(floor.leaf_bytes[i], layout) for i in instant.donated)
         least = max(least, held + split)
     return least
@@ -296,6 +321,17 @@ def _ancestors(eqns: Sequence[Any], k: int) -> set[int]:
     return found
 
 
+def _writes_a_matmul(eqn: Any) -> bool:
+    """Whether a jaxpr equation is a matmul that contracts two or more elements: the
+    Tensor Engine writes its result to a buffer of its own (no fused chain keeps a matmul's
+    result in SBUF, mesh.fusion), and it is no view of its operands. (One that contracts
+    one element is a product a compiler may run as an elementwise op, and fuse.)"""
+    if eqn.primitive.name != "dot_general":
+        return False
+    (contract, _), _ = eqn.params["dimension_numbers"]
+    return math.prod(eqn.invars[0].aval.shape[d] for d in contract) >= 2
+
+
 def _stacked_outputs(eqn: Any) -> set[Any]:
     """A scan's per-step outputs stacked over two or more steps, each distinct body result
     once, leaving out those its body passes through from a constant or a per-step input
@@ -315,45 +351,78 @@ def _stacked_outputs(eqn: Any) -> set[Any]:
     return stacked
 
 
-def matmul_flops(jaxpr: Any) -> dict[str, float]:
-    """FLOPs of the dot_generals of a (closed) jaxpr by their operands' dtype, counting a
-    scan's body `length` times, a cond's cheapest branch, a while loop's body not at all
-    (its trip count is unknown) and any other sub-jaxpr once: never more than the program
-    does."""
-    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-    flops: dict[str, float] = {}
+@dataclass(frozen=True)
+class Matmul:
+    """One dot_general of a step, global: its operands' dtype, its FLOPs and the least HBM
+    bytes it moves (its operands read once and its result written once; 0 inside a fused
+    kernel, which keeps its operands on chip, or for a product of one element a compiler
+    may fuse into an elementwise chain)."""
 
-    def add(more: Mapping[str, float], times: float = 1.0) -> None:
-        for dtype, n in more.items():
-            flops[dtype] = flops.get(dtype, 0.0) + n * times
+    dtype: str
+    flops: float
+    hbm_bytes: float
+
+
+def matmul_work(jaxpr: Any, fused: bool = False) -> dict[Matmul, float]:
+    """The dot_generals of a (closed) jaxpr and how many times each runs, counting a scan's
+    body `length` times, a cond's branch of fewest FLOPs (its HBM bytes left out: another
+    branch may move fewer), a while loop's body not at all (its trip count is unknown) and
+    any other sub-jaxpr once: never more than the program does. `fused`: the jaxpr is a
+    composite's, which the chip may run as one fused kernel (flash attention)."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    work: dict[Matmul, float] = {}
+
+    def add(more: Mapping[Matmul, float], times: float = 1.0) -> None:
+        for matmul, n in more.items():
+            work[matmul] = work.get(matmul, 0.0) + n * times
 
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if name == "dot_general":
-            (contract, _), (batch, _) = eqn.params["dimension_numbers"]
-            lhs, rhs = (v.aval.shape for v in eqn.invars)
+            (contract, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
             out = math.prod(eqn.outvars[0].aval.shape)
             k = math.prod(lhs[d] for d in contract)
-            add({str(eqn.invars[0].aval.dtype): 2.0 * out * k})
+            moved = sum(_value_bytes(v) for v in [*eqn.invars, *eqn.outvars]) \
+                if _writes_a_matmul(eqn) and not fused else 0
+            add({Matmul(str(eqn.invars[0].aval.dtype), 2.0 * out * k, moved): 1.0})
         elif name == "while":
             continue
         elif name == "cond":
-            branches = [matmul_flops(b) for b in eqn.params["branches"]]
-            add(min(branches, key=lambda f: sum(f.values())))
+            branches = [matmul_work(b, fused) for b in eqn.params["branches"]]
+            cheapest = min(branches, key=lambda w: sum(m.flops * n for m, n in w.items()))
+            add({Matmul(m.dtype, m.flops, 0): n for m, n in cheapest.items()})
         else:
             times = eqn.params.get("length", 1) if name == "scan" else 1
             for sub in jaxprs_in_params(eqn.params):
-                add(matmul_flops(sub), times)
+                add(matmul_work(sub, fused or name == "composite"), times)
+    return work
+
+
+def matmul_flops(jaxpr: Any) -> dict[str, float]:
+    """FLOPs of the dot_generals of a (closed) jaxpr by their operands' dtype, counted as
+    matmul_work counts them: never more than the program does."""
+    flops: dict[str, float] = {}
+    for matmul, times in matmul_work(jaxpr).items():
+        flops[matmul.dtype] = flops.get(matmul.dtype, 0.0) + matmul.flops * times
     return flops
 
 
-def compute_seconds(flops: Mapping[str, float], layout: Layout) -> float:
-    """The least time `flops` (by dtype) take spread evenly over the layout's devices at
-    their peak: FP8 at its rate, every other dtype at BF16's (the fastest the Tensor
-    Engine runs anything but FP8)."""
+def compute_seconds(work: Mapping[Matmul, float], layout: Layout) -> float:
+    """The least time the matmuls of `work` (matmul_work) keep the busiest device's Tensor
+    Engine, in seconds: each matmul takes the longer of its FLOPs at the peak rate (FP8 at
+    its own, every other dtype at BF16's, the fastest the engine runs anything but FP8) and
+    its HBM bytes at the HBM's full bandwidth (the cost model holds the engine for the
+    longer of the two), both spread evenly over the layout's devices (the partitioner
+    splits a matmul, it does not remove its FLOPs or the bytes of its operands and result,
+    and the busiest device does at least the average: the average of a maximum is no less
+    than the maximum of the averages)."""
     device = layout.machine.device
-    return sum(n / (layout.devices * device.peak_flops_for(
-        dtype if dtype.startswith("float8") else "bfloat16")) for dtype, n in flops.items())
+    seconds = 0.0
+    for m, times in work.items():
+        peak = device.peak_flops_for(m.dtype if m.dtype.startswith("float8") else "bfloat16")
+        seconds += times * max(m.flops / peak, m.hbm_bytes / device.hbm_bandwidth)
+    return seconds / layout.devices
 
 
 def search(build: Callable[..., tuple[Any, Sequence[Any]]], layouts: Iterable[Layout], *,
@@ -389,8 +458,8 @@ def search(build: Callable[..., tuple[Any, Sequence[Any]]], layouts: Iterable[La
             pruned.append(why)
             continue
         least_bytes[job] = why / job.layout.machine.device.hbm_bytes
-        flops = traced[_trace_key(job)].flops if _trace_key(job) in traced else {}
-        bounds[job] = _per_token(compute_seconds(flops, job.layout),
+        work = traced[_trace_key(job)].work if _trace_key(job) in traced else {}
+        bounds[job] = _per_token(compute_seconds(work, job.layout),
                                  job.figure(tokens_per_step))
     survivors = sorted(bounds, key=lambda job: _planning_order(bounds[job], least_bytes[job]))
 
@@ -433,7 +502,7 @@ def _trace_key(job: Variant) -> tuple:
 class _Traced:
     """What a search reads from a variant's traced program."""
 
-    flops: Mapping[str, float]  # matmul_flops
+    work: Mapping[Matmul, float]  # matmul_work
     floor: MemoryFloor | None  # memory_floor
 
 
@@ -454,7 +523,7 @@ def _cannot_fit(build: Callable, job: Variant, traced: dict[tuple, _Traced]
     if key not in traced:
         try:
             step = jitted.trace(*args)
-            traced[key] = _Traced(matmul_flops(step.jaxpr), memory_floor(step))
+            traced[key] = _Traced(matmul_work(step.jaxpr), memory_floor(step))
         except Exception:  # not kept: another layout of the same program may trace
             return 0.0
     nbytes = least_peak_bytes(job.layout, leaf_bytes, traced[key].floor)
@@ -462,8 +531,8 @@ def _cannot_fit(build: Callable, job: Variant, traced: dict[tuple, _Traced]
     if nbytes > hbm:
         arguments = sum(leaf_bytes)
         what = f"its arguments alone take {bytes_text(arguments)}" if nbytes == arguments \
-            else ("its arguments and the per-step outputs of its scans (at their most "
-                  f"split) take at least {bytes_text(nbytes)}")
+            else ("its arguments with the per-step outputs of its scans or a matmul's "
+                  f"result (at their most split) take at least {bytes_text(nbytes)}")
         return Pruned(job, MEMORY, f"{what} per device, over a device's {bytes_text(hbm)}",
                       nbytes)
     return nbytes

@@ -19,8 +19,9 @@ DIRECT_MAX_GROUP = 64
 
 
 def candidate_steps(kind: str, grids: list[np.ndarray], m: float, net: Network,
-                    on_rings: bool):
-    """(name, steps, ring lengths) of every candidate algorithm for `kind`."""
+                    on_rings: bool, only: str | None = None):
+    """(name, steps, ring lengths) of every candidate algorithm for `kind`, or of the one
+    named `only` (the others' steps are not built: building them is most of the cost)."""
     dims = list(range(grids[0].ndim))
     shape = grids[0].shape
     names = [net.axis_name(grids[0], d) for d in dims]
@@ -28,18 +29,21 @@ def candidate_steps(kind: str, grids: list[np.ndarray], m: float, net: Network,
                    "all-reduce": _all_reduce}.get(kind)
     if ring_stages is not None:
         # Lines first, so that where a line costs what a ring does (2 chips) it is named so.
-        line = functools.partial(_line_stage, broken=net.broken)
+        # a healthy machine has no broken links: no need to ask of every pair of neighbours
+        broken = net.broken if net.topology.has_faults else None
+        line = functools.partial(_line_stage, broken=broken)
         stages = (("line", line),) * (not on_rings) + (("ring", _ring_stage),)
         for (label, stage), order in itertools.product(stages, itertools.permutations(dims)):
             if len(dims) > 1:
                 label = f"{label}s " + ">".join(names[d] for d in order)
-            yield label, ring_stages(grids, order, m, stage), tuple(shape[d] for d in order)
+            if only in (None, label):
+                yield label, ring_stages(grids, order, m, stage), tuple(shape[d] for d in order)
         if len(dims) > 1:
-            yield from _rotated(kind, ring_stages, grids, names, m, net)
-        if _is_power_of_two(grids[0].size):
+            yield from _rotated(kind, ring_stages, grids, names, m, net, only)
+        if _is_power_of_two(grids[0].size) and only in (None, RDH):
             yield RDH, _recursive_halving_doubling(kind, grids, m), ()
     if grids[0].size <= DIRECT_MAX_GROUP or ring_stages is None:
-        yield from _direct(kind, grids, m)
+        yield from _direct(kind, grids, m, only)
 
 
 def _ring_stage(grids: list[np.ndarray], dim: int, block: float) -> Steps:
@@ -48,12 +52,12 @@ def _ring_stage(grids: list[np.ndarray], dim: int, block: float) -> Steps:
     k = grids[0].shape[dim]
     if k == 1:
         return []
-    parts = []
-    for grid in grids:
-        for shift in (-1, 1):
-            peer = np.roll(grid, shift, axis=dim).ravel()
-            parts.append(Pattern(grid.ravel(), peer, np.full(grid.size, block / 2)))
-    return [(Pattern.concat(parts), k - 1)]
+    # every group at once, in the order of a loop over groups, then shifts -1 and +1
+    stacked = np.stack(grids)
+    members = np.stack([stacked, stacked], axis=1).ravel()
+    peers = np.stack([np.roll(stacked, shift, axis=dim + 1) for shift in (-1, 1)],
+                     axis=1).ravel()
+    return [(Pattern(members, peers, np.full(members.size, block / 2)), k - 1)]
 
 
 def _line_stage(grids: list[np.ndarray], dim: int, block: float, broken=None) -> Steps:
@@ -65,13 +69,15 @@ def _line_stage(grids: list[np.ndarray], dim: int, block: float, broken=None) ->
     k = grids[0].shape[dim]
     if k == 1:
         return []
-    parts = []
-    for grid in grids:
-        lines = np.array([_opened(line, broken) for line in grid_lines(grid, dim)])
-        lower, upper = lines[:, :-1].ravel(), lines[:, 1:].ravel()
-        parts.append(Pattern(np.concatenate([lower, upper]), np.concatenate([upper, lower]),
-                             np.full(2 * lower.size, block)))
-    return [(Pattern.concat(parts), k - 1)]
+    # [group, line, member], a line opened after its broken link (a healthy machine has none)
+    lines = np.stack([np.array([_opened(line, broken) for line in grid_lines(grid, dim)])
+                      if broken is not None else grid_lines(grid, dim) for grid in grids])
+    lower = lines[:, :, :-1].reshape(len(grids), -1)
+    upper = lines[:, :, 1:].reshape(len(grids), -1)
+    # every group at once, in the order of a loop over groups
+    src = np.concatenate([lower, upper], axis=1).ravel()
+    dst = np.concatenate([upper, lower], axis=1).ravel()
+    return [(Pattern(src, dst, np.full(src.size, block)), k - 1)]
 
 
 def _opened(ring: np.ndarray, broken) -> np.ndarray:
@@ -106,7 +112,7 @@ def _all_reduce(grids, order, m, stage=_ring_stage) -> Steps:
         _all_gather(grids, tuple(reversed(order)), m, stage)
 
 
-def _rotated(kind, ring_stages, grids, names, m, net: Network):
+def _rotated(kind, ring_stages, grids, names, m, net: Network, only: str | None = None):
     """Rotated rings: one part of the buffer per axis, each starting on a different axis.
 
     The heaviest stage of part i is its first for reduce-scatter and all-reduce and its last
@@ -124,8 +130,11 @@ def _rotated(kind, ring_stages, grids, names, m, net: Network):
             del splits[", split by link bandwidth"]
         label = ">".join(names[d] for d in cyclic)
         for suffix, shares in splits.items():
+            name = f"rotated rings {label} ({n} parts{suffix})"
+            if only not in (None, name):
+                continue
             parts = [ring_stages(grids, order, m * share) for order, share in zip(orders, shares)]
-            yield f"rotated rings {label} ({n} parts{suffix})", _concurrent(parts), \
+            yield name, _concurrent(parts), \
                 tuple(grids[0].shape[d] for d in cyclic)
 
 
@@ -163,15 +172,17 @@ def _cyclic_orders(dims: list[int]) -> list[list[int]]:
     return [[first, *p] for p in itertools.permutations(rest)]
 
 
-def _direct(kind, grids, m):
+def _direct(kind, grids, m, only: str | None = None):
     members = [g.ravel() for g in grids]
     block = m / grids[0].size
     if kind == "all-reduce":
-        yield "one-shot", [(_all_pairs(members, m), 1)], ()
-        yield "two-shot", [(_all_pairs(members, block), 1)] * 2, ()
-    else:
+        if only in (None, "one-shot"):
+            yield "one-shot", [(_all_pairs(members, m), 1)], ()
+        if only in (None, "two-shot"):
+            yield "two-shot", [(_all_pairs(members, block), 1)] * 2, ()
+    elif only in (None, "direct"):
         yield "direct", [(_all_pairs(members, block), 1)], ()
-    if kind == "all-to-all" and grids[0].ndim > 1:
+    if kind == "all-to-all" and grids[0].ndim > 1 and only in (None, "direct axis by axis"):
         steps = [(_all_pairs([line for g in grids for line in grid_lines(g, d)], m / k), 1)
                  for d, k in enumerate(grids[0].shape) if k > 1]
         yield "direct axis by axis", steps, ()

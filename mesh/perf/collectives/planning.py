@@ -255,8 +255,8 @@ def _chosen_steps(kind: str, chip_groups: tuple[tuple[int, ...], ...], message_b
                   algorithm: str, net: Network) -> Steps:
     """The steps of candidate `algorithm` for a `kind` collective among `chip_groups`."""
     grids, on_rings = net.grids([list(g) for g in chip_groups], every=True)
-    return next(steps for name, steps, _ in candidate_steps(
-        kind, grids, message_bytes, net, on_rings) if name == algorithm)
+    return next(steps for _, steps, _ in candidate_steps(
+        kind, grids, message_bytes, net, on_rings, only=algorithm))
 
 
 def _permute_steps(chip_pairs: tuple[tuple[int, int], ...], message_bytes: int) -> Steps:

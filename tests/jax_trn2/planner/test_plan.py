@@ -265,6 +265,37 @@ def test_jax_trn2_plan_command(tmp_path, capsys):
     assert "give layouts to plan" in capsys.readouterr().err
 
 
+def test_plan_command_passes_each_param_to_build(tmp_path, capsys):
+    script = tmp_path / "param_script.py"
+    script.write_text(textwrap.dedent('''
+        import jax, jax.numpy as jnp
+        import jax_trn2
+
+        def build(layout, rows=1024, dtype="float32"):
+            mesh = layout.make_mesh()
+            s = layout.sharding(mesh, "embed", "mlp")
+            step = jax_trn2.jit(lambda w, g: w - g, in_shardings=(s, s), out_shardings=s,
+                                topology=layout.topology)
+            x = jax.ShapeDtypeStruct((rows, 2048), dtype)
+            return step, (x, x)
+    '''))
+    rows = tmp_path / "rows.json"
+    for command in ([], ["--search"]):
+        assert main(["plan", f"{script}:build", "--layout", "fsdp=16", "--topology", TOPOLOGY,
+                     "--param", "rows=2048", "--param", "rows=4096", "--param",
+                     "dtype=bfloat16", "--json", str(rows), "--workers", "1", *command]) == 0
+        planned = json.loads(rows.read_text())
+        assert {(r["rows"], r["dtype"]) for r in planned} == {(2048, "bfloat16"),
+                                                              (4096, "bfloat16")}
+        # w, g and w - g, each rows x 2048 bfloat16 split over 16 chips: built as given
+        for r in planned:
+            assert r["peak_hbm_bytes"] == 3 * r["rows"] * 2048 * 2 // 16
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["plan", f"{script}:build", "--layout", "fsdp=16", "--param", "rows"])
+    assert "expected NAME=VALUE" in capsys.readouterr().err
+
+
 def test_bubble_is_left_out_of_layouts_without_a_pipeline(two_layouts):
     p = plan.Plan(FSDP16, two_layouts[0].estimate, model_flops=1e9)
     assert p.bubble is None and p.gpipe_bubble is None

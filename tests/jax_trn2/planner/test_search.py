@@ -10,8 +10,9 @@ import pytest
 import jax_trn2
 from jax_trn2 import plan
 from jax_trn2.planner.layout import Layout, grid
-from jax_trn2.planner.search import (MEMORY, SHAPE, TIME, argument_bytes, compute_seconds,
-                                     matmul_flops, memory_floor, memory_lower_bound)
+from jax_trn2.planner.search import (MEMORY, SHAPE, TIME, Matmul, argument_bytes,
+                                     compute_seconds, matmul_flops, matmul_work, memory_floor,
+                                     memory_lower_bound)
 from mesh.machine import get_topology
 
 TOPOLOGY = "trn2"  # 16 chips of 96 GiB
@@ -85,6 +86,33 @@ def test_matmul_flops_by_hand():
     assert matmul_flops(jax.make_jaxpr(scanned)(a, a)) == {"float32": 3 * 2 * 8 ** 3}
 
 
+def matvec(w, x):
+    """A product a matrix-vector step makes (decoding, say): 2 FLOPs per weight it reads."""
+    return x @ w
+
+
+def test_the_time_bound_counts_the_bytes_a_matmul_moves():
+    """x bf16[8, D] @ w bf16[D, D]: its FLOPs take 2 * 8 * D^2 / peak, its weights alone
+    2 * D^2 / the HBM's bandwidth, 50 times as long on a Trn2 (667 TFLOP/s over 2.9 TB/s
+    is 230 FLOPs a byte; this matmul does 8): the bound is the bytes', below each plan's."""
+    d = 16384
+    w, x = (jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((d, d), (8, d)))
+    work = matmul_work(jax.make_jaxpr(matvec)(w, x))
+    moved = 2 * (d * d + 8 * d + 8 * d)
+    assert work == {Matmul("bfloat16", 2.0 * 8 * d * d, moved): 1.0}
+    for axes in ({"tp": 16}, {"fsdp": 16}, {"tp": 2}):
+        layout = Layout.of(topology=TOPOLOGY, **axes)
+        mesh = layout.make_mesh()
+        step = jax_trn2.jit(matvec, in_shardings=(layout.sharding(mesh, "embed", "mlp"),
+                                                  layout.sharding(mesh)),
+                            topology=layout.topology)
+        least = compute_seconds(work, layout)
+        chip = layout.machine.device
+        assert least == pytest.approx(moved / chip.hbm_bandwidth / layout.devices)
+        assert least > compute_seconds({Matmul("bfloat16", 2.0 * 8 * d * d, 0): 1.0}, layout)
+        assert least <= plan.estimate(step, (w, x), layout.machine).ideal_step_seconds, axes
+
+
 def test_argument_bytes_and_the_shape_named():
     layout = Layout.of(fsdp=4, tp=4, topology=TOPOLOGY)
     jitted, args = build(layout)
@@ -112,8 +140,55 @@ def test_the_bounds_are_lower_bounds_of_the_full_plans(small_space):
     for p in planned:
         jitted, args = build(p.layout)
         assert argument_bytes(p.layout, jitted, args) <= p.estimate.peak_bytes, p.name
-        least = compute_seconds(matmul_flops(jitted.trace(*args).jaxpr), p.layout)
+        least = compute_seconds(matmul_work(jitted.trace(*args).jaxpr), p.layout)
         assert 0 < least <= p.estimate.ideal_step_seconds <= p.estimate.step_seconds, p.name
+
+
+def test_the_memory_floor_counts_a_top_level_matmul_with_the_resident_state(small_space):
+    """adam_like's weight gradient x^T @ dy (bfloat16[D, 2 D], 16 GiB) is written while w,
+    m and v (donated, read after it) and x are resident, as is its operand dy = (1 - y^2)
+    (x @ w) -- no matmul's: only the result counts, over the 16 chips at most."""
+    layouts, full, _ = small_space
+    jitted, args = build(layouts[0])
+    floor = memory_floor(jitted.trace(*args))
+    assert max(i.live_bytes for i in floor.instants) == D * W * 2
+    for p in full:
+        if p.ok:
+            jitted, args = build(p.layout)
+            assert memory_lower_bound(p.layout, jitted, args) <= p.estimate.peak_bytes, p.name
+
+
+def tanh_stack(m, x, w):
+    """issue 40's step: four tanh(y @ w) on 1 GiB of activations beside a 2 GiB m."""
+    y = x
+    for _ in range(4):
+        y = jnp.tanh(y @ w)
+    return 0.9 * m + y.sum()
+
+
+def build_tanh_stack(layout):
+    mesh = layout.make_mesh()
+    whole = layout.sharding(mesh)  # every device holds all of it
+    step = jax_trn2.jit(tanh_stack, in_shardings=(whole,) * 3, out_shardings=whole,
+                        topology=layout.topology)
+    return step, (jax.ShapeDtypeStruct((2 ** 29,), jnp.float32),
+                  jax.ShapeDtypeStruct((2 ** 15, 2 ** 14), jnp.bfloat16),
+                  jax.ShapeDtypeStruct((2 ** 14, 2 ** 14), jnp.bfloat16))
+
+
+def test_the_memory_floor_counts_each_matmul_result_with_the_resident_state():
+    """m, x and w (3.5 GiB, not donated) stay the whole step; each y @ w writes 1 GiB of its
+    own beside them (over the devices at most). Its operand y is a tanh's, not a matmul's
+    (an elementwise chain a compiler may fuse into its reader): only the result counts."""
+    result = 2 ** 15 * 2 ** 14 * 2
+    arguments = 2 ** 29 * 4 + result + 2 ** 14 * 2 ** 14 * 2
+    for layout in (Layout.of(tp=2, topology=TOPOLOGY), Layout.of(fsdp=16, topology=TOPOLOGY)):
+        jitted, args = build_tanh_stack(layout)
+        floor = memory_floor(jitted.trace(*args))
+        assert [i.live_bytes for i in floor.instants] == [result] * 4
+        least = memory_lower_bound(layout, jitted, args)
+        assert least == arguments + result // layout.devices
+        assert least <= plan.estimate(jitted, args, layout.machine).peak_bytes, layout.name
 
 
 def test_a_search_prunes_only_what_cannot_fit_or_win(small_space):
@@ -175,7 +250,7 @@ def test_the_memory_floor_by_hand():
         layout = Layout.of(fsdp=16, topology=TOPOLOGY, remat=remat)
         jitted, args = build_scanned(layout)
         floor = memory_floor(jitted.trace(*args))
-        assert [i.stacked_bytes for i in floor.instants] == [forward, forward + grads], remat
+        assert [i.live_bytes for i in floor.instants] == [forward, forward + grads], remat
         # the weights are donated and read after the forward scan (by the backward one):
         # at least their bytes over the 16 chips; x (not donated) as split
         weights, x = LAYERS * WIDTH * WIDTH * 4, TOKENS * WIDTH * 2
