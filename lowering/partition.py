@@ -225,7 +225,7 @@ def _partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exceptio
     partitioned = ir.Module.parse(stablehlo, jax_mlir.make_ir_context())
     _remove_stop(partitioned)
     _set_replica_groups(partitioned, mesh_groups)
-    _carry_donation(module, partitioned)
+    _carry_marks(module, partitioned)
     return partitioned, failure
 
 
@@ -373,28 +373,37 @@ def _unsharded_results(module: ir.Module) -> list[bool]:
 
 
 _DONATION_ATTRS = ("tf.aliasing_output", "jax.buffer_donor")
+MEMORY_KIND_ATTR = "mhlo.memory_kind"
 
 
-def _carry_donation(source: ir.Module, target: ir.Module) -> None:
-    """Mark main's donated arguments in the partitioned module as jax marked them in the
-    source (the conversion from HLO drops the marks)."""
+def _carry_marks(source: ir.Module, target: ir.Module) -> None:
+    """Mark main's donated arguments, and the memory kinds of its arguments and results, in
+    the partitioned module as jax marked them in the source (the conversion from HLO drops
+    the marks)."""
+    _carry(source, target, "arg_attrs", (*_DONATION_ATTRS, MEMORY_KIND_ATTR))
+    _carry(source, target, "res_attrs", (MEMORY_KIND_ATTR,))
+
+
+def _carry(source: ir.Module, target: ir.Module, key: str, names: tuple[str, ...]) -> None:
+    """Copy the attributes `names` of each entry of main's `key` (arg_attrs or res_attrs)
+    from `source` to `target`."""
     source_attrs = main_function(source).attributes
-    if "arg_attrs" not in source_attrs:
+    if key not in source_attrs:
         return
-    donated = [{name: str(entry[name]) for name in _DONATION_ATTRS if name in entry}
-               for entry in map(ir.DictAttr, ir.ArrayAttr(source_attrs["arg_attrs"]))]
-    if not any(donated):
+    marks = [{name: str(entry[name]) for name in names if name in entry}
+             for entry in map(ir.DictAttr, ir.ArrayAttr(source_attrs[key]))]
+    if not any(marks):
         return
     main = main_function(target)
     with target.context:
-        current = list(map(ir.DictAttr, ir.ArrayAttr(main.attributes["arg_attrs"]))) \
-            if "arg_attrs" in main.attributes else [ir.DictAttr.get({})] * len(donated)
+        current = list(map(ir.DictAttr, ir.ArrayAttr(main.attributes[key]))) \
+            if key in main.attributes else [ir.DictAttr.get({})] * len(marks)
         merged = []
-        for entry, marks in zip(current, donated, strict=True):
+        for entry, marked in zip(current, marks, strict=True):
             attrs = {entry[i].name: entry[i].attr for i in range(len(entry))}
-            attrs.update({name: ir.Attribute.parse(text) for name, text in marks.items()})
+            attrs.update({name: ir.Attribute.parse(text) for name, text in marked.items()})
             merged.append(ir.DictAttr.get(attrs))
-        main.attributes["arg_attrs"] = ir.ArrayAttr.get(merged)
+        main.attributes[key] = ir.ArrayAttr.get(merged)
 
 
 def main_function(module: ir.Module):

@@ -7,6 +7,10 @@ from typing import Callable
 
 RULES: dict[str, Callable] = {}
 CUSTOM_CALL_RULES: dict[str, Callable] = {}
+# Op names and custom call targets that pass their operands on wherever they are held
+# (sharding hints, tuples, memory placements): the walker gives them values held in host
+# memory as they are, and reloads such values into HBM for every other op.
+MEMORY_NEUTRAL: set[str] = set()
 
 
 def _register(table: dict[str, Callable], names: tuple[str, ...], what: str) -> Callable:

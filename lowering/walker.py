@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 
 from collections.abc import Iterator, Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ from jaxlib.mlir import ir
 from lowering import hlo_sharding, inserted, mlir, partition
 from lowering.dynamic_shapes import SHAPE_OPERANDS
 from lowering.errors import LoweringError, UnsupportedOpError, located
-from lowering.registry import RULES
+from lowering.registry import MEMORY_NEUTRAL, RULES
 from lowering.replica_groups import ProcessGrid
 from mesh import isa
 
@@ -284,6 +285,10 @@ class Walker:
                 meshes[hlo_sharding.SHARDING_ATTR] = gspmd_mesh
         # HloShardings that Sharding custom calls put on values, for SPMDFullToShardShape.
         self.value_shardings: dict[int, str] = {}
+        # Values held in host memory (main's arguments in pinned_host or unpinned_host, their
+        # pieces, offloads' results) -> their memory kind; the rest are in HBM.
+        self.host_values: dict[int, str] = {}
+        self.reloads: dict[tuple[int, int], int] = {}  # (builder, host value) -> in HBM
         self.grid = _process_grid(meshes, mlir.Attributes(module.operation))
         self.mesh = self.grid.mesh
         # Without an sdy.mesh, main is the code each process runs on its own arguments
@@ -318,16 +323,20 @@ class Walker:
                          t, self.argument_layout)) for i, a in enumerate(block.arguments)]
         inputs = [leaf for argument, a in zip(arguments, block.arguments)
                   if not mlir.is_token(a.type) for leaf in leaves(argument)]
+        input_kinds = self._host_memory_kinds("arg_attrs", block.arguments, inputs)
         results = self.lower_block(block, arguments, builder)
         returned = list(_terminator(block).operands)
-        outputs = [leaf for result, v in zip(results, returned) if not mlir.is_token(v.type)
-                   for leaf in leaves(result)]
+        output_kinds = self._host_memory_kinds("res_attrs", returned)
+        outputs = [self._placed(builder, leaf, kind) for leaf, kind in zip(
+            [leaf for result, v in zip(results, returned) if not mlir.is_token(v.type)
+             for leaf in leaves(result)], output_kinds or itertools.repeat(None))]
         main = mlir.Attributes(self.functions["main"])
         input_shardings = self._shardings(main.get("arg_attrs", ()), len(inputs))
         output_shardings = self._shardings(main.get("res_attrs", ()), len(outputs))
         return builder.program(
             inputs, outputs, "main", input_shardings=input_shardings,
-            output_shardings=output_shardings,
+            output_shardings=output_shardings, input_memory_kinds=input_kinds,
+            output_memory_kinds=output_kinds,
             donated_inputs=self._donations(
                 self._device_bytes(builder, inputs, input_shardings),
                 self._device_bytes(builder, outputs, output_shardings)))
@@ -369,14 +378,20 @@ class Walker:
                 builder.instructions.append(isa.Reshape((piece,), (stacked_piece,),
                                                         shape=local.shape))
             pieces.append(piece)
+        input_kinds = self._host_memory_kinds(
+            "arg_attrs", block.arguments,
+            [p for p, a in zip(pieces, block.arguments) if not mlir.is_token(a.type)])
         results = self.lower_block(block, pieces, builder)
         outputs, output_shardings, output_partials = [], [], []
         # (XLA leaves no output sharding on a program without results)
         out_texts = hlo_sharding.elements(attrs[partition.OUTPUT_SHARDING_ATTR], len(results)) \
             if results else []
+        output_kinds = self._host_memory_kinds("res_attrs", _terminator(block).operands)
+        kinds = iter(output_kinds or itertools.repeat(None))
         for value, text, returned in zip(results, out_texts, _terminator(block).operands):
             if mlir.is_token(returned.type):  # jax's callers never see tokens
                 continue
+            value = self._placed(builder, value, next(kinds))  # each chip its own piece
             local = builder.values[value].type
             dim_axes, partial = self._main_layout(text, local.rank)
             output_shardings.append(dim_axes if any(dim_axes) else None)
@@ -393,11 +408,40 @@ class Walker:
                                                     dim_axes=dim_axes))
         return builder.program(inputs, outputs, "main", input_shardings=tuple(input_shardings),
                                output_shardings=tuple(output_shardings),
+                               input_memory_kinds=input_kinds,
+                               output_memory_kinds=output_kinds,
                                input_partials=tuple(input_partials),
                                output_partials=tuple(output_partials),
                                donated_inputs=self._donations(
                                    self._device_bytes(builder, inputs, input_shardings),
                                    self._device_bytes(builder, outputs, output_shardings)))
+
+    def _host_memory_kinds(self, attrs_key: str, values,
+                           held: Sequence[int] = ()) -> tuple[str | None, ...]:
+        """Per leaf of main's arguments (`attrs_key` "arg_attrs") or results ("res_attrs"),
+        its memory kind where it is in host memory, None where in HBM; () when all are in
+        HBM. The values `held` (the arguments' leaves as lowered) are recorded as host
+        values, which an annotate_device_placement then moves (lowering.rules.structure)."""
+        kinds = partition.memory_kinds(
+            values, mlir.Attributes(self.functions["main"]).get(attrs_key, ()))
+        kinds = tuple(k if k in isa.HOST_MEMORIES else None for k in kinds)
+        self.host_values.update((v, k) for v, k in zip(held, kinds) if k is not None)
+        return kinds if any(kinds) else ()
+
+    def _placed(self, builder: ProgramBuilder, value: int, kind: str | None) -> int:
+        """A result of main moved into the memory it is given back in (`kind`, a host
+        memory kind, or None for HBM) where it is not there yet: jax places a result in host
+        memory without an annotate_device_placement for jit's out_shardings and a
+        jax.device_put to jax.memory.Space.Host, and XLA offloads it at the end."""
+        if (value in self.host_values) == (kind is not None):
+            return value
+        info = builder.values[value]
+        moved = builder.new_value(info.type, info.varying)
+        builder.instructions.append(isa.HostTransfer(
+            (moved,), (value,), memory_kind=kind or isa.DEVICE_MEMORY))
+        if kind is not None:
+            self.host_values[moved] = kind
+        return moved
 
     def _donations(self, input_bytes: Sequence[int],
                    output_bytes: Sequence[int]) -> tuple[tuple[int, int], ...]:
@@ -493,8 +537,8 @@ class Walker:
             operation = operation.operation
             if operation.name in TERMINATORS:
                 return [env[v] for v in operation.operands]
-            op = self._decode(operation, env)
             first_new = len(builder.instructions)
+            op = self._read_from_hbm(ctx, self._decode(operation, env))
             results = self._apply_rule(ctx, op, operation)
             if self.partitioned:
                 inserted.explain(builder, first_new, op, self.argument_names)
@@ -529,6 +573,28 @@ class Walker:
                            + ", which is not a constant; jax-trn2 runs static shapes only")
             raise UnsupportedOpError(located(message, operation.name, loc,
                                              mlir.source_line(loc))) from None
+
+    def _read_from_hbm(self, ctx: LoweringContext, op: Op) -> Op:
+        """`op` reading its operands held in host memory (main's arguments there, which jax
+        reads without an annotate_device_placement) from HBM; ops that pass values on
+        (MEMORY_NEUTRAL) read them where they are."""
+        target = op.attr("call_target_name") if op.name == "stablehlo.custom_call" else None
+        if not self.host_values or op.name in MEMORY_NEUTRAL or target in MEMORY_NEUTRAL:
+            return op
+        return dataclasses.replace(op, operands=tuple(
+            map_leaves(v, lambda value: self.in_hbm(ctx, op, value)) for v in op.operands))
+
+    def in_hbm(self, ctx: LoweringContext, op: Op, value: int) -> int:
+        """`value` in HBM: a value held in host memory reloaded over the host link for
+        `op`, once per program (later readers share the reload, as XLA's)."""
+        if value not in self.host_values:
+            return value
+        key = (id(ctx.builder), value)
+        if key not in self.reloads:
+            (self.reloads[key],) = ctx.emit(isa.HostTransfer, op, ins=(value,),
+                                            out_types=(ctx.type(value),),
+                                            memory_kind=isa.DEVICE_MEMORY)
+        return self.reloads[key]
 
     def _apply_rule(self, ctx: LoweringContext, op: Op, operation) -> Sequence[int]:
         rule = RULES.get(op.name)

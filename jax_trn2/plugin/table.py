@@ -520,12 +520,10 @@ def Executable_GetCompiledMemoryStats(args):
     stats = _of(args.executable).memory_stats()
     for field in ("generated_code_size_in_bytes", "argument_size_in_bytes",
                   "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
-                  "peak_memory_in_bytes"):
+                  "peak_memory_in_bytes", "host_generated_code_size_in_bytes",
+                  "host_argument_size_in_bytes", "host_output_size_in_bytes",
+                  "host_alias_size_in_bytes", "host_temp_size_in_bytes"):
         setattr(args, field, getattr(stats, field))
-    for field in ("host_generated_code_size_in_bytes", "host_argument_size_in_bytes",
-                  "host_output_size_in_bytes", "host_alias_size_in_bytes",
-                  "host_temp_size_in_bytes"):
-        setattr(args, field, 0)  # the model keeps every buffer in HBM
     if abi.has_field(args, "total_size_in_bytes"):
         args.total_size_in_bytes = stats.peak_memory_in_bytes
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from lowering import mlir, partition
-from lowering.registry import CUSTOM_CALL_RULES, RULES, custom_call_rule, rule
+from lowering.registry import CUSTOM_CALL_RULES, MEMORY_NEUTRAL, RULES, custom_call_rule, rule
 from lowering.walker import LoweringContext, Op, values_of
 from mesh import isa
 from mesh.isa.control import Composite
@@ -89,8 +89,11 @@ def _composite(ctx: LoweringContext, op: Op, name: str, version: int, attributes
                     name=name, version=version, attributes=attributes, decomposition=program)
 
 
-@rule("sdy.sharding_constraint", "sdy.reshard", "sdy.propagation_barrier",
-      "stablehlo.optimization_barrier", "mhlo.copy")
+IDENTITY_OPS = ("sdy.sharding_constraint", "sdy.reshard", "sdy.propagation_barrier",
+                "stablehlo.optimization_barrier", "mhlo.copy")
+
+
+@rule(*IDENTITY_OPS)
 def identity(ctx: LoweringContext, op: Op):
     """Sharding hints and barriers do not change values; nor does the copy XLA's
     partitioner leaves where a value changes sharding (XLA removes it as a no-op copy
@@ -98,14 +101,41 @@ def identity(ctx: LoweringContext, op: Op):
     return op.operands
 
 
+MEMORY_NEUTRAL.update(IDENTITY_OPS, ("stablehlo.tuple", "stablehlo.get_tuple_element",
+                                     "annotate_device_placement"))
+
+# The frontend attribute of annotate_device_placement naming the memory kind its result is
+# placed in (jax.device_put to a memory kind inside jit, compute_on's results).
+BUFFER_PLACEMENT = "_xla_buffer_placement"
+
+
 @custom_call_rule("annotate_device_placement")
 def device_placement(ctx: LoweringContext, op: Op):
     """A value placed in another memory (jax.device_put to a memory kind: pinned_host for
-    offloading) keeps its value; the result's memory kind is given back to the caller as
-    jax gives it (lowering.partition.result_memory_kinds), where the plugin keeps it in
-    that memory. The move over the host link is not costed: the chips' model holds the
-    program's values in HBM."""
-    return op.operands
+    offloading): an isa.HostTransfer over the chip's PCIe link where it moves between HBM
+    and host memory (an offload or a reload), the value itself where it stays on its side
+    of the link. The result's memory kind is given back to the caller as jax gives it
+    (lowering.partition.result_memory_kinds)."""
+    destination = op.attr(partition.FRONTEND_ATTRIBUTES, {}).get(BUFFER_PLACEMENT)
+    if destination is None:
+        raise ValueError("annotate_device_placement names no memory kind "
+                         f"(no {BUFFER_PLACEMENT} frontend attribute)")
+    to_host = destination in isa.HOST_MEMORIES
+    if not to_host and destination != isa.DEVICE_MEMORY:
+        raise NotImplementedError(
+            f"annotate_device_placement to memory kind {destination!r}: jax-trn2 has "
+            f"{(isa.DEVICE_MEMORY, *isa.HOST_MEMORIES)}")
+    host_values = ctx.walker.host_values
+    if not to_host:
+        return tuple(ctx.walker.in_hbm(ctx, op, value) for value in op.operands)
+    results = []
+    for value in op.operands:
+        if value not in host_values:
+            (value,) = ctx.emit(isa.HostTransfer, op, ins=(value,),
+                                out_types=(ctx.type(value),), memory_kind=destination)
+            host_values[value] = destination
+        results.append(value)
+    return tuple(results)
 
 
 @rule("stablehlo.custom_call")

@@ -29,6 +29,9 @@ SCALAR = "Scalar"
 GPSIMD = "GpSimd"
 DMA = "DMA"
 COLLECTIVE = "Collective"
+# The chip's PCIe link to its host: DMA between host memory and HBM at the link's rate
+# (ChipSpec.host_link_bandwidth), which HBM-bound DMA runs beside (mesh.perf.cost).
+HOST_LINK = "HostLink"
 NONE = "-"  # free: constants folded into the program, metadata-only reshapes
 
 
@@ -686,6 +689,35 @@ class HostCallback(Instruction):
         return {"kind": self.kind, "has_side_effect": self.has_side_effect}
 
 
+# jax's memory kinds (jax.device_put(x, s.with_memory_kind(...))): the chip's HBM, and the
+# host's memory behind the chip's PCIe link.
+DEVICE_MEMORY = "device"
+HOST_MEMORIES = ("pinned_host", "unpinned_host")
+
+
+@dataclass(frozen=True, eq=False)
+class HostTransfer(Instruction):
+    """A copy of a value between the chip's HBM and its host's memory over the chip's own
+    PCIe link (jax.device_put to a memory kind inside jit): into `memory_kind`, one of
+    HOST_MEMORIES (an offload) or DEVICE_MEMORY (a reload). The value is unchanged."""
+
+    memory_kind: str
+    engine: ClassVar[str] = HOST_LINK
+
+    def __post_init__(self) -> None:
+        if self.memory_kind not in (DEVICE_MEMORY, *HOST_MEMORIES):
+            raise ValueError(f"HostTransfer to memory kind {self.memory_kind!r}: expected one "
+                             f"of {(DEVICE_MEMORY, *HOST_MEMORIES)}")
+
+    @property
+    def to_host(self) -> bool:
+        return self.memory_kind in HOST_MEMORIES
+
+    @property
+    def mnemonic(self) -> str:
+        return "Offload" if self.to_host else "Reload"
+
+
 @dataclass(frozen=True, eq=False)
 class Program:
     """A Trn2 program: instructions in execution order over numbered values."""
@@ -709,6 +741,20 @@ class Program:
     # is written into: (position in `inputs`, position in `outputs`), as jax aliased them
     # (tf.aliasing_output) or XLA pairs a buffer donor (jax.buffer_donor) with a result.
     donated_inputs: tuple[tuple[int, int], ...] = ()
+    # The memory kind of each input/output of main (one of HOST_MEMORIES), None where it is
+    # in HBM (jax's "device", or no memory kind); empty when all are.
+    input_memory_kinds: tuple = ()
+    output_memory_kinds: tuple = ()
+
+    def host_inputs(self) -> tuple[int, ...]:
+        """The inputs held in host memory (input_memory_kinds)."""
+        return tuple(v for v, kind in zip(self.inputs, self.input_memory_kinds)
+                     if kind in HOST_MEMORIES)
+
+    def host_outputs(self) -> tuple[int, ...]:
+        """The outputs given back in host memory (output_memory_kinds)."""
+        return tuple(v for v, kind in zip(self.outputs, self.output_memory_kinds)
+                     if kind in HOST_MEMORIES)
 
     def info(self, value: int) -> ValueInfo:
         return self.values[value]

@@ -50,6 +50,9 @@ class MemoryStats:
     `generated_code_size_in_bytes` is 0: instruction streams are not modelled.
     `peak_split` (not jax's) is what holds the peak at its instant: donated arguments, other
     arguments, outputs and temporaries, summing to `peak_memory_in_bytes`.
+    The `host_*` fields are the same figures for buffers in the host's memory (jax's
+    pinned_host and unpinned_host memory kinds, offloaded values), which the HBM figures
+    leave out; `host_generated_code_size_in_bytes` is 0.
     """
 
     chip: int
@@ -62,15 +65,15 @@ class MemoryStats:
     hbm_bytes: int  # the chip's capacity
     peak_split: PeakSplit = PeakSplit()
     live_at_peak: tuple[Buffer, ...] = dataclasses.field(default=(), repr=False)  # largest first
+    host_argument_size_in_bytes: int = 0
+    host_output_size_in_bytes: int = 0
+    host_alias_size_in_bytes: int = 0
+    host_temp_size_in_bytes: int = 0
+    host_generated_code_size_in_bytes: int = 0
 
     @property
     def fits(self) -> bool:
         return self.peak_memory_in_bytes <= self.hbm_bytes
-
-    # jax's fields for buffers in host memory (memory_kind="pinned_host"): the model places
-    # every buffer in HBM, so there are none.
-    host_argument_size_in_bytes = host_output_size_in_bytes = host_alias_size_in_bytes = \
-        host_temp_size_in_bytes = host_generated_code_size_in_bytes = 0
 
 
 class MemoryAnalysis:
@@ -91,26 +94,42 @@ class MemoryAnalysis:
         self.num_chips = max(num_chips, max(self.running_chips) + 1)
         self.liveness: Liveness = liveness(program, times, input_names)
 
-    def _aliased_outputs(self) -> list[int]:
-        """The outputs written into donated arguments (lowering pairs them as XLA does)."""
-        return [target for _, target in self.program.donated_inputs]
+    def _bytes_by_memory(self, values: Sequence[int], types: Sequence[isa.TensorType],
+                         host: Sequence[int], positions: Sequence[int]) -> tuple[int, int]:
+        """(bytes in HBM, bytes in host memory) of the inputs or outputs at `positions`
+        (`values` with their stored `types`), `host` those held in host memory."""
+        in_host = [values[k] in host for k in positions]
+        nbytes = [types[k].nbytes for k in positions]
+        return (sum(n for n, h in zip(nbytes, in_host) if not h),
+                sum(n for n, h in zip(nbytes, in_host) if h))
 
     @cached_property
     def _running(self) -> MemoryStats:
         """The stats every chip running the program shares (chip field: the first)."""
-        live = self.liveness
-        outputs = live.output_types
+        live, program = self.liveness, self.program
+        inputs = self._bytes_by_memory(program.inputs, live.input_types,
+                                       program.host_inputs(), range(len(program.inputs)))
+        outputs = self._bytes_by_memory(program.outputs, live.output_types,
+                                        program.host_outputs(), range(len(program.outputs)))
+        # the outputs written into donated arguments (lowering pairs them as XLA does)
+        aliased = self._bytes_by_memory(program.outputs, live.output_types,
+                                        program.host_outputs(),
+                                        [target for _, target in program.donated_inputs])
         return MemoryStats(
             chip=self.running_chips[0],
-            argument_size_in_bytes=sum(t.nbytes for t in live.input_types),
-            output_size_in_bytes=sum(t.nbytes for t in outputs),
-            alias_size_in_bytes=sum(outputs[k].nbytes for k in self._aliased_outputs()),
+            argument_size_in_bytes=inputs[0],
+            output_size_in_bytes=outputs[0],
+            alias_size_in_bytes=aliased[0],
             temp_size_in_bytes=live.peak_of((TEMPORARY, INSIDE)),
             generated_code_size_in_bytes=0,
             peak_memory_in_bytes=live.peak_bytes,
             hbm_bytes=self.chip.hbm_bytes,
             peak_split=live.peak_split,
-            live_at_peak=live.live_at_peak)
+            live_at_peak=live.live_at_peak,
+            host_argument_size_in_bytes=inputs[1],
+            host_output_size_in_bytes=outputs[1],
+            host_alias_size_in_bytes=aliased[1],
+            host_temp_size_in_bytes=live.host_peak_of((TEMPORARY,)))
 
     def stats(self, chip: int | None = None) -> MemoryStats:
         """The stats of chip `chip` (a chip id of the topology), or of the chip with the
@@ -149,6 +168,12 @@ class MemoryAnalysis:
             f"{bytes_text(s.temp_size_in_bytes)}",
             f"  at the peak: {peak_split_text(s.peak_split)}",
         ]
+        host = (s.host_argument_size_in_bytes, s.host_output_size_in_bytes,
+                s.host_temp_size_in_bytes)
+        if any(host):
+            lines.append(f"  in host memory (not in HBM): arguments {bytes_text(host[0])}, "
+                         f"outputs {bytes_text(host[1])}, temporaries at most "
+                         f"{bytes_text(host[2])}")
         if s.live_at_peak:
             lines.append(f"  live at the peak ({len(s.live_at_peak)} buffers):")
             lines += ["    " + describe(b) for b in s.live_at_peak[:LISTED_AT_PEAK]]

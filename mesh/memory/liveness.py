@@ -52,6 +52,12 @@ so every chip of the mesh holds the same bytes):
   A composite the chip runs as a fused kernel (flash attention: mesh.perf.attention) keeps
   its intermediates in SBUF and adds nothing.
 
+- Buffers in host memory take no HBM: main's arguments and results whose memory kind is
+  pinned_host or unpinned_host (isa.Program.input_memory_kinds), and what an offload
+  (isa.HostTransfer into host memory) writes, with its views. They are kept apart
+  (Liveness.host_lifetimes), live as HBM buffers would be, for jax's host_* figures. What
+  a loop body offloads is not counted in host memory.
+
 Not modelled: fragmentation and alignment padding, the runtime's own reservations, the
 instruction streams, collective staging buffers (collectives are assumed to work in place
 on their operand and result), and SBUF/PSUM (on-chip, not HBM).
@@ -93,6 +99,7 @@ class Buffer:
     what: str  # `argument 0`, the producing instruction's mnemonic, `while body`...
     donated: bool = False  # an argument the caller donated
     inner: tuple["Buffer", ...] = ()  # INSIDE: the body's buffers live at its peak
+    in_host: bool = False  # held in host memory (an offloaded value), not in HBM
 
 
 @dataclass(frozen=True)
@@ -143,6 +150,7 @@ class Liveness:
     samples: tuple[tuple[float, int], ...] = field(repr=False)  # (seconds, bytes live)
     input_types: tuple[isa.TensorType, ...] = ()  # per-chip stored type of each input
     output_types: tuple[isa.TensorType, ...] = ()  # and of each output
+    host_lifetimes: tuple[Lifetime, ...] = ()  # buffers in host memory (not in the peak)
 
     @property
     def peak_split(self) -> PeakSplit:
@@ -153,8 +161,12 @@ class Liveness:
         return sum(l.nbytes for l in self.lifetimes if l.buffer.kind == kind)
 
     def peak_of(self, kinds: Sequence[str]) -> int:
-        """The most bytes buffers of these kinds hold at once."""
+        """The most bytes buffers of these kinds hold at once in HBM."""
         return _sweep([l for l in self.lifetimes if l.buffer.kind in kinds])[0]
+
+    def host_peak_of(self, kinds: Sequence[str]) -> int:
+        """The most bytes buffers of these kinds hold at once in host memory."""
+        return _sweep([l for l in self.host_lifetimes if l.buffer.kind in kinds])[0]
 
 
 def sequential_times(program: isa.Program) -> list[tuple[float, float]]:
@@ -205,6 +217,7 @@ class _Builder:
                 self.users.setdefault(v, []).append(i)
         self.root: dict[int, int] = {}  # value -> the value whose buffer it is stored in
         self.pinned: set[int] = set()  # buffers live the whole step (see _pin)
+        self.in_host: set[int] = set()  # buffers in host memory (see _host_buffers)
 
     # --- where each value is stored ----------------------------------------------------
 
@@ -305,6 +318,7 @@ class _Builder:
         self._pin()
         self._in_place(order)
         self._pin()
+        self._host_buffers()
         members: dict[int, list[int]] = {}
         for v in program.values:
             members.setdefault(self.find(v), []).append(v)
@@ -345,11 +359,22 @@ class _Builder:
                 start, end = self.times[i]
                 lifetimes.append(Lifetime(inside, inside.nbytes, (start, _ALLOCATE),
                                           (end, _FREE if end > start else _FREE_AFTER)))
+        on_host = [l for l in lifetimes if l.buffer.in_host]
+        lifetimes = [l for l in lifetimes if not l.buffer.in_host]
         peak, when, samples = _sweep(lifetimes)
         return Liveness(tuple(lifetimes), peak, when[0] if lifetimes else 0.0,
                         _live_at(lifetimes, when),
                         samples, tuple(self.stored_type(v) for v in program.inputs),
-                        tuple(self.stored_type(v) for v in program.outputs))
+                        tuple(self.stored_type(v) for v in program.outputs), tuple(on_host))
+
+    def _host_buffers(self) -> None:
+        """Buffers in host memory: main's arguments and results there (jax's pinned_host
+        and unpinned_host memory kinds) and what an offload writes."""
+        program = self.program
+        offloaded = [v for instr in program.instructions
+                     if isinstance(instr, isa.HostTransfer) and instr.to_host for v in instr.outs]
+        self.in_host = {self.find(v) for v in
+                        (*program.host_inputs(), *program.host_outputs(), *offloaded)}
 
     def _output_copies(self, allocated: dict[int, tuple[float, int]]) -> list[Lifetime]:
         """The copies XLA makes so that every output of the step has its own buffer: of an
@@ -360,7 +385,8 @@ class _Builder:
             kept_argument = root in program.inputs and root not in self.donated
             if (kept_argument or root in returned) and root not in self.on_chip:
                 stored = self.stored_type(v)
-                buffer = Buffer((v,), stored, stored.nbytes, OUTPUT, "", "copy of a returned value")
+                buffer = Buffer((v,), stored, stored.nbytes, OUTPUT, "", "copy of a returned value",
+                                in_host=root in self.in_host)
                 copies.append(Lifetime(buffer, stored.nbytes, allocated[root], _AFTER_STEP))
             returned.add(root)
         return copies
@@ -383,7 +409,7 @@ class _Builder:
             loc, what = instr.loc, instr.mnemonic
         stored = self.stored_type(root)
         return Buffer(values, stored, stored.nbytes, kind, loc, what,
-                      donated=root in self.donated)
+                      donated=root in self.donated, in_host=root in self.in_host)
 
     def _inside(self, instr: isa.Instruction) -> Buffer | None:
         """What a loop, scan, conditional or composite needs while it runs beyond its

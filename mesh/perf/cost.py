@@ -15,6 +15,9 @@ Model, per instruction class (numbers from ChipSpec, i.e. mesh/machine/trn2_fact
   bandwidth.
 - Collectives: the collective plan's alpha-beta time on the collective cores (which do not
   use the compute engines); HBM bytes are the operand read and the result written.
+- Host transfers (offloads to and reloads from host memory): bytes over the chip's PCIe
+  link at host_link_bandwidth, on a queue of their own (the link); HBM bytes are the side
+  in HBM.
 - Constants (in HBM when the program is loaded), reshapes and Shard/Unshard (views of data
   each chip already holds) cost nothing.
 - Elementwise chains are fused: a value made by an elementwise op, broadcast or iota and
@@ -366,6 +369,21 @@ def _host_callback(instr: isa.HostCallback, ctx: CostContext) -> Cost:
     nbytes = ctx.nbytes((*instr.ins, *instr.outs))
     seconds = ctx.chip.host_round_trip_seconds + nbytes / ctx.chip.host_link_bandwidth
     return Cost(bytes_accessed=nbytes, seconds=seconds, engine_seconds={isa.DMA: seconds})
+
+
+# A move between HBM and host memory (an offload or a reload) streams its bytes over the
+# chip's PCIe link: each chip moves its own piece over its own link
+# (ChipSpec.host_link_bandwidth, per chip and direction), after the DMA's fixed start
+# (RuntimeSpec.dma_fixed_seconds). The chip's DMA engines also carry the transfers between
+# HBM and SBUF, but one over PCIe runs at about 1% of the HBM's rate (32 GB/s against 2.9
+# TB/s), so it does not hold them: it queues on the link (isa.HOST_LINK), and only its HBM
+# side, the bytes read or written at the HBM's rate, occupies the DMA queue.
+@cost_rule(isa.HostTransfer)
+def _host_transfer(instr: isa.HostTransfer, ctx: CostContext) -> Cost:
+    nbytes = ctx.nbytes(instr.ins)
+    seconds = nbytes / ctx.chip.host_link_bandwidth + ctx.dma_latency(nbytes)
+    return Cost(bytes_accessed=nbytes, seconds=seconds,
+                engine_seconds=_engines(isa.HOST_LINK, seconds, ctx.hbm_seconds(nbytes)))
 
 
 @cost_rule(isa.Matmul, isa.RaggedMatmul)

@@ -1,7 +1,7 @@
 """One chip's timeline: instructions list-scheduled onto its engines.
 
 Model:
-- Each engine (Tensor, Vector, Scalar, GpSimd, DMA, Collective) is one in-order queue per
+- Each engine (Tensor, Vector, Scalar, GpSimd, DMA, Collective, HostLink) is one in-order queue per
   chip: the chip's eight NeuronCores work on one instruction together (its cost already
   spreads the work over them), and an engine runs one instruction at a time.
 - HBM bandwidth is one more shared resource: a compute instruction's HBM traffic occupies
@@ -10,6 +10,9 @@ Model:
   get the full bandwidth.
 - Collectives run on the collective cores, their own queue: they overlap compute (trn2
   facts: "communication overlaps compute without taking compute resources").
+- Transfers between HBM and host memory (isa.HostTransfer) queue on the chip's PCIe link,
+  their own queue: the link, not the DMA engines, limits them, and their HBM side occupies
+  the DMA queue as a compute instruction's HBM traffic does (mesh.perf.cost).
 - An instruction starts when its operands are ready and its queues are free. List
   scheduling: of the instructions whose producers are scheduled, the one that can start
   first goes next (ties in program order), so independent work fills idle engines.
@@ -31,7 +34,8 @@ from typing import Collection, Sequence
 
 from mesh import isa
 
-ENGINES = (isa.TENSOR, isa.VECTOR, isa.SCALAR, isa.GPSIMD, isa.DMA, isa.COLLECTIVE)
+ENGINES = (isa.TENSOR, isa.VECTOR, isa.SCALAR, isa.GPSIMD, isa.DMA, isa.COLLECTIVE,
+           isa.HOST_LINK)
 ALL = "Control"  # the queue of an instruction that holds every engine (one with sub-programs)
 
 

@@ -25,6 +25,12 @@ def reshape(instr: isa.Reshape, args, ctx: KernelContext):
     return [x.reshape(x.shape[:ctx.nm] + instr.shape)]
 
 
+@kernel(isa.HostTransfer)
+def host_transfer(instr: isa.HostTransfer, args, ctx: KernelContext):
+    """A copy between HBM and host memory: the same value on the other side."""
+    return list(args)
+
+
 @kernel(isa.BroadcastInDim)
 def broadcast_in_dim(instr: isa.BroadcastInDim, args, ctx: KernelContext):
     (x,) = args
