@@ -64,16 +64,16 @@ def test_grad_follows_the_spec_expansion():
         %m: tensor<1xf32>, %v: tensor<1xf32>, %g: tensor<2x1xf32>)
         -> (tensor<2x1xf32>, tensor<1xf32>, tensor<1xf32>) {
       %gx, %gs, %go = "stablehlo.batch_norm_grad"(%x, %s, %m, %v, %g)
-          {epsilon = 0.0 : f32, feature_index = 1 : i64}
+          {epsilon = 1.0 : f32, feature_index = 1 : i64}
           : (tensor<2x1xf32>, tensor<1xf32>, tensor<1xf32>, tensor<1xf32>, tensor<2x1xf32>)
           -> (tensor<2x1xf32>, tensor<1xf32>, tensor<1xf32>)
       return %gx, %gs, %go : tensor<2x1xf32>, tensor<1xf32>, tensor<1xf32>
     }""")
     x, ones = np.array([[1], [2]], np.float32), np.ones((2, 1), np.float32)
-    grad_x, grad_scale, grad_offset = run(program, x, f32(2), f32(0), f32(1), ones)
-    # centered = x = [1, 2], stddev 1, 2 elements per feature: i1 = 2 * g = [2, 2],
-    # i2 = sum(g) = 2, i5 = sum(g * centered) * centered / variance = [3, 6],
-    # grad_x = scale / stddev / 2 * (i1 - i2 - i5) = [-3, -6]
-    np.testing.assert_array_equal(grad_x, np.array([[-3], [-6]], np.float32))
-    np.testing.assert_array_equal(grad_scale, f32(3))  # sum(g * normalized)
+    grad_x, grad_scale, grad_offset = run(program, x, f32(2), f32(0), f32(3), ones)
+    # centered = x = [1, 2], variance + epsilon = 4, stddev 2, 2 elements per feature:
+    # i1 = 2 * g = [2, 2], i2 = sum(g) = 2, i5 = sum(g * centered) * centered / 4
+    # = [0.75, 1.5], grad_x = scale / stddev / 2 * (i1 - i2 - i5) = [-0.375, -0.75]
+    np.testing.assert_array_equal(grad_x, np.array([[-0.375], [-0.75]], np.float32))
+    np.testing.assert_array_equal(grad_scale, f32(1.5))  # sum(g * centered / stddev)
     np.testing.assert_array_equal(grad_offset, f32(2))  # sum(g)
