@@ -33,16 +33,17 @@ def test_training_sums_over_every_dimension_but_the_feature_one():
     program = lower_text("""func.func public @main(%x: tensor<2x3x4xf32>, %s: tensor<3xf32>,
         %o: tensor<3xf32>) -> (tensor<2x3x4xf32>, tensor<3xf32>, tensor<3xf32>) {
       %y, %m, %v = "stablehlo.batch_norm_training"(%x, %s, %o)
-          {epsilon = 0.001 : f32, feature_index = 1 : i64}
+          {epsilon = 0.5 : f32, feature_index = 1 : i64}
           : (tensor<2x3x4xf32>, tensor<3xf32>, tensor<3xf32>)
           -> (tensor<2x3x4xf32>, tensor<3xf32>, tensor<3xf32>)
       return %y, %m, %v : tensor<2x3x4xf32>, tensor<3xf32>, tensor<3xf32>
     }""")
     sums = [i for i in program.instructions if isinstance(i, isa.Reduce)]
     assert [(s.dimensions, s.combiner) for s in sums] == [((0, 2), "add")] * 2  # mean, variance
-    counts = [i.value for i in program.instructions if isinstance(i, isa.Constant)
-              and i.value not in (0, np.float32(0.001))]
-    assert counts == [8, 8]  # 2 * 4 elements per feature, dividing each sum
+    constants = sorted(float(i.value) for i in program.instructions
+                       if isinstance(i, isa.Constant))
+    # each sum's init 0, epsilon, and the 2 * 4 elements per feature dividing each sum
+    assert constants == [0, 0, 0.5, 8, 8]
 
 
 def test_inference_uses_the_given_mean_variance_and_epsilon():

@@ -24,8 +24,11 @@ def callback_text(backend_config: str) -> str:
 
 
 def test_callback_is_the_function_its_index_names():
-    def first(x): return x
-    def second(x): return x
+    def first(x):
+        return x
+
+    def second(x):
+        return x
 
     program = lower_text(callback_text(", mhlo.backend_config = {index = 1 : ui64}"),
                          host_callbacks=[first, second])
@@ -36,7 +39,8 @@ def test_callback_is_the_function_its_index_names():
 
 
 def test_debug_print_is_named_from_the_ops_scope():
-    def cpu_callback(*args): return ()
+    def cpu_callback(*args):
+        return ()
 
     program = lower_jax(print_twice, np.ones(2, np.float32), host_callbacks=[cpu_callback])
     callback = only(program, isa.HostCallback)

@@ -14,14 +14,6 @@ from rule_lowering import lower_jax, lower_text, only, out_type
 MESH = jax.make_mesh((2, 2), ("x", "y"))
 
 
-@pytest.fixture
-def gspmd():
-    shardy = jax.config.jax_use_shardy_partitioner
-    jax.config.update("jax_use_shardy_partitioner", False)
-    yield
-    jax.config.update("jax_use_shardy_partitioner", shardy)
-
-
 def double_in_shard_map(in_spec, out_spec):
     """A shard_map body over MESH, lowered at a 4x6 argument laid out as it takes it."""
     body = jax.shard_map(lambda a: a * 2, mesh=MESH, in_specs=in_spec, out_specs=out_spec)
