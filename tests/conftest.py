@@ -15,3 +15,13 @@ jax.config.update("jax_num_cpu_devices", 64)
 def rng():
     """A seeded generator: test data is the same on every run."""
     return np.random.default_rng(0)
+
+
+@pytest.fixture
+def gspmd():
+    """jax without Shardy (jax_use_shardy_partitioner=False): shardings as GSPMD's
+    mhlo.sharding custom calls, for the tests of that path."""
+    shardy = jax.config.jax_use_shardy_partitioner
+    jax.config.update("jax_use_shardy_partitioner", False)
+    yield
+    jax.config.update("jax_use_shardy_partitioner", shardy)

@@ -4,7 +4,8 @@ result type is static, but an operand that gives sizes is not a constant of the 
 dynamic_iota, dynamic_reshape and dynamic_broadcast_in_dim are then their static forms (the
 result type says all); dynamic_gather's slice sizes follow from its result type too. The
 padding of dynamic_pad and dynamic_conv must be known while lowering (lowering.folding: a
-value computed from constants and device ids); otherwise the error names the operand.
+value computed from constants and device ids); otherwise the error names the operand. A shape
+operand known while lowering must give the result's type, as the spec requires.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 from lowering.dynamic_shapes import SHAPE_OPERANDS
 from lowering.registry import rule
 from lowering.rules.convolution import emit_convolution
+from lowering.rules.windows import window_attr
 from lowering.walker import LoweringContext, Op
 from mesh import isa
 
@@ -68,7 +70,22 @@ def dynamic_broadcast_in_dim(ctx: LoweringContext, op: Op):
 def dynamic_pad(ctx: LoweringContext, op: Op):
     low, high, interior = (tuple(int(v) for v in known_operand(ctx, op, i).ravel())
                            for i in (2, 3, 4))
+    check_padded_shape(op, low, high, interior)
     return ctx.emit(isa.Pad, op, ins=op.operands[:2], low=low, high=high, interior=interior)
+
+
+def check_padded_shape(op: Op, low: tuple[int, ...], high: tuple[int, ...],
+                       interior: tuple[int, ...]) -> None:
+    """The spec's constraint that the padding gives the result's shape (MLIR's verifier
+    checks it only where the padding operands are constants of the module)."""
+    operand, result = op.operand_types[0].shape, op.result_types[0].shape
+    padded = tuple(lo + n + max(n - 1, 0) * inner + hi
+                   for n, lo, hi, inner in zip(operand, low, high, interior))
+    if padded != result:
+        raise ValueError(f"operands 2, 3 and 4 (edge_padding_low, edge_padding_high, "
+                         f"interior_padding) are {list(low)}, {list(high)} and "
+                         f"{list(interior)}, which pad shape {list(operand)} to "
+                         f"{list(padded)}, but the result's shape is {list(result)}")
 
 
 @rule("stablehlo.dynamic_gather")
@@ -92,5 +109,31 @@ def dynamic_gather(ctx: LoweringContext, op: Op):
 
 @rule("stablehlo.dynamic_conv")
 def dynamic_conv(ctx: LoweringContext, op: Op):
-    padding = known_operand(ctx, op, 2).reshape(-1, 2)
-    return emit_convolution(ctx, op, tuple((int(lo), int(hi)) for lo, hi in padding))
+    padding = tuple((int(lo), int(hi)) for lo, hi in known_operand(ctx, op, 2).reshape(-1, 2))
+    check_convolved_shape(op, padding)
+    return emit_convolution(ctx, op, padding)
+
+
+def check_convolved_shape(op: Op, padding: tuple[tuple[int, int], ...]) -> None:
+    """The spec's constraint that the padding gives the result's spatial dims (MLIR's
+    verifier checks it only where the padding operand is a constant of the module)."""
+    dims = op.attrs["dimension_numbers"]
+    spatial = len(padding)
+    lhs, rhs = op.operand_types[0].shape, op.operand_types[1].shape
+    strides = window_attr(op, "window_strides", spatial, 1)
+    lhs_dilation = window_attr(op, "lhs_dilation", spatial, 1)
+    rhs_dilation = window_attr(op, "rhs_dilation", spatial, 1)
+    convolved = []
+    for i, (low, high) in enumerate(padding):
+        padded = low + _dilated(lhs[dims.lhs_spec[2 + i]], lhs_dilation[i]) + high
+        window = _dilated(rhs[dims.rhs_spec[2 + i]], rhs_dilation[i])
+        convolved.append(0 if padded < window else (padded - window) // strides[i] + 1)
+    result = [op.result_types[0].shape[d] for d in dims.out_spec[2:]]
+    if convolved != result:
+        raise ValueError(f"operand 2 (padding) is {[list(p) for p in padding]}, which gives "
+                         f"spatial dims {convolved}, but the result's are {result}")
+
+
+def _dilated(size: int, dilation: int) -> int:
+    """A dim's size with `dilation - 1` holes between its elements."""
+    return 0 if size == 0 else (size - 1) * dilation + 1

@@ -16,14 +16,6 @@ from e2e_reference import assert_matches, cpu_mesh, run_both
 MESH = ((4, 4, 4), ("x", "y", "z"))
 
 
-@pytest.fixture
-def gspmd():
-    shardy = jax.config.jax_use_shardy_partitioner
-    jax.config.update("jax_use_shardy_partitioner", False)
-    yield
-    jax.config.update("jax_use_shardy_partitioner", shardy)
-
-
 def test_manual_body_with_transposed_axes(gspmd, rng):
     """Dims split over (x, z) and y: the mesh is recovered from the tilings, collectives
     and axis_index see the same axes as with Shardy."""

@@ -3,22 +3,32 @@ tests of lowering/rules (each test file is one rule family)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
+import numpy as np
 
 import lowering
 from mesh import isa
+from mesh.executor import run_program
 
 
-def lower_jax(fn: Callable[..., Any], *args: Any) -> isa.Program:
+def lower_jax(fn: Callable[..., Any], *args: Any,
+              host_callbacks: Sequence[Any] | None = None) -> isa.Program:
     """The Trn2 program of jax.jit(fn) at these arguments."""
-    return lowering.lower(jax.jit(fn).lower(*args).compiler_ir("stablehlo"))
+    return lowering.lower(jax.jit(fn).lower(*args).compiler_ir("stablehlo"),
+                          host_callbacks=host_callbacks)
 
 
-def lower_text(body: str) -> isa.Program:
+def lower_text(body: str, host_callbacks: Sequence[Any] | None = None) -> isa.Program:
     """The Trn2 program of a module holding this StableHLO text (its functions)."""
-    return lowering.lower(f"module @m {{\n{body}\n}}")
+    return lowering.lower(f"module @m {{\n{body}\n}}", host_callbacks=host_callbacks)
+
+
+def run(program: isa.Program, *args: np.ndarray) -> list[np.ndarray]:
+    """The outputs of a program without a mesh (one chip), run by the simulator's kernels:
+    for rules that expand an op into several instructions, whose result is what to check."""
+    return [np.asarray(out) for out in run_program(program, args)]
 
 
 def only(program: isa.Program, kind: type) -> Any:
