@@ -20,7 +20,7 @@ import lowering
 from jax_trn2.core.device import Buffer, Device
 from jax_trn2.core.machines import PROCESS_GRID_AXES, placement_for, topology_for
 from jax_trn2.core.processes import ProcessLostError, lost_processes, replicated, \
-    runtime_failure, stacked_over_processes
+    runtime_failure, stacked_over_processes, wait_for_run
 from lowering import partition
 from lowering.host import host_devices
 from lowering.plan import plan_program
@@ -472,8 +472,12 @@ class LoadedExecutable:
             with _executor_context(), self._checked_run():
                 # finished here: a failure of the run (XLA:CPU out of memory) is raised
                 # inside _host_memory_named, and never leaves a failed workspace kept
-                outs = self._keep_workspace(jax.block_until_ready(
-                    run(*self._as_inputs(arrays), *self._take_workspace())))
+                outs = run(*self._as_inputs(arrays), *self._take_workspace())
+                if self.spans_processes:  # a collective waiting on a stopped process
+                    lost = wait_for_run(outs, self._owners)
+                    if lost:
+                        raise self._lost_error(lost, "its collectives waited on it")
+                outs = self._keep_workspace(jax.block_until_ready(outs))
             program = self._global_program
             return [sharding.PerChip(o, program.array_shape(v)) if isinstance(o, list) else
                     storage_to_host(o, program.values[v].type.dtype)
@@ -507,15 +511,22 @@ class LoadedExecutable:
         except (jax.errors.JaxRuntimeError, ValueError) as e:
             if not self.spans_processes or not runtime_failure(e):
                 raise
-            owners = sorted({d.process_index for d in self._devices})
-            lost = lost_processes(owners)
+            lost = lost_processes(self._owners)
             if not lost:
                 raise
-            raise ProcessLostError(
-                f"process{'es' if len(lost) > 1 else ''} {lost} of the jax.distributed job "
-                f"stopped while the simulation ran over the devices of processes {owners} "
-                f"({str(e).splitlines()[0]}). Every process of a run must take part in it: "
-                "restart the job (from a checkpoint)") from e
+            raise self._lost_error(lost, str(e).splitlines()[0]) from e
+
+    @property
+    def _owners(self) -> list[int]:
+        """The processes whose devices the simulation runs on."""
+        return sorted({d.process_index for d in self._devices})
+
+    def _lost_error(self, lost: list[int], cause: str) -> ProcessLostError:
+        return ProcessLostError(
+            f"process{'es' if len(lost) > 1 else ''} {lost} of the jax.distributed job "
+            f"stopped while the simulation ran over the devices of processes {self._owners} "
+            f"({cause}). Every process of a run must take part in it: restart the job (from "
+            "a checkpoint)")
 
     def from_every_process(self, local: np.ndarray) -> np.ndarray:
         """For a run over the devices of several processes (spans_processes): every

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from typing import Any, Iterable, Sequence
 
 import jax
@@ -71,6 +72,33 @@ def lost_processes(process_ids: Iterable[int],
     if "live" not in answer:
         return None
     return [i for i in ids if i not in answer["live"]]
+
+
+# How long a run over several processes may wait on its results before the survivors ask
+# the coordination service whether a process stopped (s): a collective whose peer died
+# does not always fail (gloo can wait on it for ever), so a long wait is checked.
+SUSPECT_AFTER_S = 10.0
+_POLL_S = 0.05  # how often the waiting run looks at its results (s)
+
+
+def wait_for_run(results: Sequence[jax.Array], process_ids: Iterable[int]) -> list[int]:
+    """Wait until `results` (a run's outputs, dispatched) are computed, and return [];
+    or, if the run is still waiting after SUSPECT_AFTER_S seconds and jax's coordination
+    service then holds some of `process_ids` dead, return them (the run's collectives
+    wait on them, and may never end). Every surviving process of the run asks alike."""
+    arrays = [r for r in jax.tree.leaves(results) if isinstance(r, jax.Array)]
+    started, verdict = time.monotonic(), {}
+    asking = None
+    while not all(a.is_ready() for a in arrays):
+        if asking is None and time.monotonic() - started > SUSPECT_AFTER_S:
+            def ask():  # the service answers once it knows every process's state
+                verdict["lost"] = lost_processes(process_ids) or []
+            asking = threading.Thread(target=ask, name="jax_trn2-run-watch", daemon=True)
+            asking.start()
+        if verdict.get("lost"):
+            return verdict["lost"]
+        time.sleep(_POLL_S)
+    return []
 
 
 def stacked_over_processes(local: np.ndarray, devices: Sequence[jax.Device]) -> np.ndarray:

@@ -90,6 +90,7 @@ def test_every_file_in_examples_is_an_example_that_runs():
         assert 'if __name__ == "__main__":' in script.read_text(), script.name
 
 
+@pytest.mark.xdist_group("jax_distributed")  # one job of processes at a time (test_processes)
 def test_multi_process_example_runs_one_simulation_over_two_processes(monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLES))
     lines = importlib.import_module("multi_process").launch()

@@ -12,6 +12,10 @@ import pytest
 
 from tests.jax_trn2.plugin.test_distributed import free_port
 
+# Jobs of several jax.distributed processes run one at a time (one xdist worker): on two
+# cores, two jobs at once (up to 6 processes starting jax) pushed a job past its time bound.
+pytestmark = pytest.mark.xdist_group("jax_distributed")
+
 REPO = Path(__file__).resolve().parents[3]
 DEVICES = 4  # executor devices of the job, split evenly over its processes
 

@@ -12,6 +12,10 @@ import pytest
 
 from jax_trn2.core.options import client_options
 
+# Jobs of several jax.distributed processes run one at a time (one xdist worker): on two
+# cores, two jobs at once (up to 6 processes starting jax) pushed a job past its time bound.
+pytestmark = pytest.mark.xdist_group("jax_distributed")
+
 REPO = Path(__file__).resolve().parents[3]
 
 WORKER = textwrap.dedent("""

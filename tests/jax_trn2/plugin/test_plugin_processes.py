@@ -10,6 +10,10 @@ import pytest
 
 from tests.jax_trn2.frontend.test_processes import START, run_job
 
+# Jobs of several jax.distributed processes run one at a time (one xdist worker): on two
+# cores, two jobs at once (up to 6 processes starting jax) pushed a job past its time bound.
+pytestmark = pytest.mark.xdist_group("jax_distributed")
+
 # the 8 devices of a trn2.3xlarge at LNC=1: 4 a process over 2
 MACHINE = 'import os\nos.environ.update(JAX_TRN2_TOPOLOGY="trn2.3xlarge", JAX_TRN2_LNC="1")\n'
 
