@@ -153,7 +153,8 @@ class ChipSpec:
         """One logical NeuronCore of this chip at logical-core setting `lnc` (Neuron's
         "Logical NeuronCore configuration": LNC=2, Trn2's default, pairs the 8 physical
         cores into 4 devices; LNC=1 makes each core a device): `lnc` cores' engines, SBUF
-        and PSUM, and an equal share of the chip's HBM capacity and bandwidth, so its peak
+        and PSUM, and an equal share of the chip's HBM capacity and bandwidth and of its
+        host link (the chip's one PCIe link, which its devices share), so its peak
         FLOP/s are `lnc / neuron_cores` of the chip's."""
         if isinstance(lnc, bool) or not isinstance(lnc, int) or lnc < 1 or \
                 self.neuron_cores % lnc:
@@ -162,7 +163,8 @@ class ChipSpec:
         share = self.neuron_cores // lnc
         return dataclasses.replace(self, name=f"{self.name} logical NeuronCore (LNC={lnc})",
                                    neuron_cores=lnc, hbm_bytes=self.hbm_bytes // share,
-                                   hbm_bandwidth=self.hbm_bandwidth / share)
+                                   hbm_bandwidth=self.hbm_bandwidth / share,
+                                   host_link_bandwidth=self.host_link_bandwidth / share)
 
     @property
     def matmul_dtypes(self) -> frozenset[str]:
