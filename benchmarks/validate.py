@@ -169,19 +169,21 @@ def machine_for(tp: int) -> str:
     return "trn2.3xlarge" if tp <= RANKS_PER_CHIP else "trn2.48xlarge"
 
 
-def decode(config: llama.Llama, tp: int, batch: int, bucket: int):
+def decode(config: llama.Llama, tp: int, batch: int, bucket: int, model=llama):
+    """A decode step of `model` (examples/support's llama or moe) at TP `tp`."""
     def build():
         split = llama.Split(config, tp)
         mesh = jax_trn2.make_mesh((tp,), (llama.TP,), topology=machine_for(tp))
-        return llama.decode_step(split, mesh), llama.decode_args(split, batch, bucket)
+        return model.decode_step(split, mesh), model.decode_args(split, batch, bucket)
     return build
 
 
-def prefill(config: llama.Llama, tp: int, length: int):
+def prefill(config: llama.Llama, tp: int, length: int, model=llama):
+    """A prefill of one `length`-token prompt of `model` at TP `tp`."""
     def build():
         split = llama.Split(config, tp)
         mesh = jax_trn2.make_mesh((tp,), (llama.TP,), topology=machine_for(tp))
-        return llama.prefill(split, mesh), llama.prefill_args(split, 1, length)
+        return model.prefill(split, mesh), model.prefill_args(split, 1, length)
     return build
 
 
@@ -249,22 +251,6 @@ PROGRAMS = [
 
 # --- whole programs: mixture of experts --------------------------------------------------
 
-def moe_decode(config: moe.Moe, tp: int, batch: int, bucket: int):
-    def build():
-        split = llama.Split(config, tp)
-        mesh = jax_trn2.make_mesh((tp,), (llama.TP,), topology=machine_for(tp))
-        return moe.decode_step(split, mesh), moe.decode_args(split, batch, bucket)
-    return build
-
-
-def moe_prefill(config: moe.Moe, tp: int, length: int):
-    def build():
-        split = llama.Split(config, tp)
-        mesh = jax_trn2.make_mesh((tp,), (llama.TP,), topology=machine_for(tp))
-        return moe.prefill(split, mesh), moe.prefill_args(split, 1, length)
-    return build
-
-
 # optimum-neuron (neuronx-distributed 0.15) compiles one context-encoding graph of the whole
 # SEQUENCE_LENGTH (bucketing off), so every prompt runs padded to 4,096 positions, and one
 # decode graph of BATCH_SIZE rows reading a 4,096-position cache (padded when one request
@@ -285,24 +271,24 @@ MOE = [
          "trn2.3xlarge (1 chip, TP4) BF16, compiled for batch 16 and 4,096 tokens, one "
          "request at a time; optimum-neuron + guidellm", 56.36e-3,
          f"{OPTIMUM}/qwen3-30B-A3B-trn2 (commit b0a576eb)",
-         moe_decode(moe.QWEN_3_30B_A3B, 4, 16, 4096),
+         decode(moe.QWEN_3_30B_A3B, 4, 16, 4096, moe),
          MOE_DECODE + "every expert over the 16 rows (16 x 8 / 128 = 1 reaches NxD's "
          "selective-loading threshold): all 128 experts' weights read each layer." + MOE_SERVED),
     Case("Qwen3-30B-A3B TTFT", "validation",
          "trn2.3xlarge (1 chip, TP4) BF16, prompt padded to the 4,096-token graph", 1546.75e-3,
          f"{OPTIMUM}/qwen3-30B-A3B-trn2 (commit b0a576eb)",
-         moe_prefill(moe.QWEN_3_30B_A3B, 4, 4096), MOE_PREFILL + MOE_SERVED),
+         prefill(moe.QWEN_3_30B_A3B, 4, 4096, moe), MOE_PREFILL + MOE_SERVED),
     Case("Qwen3-235B-A22B inter-token latency", "validation",
          "trn2.48xlarge (16 chips, TP64) BF16, compiled for batch 4 and 4,096 tokens, one "
          "request at a time; optimum-neuron + guidellm", 32.18e-3,
          f"{OPTIMUM}/qwen3-235B-A22B-trn2 (commit 5996de0f)",
-         moe_decode(moe.QWEN_3_235B_A22B, 64, 4, 4096),
+         decode(moe.QWEN_3_235B_A22B, 64, 4, 4096, moe),
          MOE_DECODE + "selective loading (4 x 8 / 128 < 1): each row's 8 experts' weights "
          "gathered and applied to it, 32 experts' weights read each layer." + MOE_SERVED),
     Case("Qwen3-235B-A22B TTFT", "validation",
          "trn2.48xlarge (16 chips, TP64) BF16, prompt padded to the 4,096-token graph",
          4587.15e-3, f"{OPTIMUM}/qwen3-235B-A22B-trn2 (commit 5996de0f)",
-         moe_prefill(moe.QWEN_3_235B_A22B, 64, 4096),
+         prefill(moe.QWEN_3_235B_A22B, 64, 4096, moe),
          MOE_PREFILL + " Each chip's slice of an expert is 1536 / 64 = 24 columns, which "
          "NxD's blockwise NKI kernel may reject (its TODO: sizes not divisible by 16), "
          "falling back to a torch loop over the 191 blocks: not modelled." + MOE_SERVED),
