@@ -78,22 +78,27 @@ def estimate(case: Case) -> tuple[float, float]:
 NCCOM_MACHINE = "trn2.48xlarge"  # 64 ranks: 16 chips of 4 logical NeuronCores (LNC=2)
 
 
-def nccom(op: str, ranks: int, size: int, dtype, groups: int = 1):
+def nccom(op: str, ranks: int, size: int, dtype, groups: int = 1,
+          pairs: tuple[tuple[int, int], ...] = ()):
     """An nccom-test collective over `ranks` ranks (in `groups` concurrent groups of
-    consecutive ranks) of `size` bytes (nccom's size: each rank's buffer for all-reduce,
-    the gathered output for all-gather), one rank per device of a trn2.48xlarge."""
+    consecutive ranks) of `size` bytes (nccom's size: each rank's buffer for all-reduce and
+    permute, the gathered output for all-gather), one rank per device of a trn2.48xlarge.
+    A permute sends each rank's buffer along its (source, target) `pairs`."""
     def build():
         itemsize = jnp.dtype(dtype).itemsize
-        per_rank = size // itemsize if op == "all-reduce" else size // (ranks * itemsize)
+        whole = op in ("all-reduce", "permute")
+        per_rank = size // itemsize if whole else size // (ranks * itemsize)
         mesh = jax_trn2.make_mesh((groups, ranks), ("group", "rank"), topology=NCCOM_MACHINE)
 
         def body(buffer):
             if op == "all-reduce":
                 return jax.lax.psum(buffer, "rank")
+            if op == "permute":
+                return jax.lax.ppermute(buffer, "rank", pairs)
             return jax.lax.all_gather(buffer, "rank", tiled=True)
 
         spec = P(("group", "rank"))
-        out_spec = spec if op == "all-reduce" else P("group")
+        out_spec = spec if whole else P("group")
         f = jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=out_spec, check_vma=False)
         args = (jax.ShapeDtypeStruct((groups * ranks * max(per_rank, 1),), dtype),)
         return jax_trn2.jit(f), args
@@ -106,6 +111,12 @@ C2 = ("16-rank all-reduce bf16 in 4 groups (16 chips), nccom-test --streams-json
 C3 = "32-rank all-gather fp32 (8 chips), nccom-test --show-input-output-size, SDK 2.24 example"
 C5 = "8-rank all-gather fp32 (2 chips), nccom-test --stats, SDK 2.28 example"
 C6 = "4-rank all-gather fp16 (1 chip), nccom-test allgv -N 1 --variable-size-op-metadata example"
+C7 = ("64-rank all-gather fp32 (16 chips), 2 per iteration, nccom-test --streams-json, SDK 2.32 "
+      "example; stream 1, beside the 16-rank all-reduces of C2 on stream 0")
+C8 = ("8-rank permute uint8 (2 chips), pairs 0<->1 and 2<->3 (one chip's ranks), ranks 4-7 "
+      "to themselves; nccom-test --custom-src-target-pairs example (docs of Nov 2025)")
+# nccom-test's permute example: pairs.json's src_target_pairs.
+PERMUTE_PAIRS = ((0, 1), (1, 0), (2, 3), (3, 2), (4, 4), (5, 5), (6, 6), (7, 7))
 
 CAPTURED = ("models the runtime's algorithm by size, its launch, per-hop latency and "
             "collective-DMA/HBM-bound transfer, and the stages among each chip's 4 ranks")
@@ -115,7 +126,7 @@ COLLECTIVES = [
            f"{CAPTURED}; the instance is not stated (KangaRing implies Trn2); below 32 MiB this "
            "example's standalone all-reduces floor at 300-690 us, 10x what a collective costs "
            "inside a program (~25 us in a DeepSeek-V3 TP64 decode profile): not modelled")
-      for size, us in ((4, 299.91), (8192, 299.74), (131072, 574.15), (2097152, 686.32),
+      for size, us in ((4, 299.91), (32, 299.69), (512, 299.82), (8192, 299.74), (131072, 574.15), (2097152, 686.32),
                        (33554432, 2754.15), (536870912, 9689.51))),
     *(Case(f"all-reduce {size:,} B", "calibration", C2, us * 1e-6, NCCOM,
            nccom("all-reduce", 16, size, jnp.bfloat16, groups=4),
@@ -126,15 +137,24 @@ COLLECTIVES = [
     *(Case(f"all-gather {size:,} B", "calibration", C3, us * 1e-6, NCCOM,
            nccom("all-gather", 32, size, jnp.float32),
            f"{CAPTURED}; the instance is not stated (Trn1 or Trn2)")
-      for size, us in ((1024, 6.16), (65536, 8.17), (524288, 23.16))),
+      for size, us in ((1024, 6.16), (8192, 6.48), (65536, 8.17), (524288, 23.16))),
     *(Case(f"all-gather {size:,} B", "calibration", C5, us * 1e-6, NCCOM,
            nccom("all-gather", 8, size, jnp.float32),
            f"{CAPTURED}; the instance is not stated (Trn1 or Trn2)")
-      for size, us in ((1024, 10.0), (65536, 11.31), (524288, 14.83))),
+      for size, us in ((1024, 10.0), (8192, 10.22), (65536, 11.31), (524288, 14.83))),
     Case("all-gather 2,048 B", "calibration", C6, 16.28e-6, NCCOM,
          nccom("all-gather", 4, 2048, jnp.float16),
          f"{CAPTURED}; the source of on_chip_stage_seconds (equal send counts, as its "
          "metadata gives)"),
+    # The mean of the 11 published 1 KiB rows, one per size of stream 0's sweep.
+    Case("all-gather 1,024 B", "calibration", C7, 258.59e-6, NCCOM,
+         nccom("all-gather", 64, 1024, jnp.float32),
+         f"{CAPTURED}; the all-reduces running on the other stream are not modelled (the "
+         "model runs a program's collectives one at a time)"),
+    Case("permute 33,554,432 B", "calibration", C8, 894.24e-6, NCCOM,
+         nccom("permute", 8, 33554432, jnp.uint8, pairs=PERMUTE_PAIRS),
+         f"{CAPTURED}; the instance is not stated (Trn1 or Trn2); at 37.52 GB/s per pair "
+         "it is one DMA stream per pair, not the chip's collective DMA rings"),
 ]
 
 
@@ -211,6 +231,22 @@ PROGRAMS = [
          "as above, the SDK 2.21 version of the tutorial", 575.6e-3,
          f"{NXDI}/trn2-llama3.3-70b-tutorial.rst (commit 06f33784)",
          prefill(llama.LLAMA_3_70B, 64, 12288), PREFILL + SERVED),
+    # The prefix-caching tutorial's baseline (no prefix caching): TP64, compiled for batch 4
+    # (continuous batching, one prompt per context-encoding run) and context buckets 512,
+    # 1,024, 2,048, 4,096, 8,192; P50 TTFT per dataset through vLLM. The datasets' prompt
+    # lengths and the benchmark's concurrency are not stated.
+    Case("Llama-3.3-70B TTFT", "validation",
+         "TP64 (16 chips) BF16, HumanEval prompts (under 512 tokens: the 512 bucket), no "
+         "prefix caching; vLLM, SDK 2.24 docs", 89.7e-3,
+         f"{NXDI}/llama70b_apc_perf_comparison.csv (commit 87b7d009)",
+         prefill(llama.LLAMA_3_70B, 64, 512),
+         PREFILL + SERVED + "; the benchmark's concurrency is not stated"),
+    Case("Llama-3.3-70B TTFT", "validation",
+         "as above, \"dynamic sonnet 1k\" prompts (~1,000 tokens: the 1,024 bucket)", 123.08e-3,
+         f"{NXDI}/llama70b_apc_perf_comparison.csv (commit 87b7d009)",
+         prefill(llama.LLAMA_3_70B, 64, 1024),
+         PREFILL + SERVED + "; the benchmark's concurrency and the prompts' exact lengths are "
+         "not stated (a prompt over 1,024 tokens runs in the 2,048 bucket)"),
     Case("Llama-3.1-405B TPOT", "validation",
          "TP64 (16 chips) BF16, batch 1, decode at ~10,000-11,800 tokens (12,800 bucket)",
          37.9e-3, f"{NXDI}/trn2-llama3.1-405b-speculative-tutorial.rst",
