@@ -143,5 +143,8 @@ EXPECTED_LEAVES_OUT = (
     "contention with collectives of other streams or programs (a program's collectives run "
     "one at a time on its collective cores); activation-table loads on the Scalar Engine. "
     "Against published figures (docs/validation.md): decode steps 0.70-1.16 of the "
-    "measurement; dense prefills 0.81-1.62 (a 512-token prompt served two at a time: 0.35); "
-    "mixture-of-experts prefills (NxD's blockwise expert kernel) took 4x this estimate")
+    "measurement; dense prefills 0.74-1.62 (a 512-token prompt served two at a time: 0.35); "
+    "mixture-of-experts prefills (NxD's blockwise expert kernel) took 4x this estimate; "
+    "nccom-test's standalone all-reduces of 4 B-2 MiB over 16 ranks took 8-17x it (a "
+    "300-690 us floor no published per-collective cost accounts for), a 32 MiB permute "
+    "2.6x (its instance not stated)")
