@@ -269,10 +269,10 @@ MOE_TORCH_LOOP = ("Hidden size 2048 is outside the blockwise NKI kernel's 4096-8
                   "runs its torch fallback (torch_blockwise_matmul_inference): the 191 blocks "
                   "one after another, each gathering its 512 rows, its expert's weights "
                   "(by index) and its rows' routing weights, and writing its rows of the "
-                  "output back (gather, add, scatter): ~110 instructions a block, most of "
+                  "output back (gather, add, scatter): ~110 instructions a block, ~70 of "
                   "them small index arithmetic (torch-xla wraps every index tensor: add, "
-                  "compare, select) that each pay the DMA's fixed cost; the compiler may "
-                  "fuse some of it (not modelled).")
+                  "compare, select) that each pay the DMA's fixed cost; how much of it the "
+                  "Neuron compiler fuses is not modelled. ")
 MOE_KERNEL = ("Hidden size 4096 is in the blockwise NKI kernel's range: the blocks as one "
               "grouped matmul (jax.lax.ragged_dot), the pairs scattered into them and "
               "gathered back. ")
