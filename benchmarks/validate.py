@@ -291,17 +291,27 @@ PROGRAMS = [
 # SEQUENCE_LENGTH (bucketing off), so every prompt runs padded to 4,096 positions, and one
 # decode graph of BATCH_SIZE rows reading a 4,096-position cache (padded when one request
 # runs). guidellm's "synchronous" row: one request at a time.
-MOE_SERVED = (" Leaves out the server's own time (measured at the client through vLLM) "
-              "and the NKI kernels' own schedules "
-              "(the blockwise kernel's per-block weight loads: N blocks read N experts' "
-              "weights where the grouped matmul reads each expert once).")
+MOE_SERVED = " Leaves out the server's own time (measured at the client through vLLM)."
 MOE_DECODE = ("models the attention weights and the padded cache streamed from HBM, the "
               "router, ")
 MOE_PREFILL = ("models the 4,096-position prompt through sequence-parallel attention (fused "
                "kernel), the router, NxD's blockwise experts: the (token, expert) pairs "
-               "scattered into N = ceil((T*k - (E-1))/512) + E - 1 blocks of 512 rows, a "
-               "grouped matmul over them (jax.lax.ragged_dot), gathered back and added, one "
-               "reduce-scatter after it.")
+               "in N = ceil((T*k - (E-1))/512) + E - 1 blocks of 512 rows, one "
+               "reduce-scatter after them. ")
+# NxD 0.15 runs its blockwise NKI kernel only for hidden sizes 4096-8192 (the Neuron
+# compiler's check_blockwise_mm_kernel_compatibility, SDK 2.26; NxD's
+# test_can_use_blockwise_nki.py): Qwen3-30B-A3B's 2048 falls back to NxD's torch loop.
+MOE_TORCH_LOOP = ("Hidden size 2048 is outside the blockwise NKI kernel's 4096-8192, so NxD "
+                  "runs its torch fallback (torch_blockwise_matmul_inference): the 191 blocks "
+                  "one after another, each gathering its 512 rows, its expert's weights "
+                  "(by index) and its rows' routing weights, and writing its rows of the "
+                  "output back (gather, add, scatter): ~110 instructions a block, ~70 of "
+                  "them small index arithmetic (torch-xla wraps every index tensor: add, "
+                  "compare, select) that each pay the DMA's fixed cost; how much of it the "
+                  "Neuron compiler fuses is not modelled. ")
+MOE_KERNEL = ("Hidden size 4096 is in the blockwise NKI kernel's range: the blocks as one "
+              "grouped matmul (jax.lax.ragged_dot), the pairs scattered into them and "
+              "gathered back. ")
 MOE = [
     Case("Qwen3-30B-A3B inter-token latency", "validation",
          "trn2.3xlarge (1 chip, TP4) BF16, compiled for batch 16 and 4,096 tokens, one "
@@ -313,7 +323,8 @@ MOE = [
     Case("Qwen3-30B-A3B TTFT", "validation",
          "trn2.3xlarge (1 chip, TP4) BF16, prompt padded to the 4,096-token graph", 1546.75e-3,
          f"{OPTIMUM}/qwen3-30B-A3B-trn2 (commit b0a576eb)",
-         prefill(moe.QWEN_3_30B_A3B, 4, 4096, moe), MOE_PREFILL + MOE_SERVED),
+         prefill(moe.QWEN_3_30B_A3B, 4, 4096, moe),
+         MOE_PREFILL + MOE_TORCH_LOOP + MOE_SERVED),
     Case("Qwen3-235B-A22B inter-token latency", "validation",
          "trn2.48xlarge (16 chips, TP64) BF16, compiled for batch 4 and 4,096 tokens, one "
          "request at a time; optimum-neuron + guidellm", 32.18e-3,
@@ -325,9 +336,12 @@ MOE = [
          "trn2.48xlarge (16 chips, TP64) BF16, prompt padded to the 4,096-token graph",
          4587.15e-3, f"{OPTIMUM}/qwen3-235B-A22B-trn2 (commit 5996de0f)",
          prefill(moe.QWEN_3_235B_A22B, 64, 4096, moe),
-         MOE_PREFILL + " Each chip's slice of an expert is 1536 / 64 = 24 columns, which "
-         "NxD's blockwise NKI kernel may reject (its TODO: sizes not divisible by 16), "
-         "falling back to a torch loop over the 191 blocks: not modelled." + MOE_SERVED),
+         MOE_PREFILL + MOE_KERNEL + "The kernel's own schedule is not modelled: per "
+         "block its indirect loads of the rows, a cross-core all-reduce of the gate and up "
+         "projections (LNC=2, hidden dim split), its expert's weights loaded again (N "
+         "blocks read N experts' weights where the grouped matmul reads each once; the gate "
+         "and up weights 96 bytes a partition), the output rows read, added and written "
+         "back." + MOE_SERVED),
 ]
 
 CASES = COLLECTIVES + ENGINES + PROGRAMS + MOE

@@ -19,7 +19,9 @@ builds Qwen3-MoE's experts with ExpertMLPs, a subclass with the same forward):
   - a prefill otherwise: blockwise, the (token, expert) pairs sorted by expert into
     N = ceil((T*k - (E-1)) / B) + E - 1 blocks of B = 512 rows (DEFAULT_BLOCK_SIZE), each
     expert's rows padded to whole blocks, the blocks' rows through their expert's MLP.
-    Here a `jax.lax.ragged_dot` over the N * B rows with each expert's group its blocks.
+    With a hidden size the blockwise NKI kernel accepts (4096-8192) a `jax.lax.ragged_dot`
+    over the N * B rows with each expert's group its blocks; with any other, NxD's torch
+    fallback: a loop over the blocks, one after another (`blockwise_kernel_accepts`).
 
 Only shapes matter for planning: `decode_args` and `prefill_args` give
 jax.ShapeDtypeStructs, as llama.py's do.
@@ -130,13 +132,14 @@ def blocks(tokens: int, top_k: int, experts: int, block_size: int = BLOCK_SIZE) 
     return min(worst, tokens * top_k)
 
 
-def _blockwise(x, gates, chosen, w, block_size: int = BLOCK_SIZE):
-    """The (token, expert) pairs of x [T, d] sorted by expert into N blocks of
-    `block_size` rows (each expert's rows padded to whole blocks, unused rows zero), the
-    rows through their expert's MLP, then each token's k outputs weighted and added."""
+def _block_layout(chosen, experts: int, block_size: int):
+    """NxD's mapping of the (token, expert) pairs of chosen [T, k] to blocks
+    (get_blockwise_expert_and_token_mapping): each expert's pairs, in token order, on rows of
+    its own whole blocks. Returns the pairs by expert (`order`), each of their rows, each
+    expert's rows (whole blocks) [E], each block's expert [N], and each row's token
+    [N * B] (T on the padding rows)."""
     tokens, top_k = chosen.shape
-    experts = w["w1"].shape[0]
-    rows = blocks(tokens, top_k, experts, block_size) * block_size
+    n = blocks(tokens, top_k, experts, block_size)
     flat = chosen.reshape(-1)  # the expert of each (token, choice) pair
     counts = jnp.bincount(flat, length=experts)
     padded = (counts + block_size - 1) // block_size * block_size  # each expert's rows
@@ -145,13 +148,66 @@ def _blockwise(x, gates, chosen, w, block_size: int = BLOCK_SIZE):
     first_row = jnp.cumsum(padded) - padded  # of each expert's first block
     expert = flat[order]
     row = first_row[expert] + jnp.arange(flat.shape[0]) - first_pair[expert]
-    inputs = jnp.zeros((rows, x.shape[1]), x.dtype).at[row].set(x[order // top_k])
-    sizes = padded.astype(jnp.int32)
+    ends = jnp.cumsum(padded) // block_size  # one past each expert's last block
+    # the experts whose blocks end at or before each block (NxD's formula: the unused
+    # blocks at the end go to the last expert)
+    block_expert = jnp.sum(jnp.arange(n)[:, None] >= ends[None, :-1], axis=1)
+    row_token = jnp.full((n * block_size,), tokens, jnp.int32).at[row].set(order // top_k)
+    return order, row, padded.astype(jnp.int32), block_expert, row_token
+
+
+def _blockwise(x, gates, chosen, w, block_size: int = BLOCK_SIZE):
+    """The blocks as the blockwise NKI kernel runs them, as one grouped matmul: the
+    (token, expert) pairs of x [T, d] scattered into N blocks of `block_size` rows (unused
+    rows zero), the rows through their expert's MLP, then each token's k outputs weighted
+    and added."""
+    tokens, top_k = chosen.shape
+    experts = w["w1"].shape[0]
+    order, row, sizes, _, row_token = _block_layout(chosen, experts, block_size)
+    inputs = jnp.zeros((row_token.shape[0], x.shape[1]), x.dtype).at[row].set(
+        x[order // top_k])
     hidden = _swiglu(jax.lax.ragged_dot(inputs, w["w1"], sizes),
                      jax.lax.ragged_dot(inputs, w["w3"], sizes))
     outputs = jax.lax.ragged_dot(hidden, w["w2"], sizes)[row]  # [T * k, d], by expert
     weighted = outputs * gates.reshape(-1)[order][:, None]
     return jnp.zeros_like(x).at[order // top_k].add(weighted)
+
+
+def _blockwise_loop(x, gates, chosen, w, block_size: int = BLOCK_SIZE):
+    """The blocks as NxD's torch fallback runs them (ExpertMLPsV2.
+    torch_blockwise_matmul_inference), one after another: each block gathers its rows of
+    x [T, d] (a zero row for padding), indexes its expert's weights, runs the MLP, gathers
+    its rows' routing weights and adds its weighted outputs into the result's rows."""
+    tokens, top_k = chosen.shape
+    experts = w["w1"].shape[0]
+    _, _, _, block_expert, row_token = _block_layout(chosen, experts, block_size)
+    # NxD's expert_affinities_masked [T + 1, E] and the inputs and output with an extra row
+    # for the padding rows (augment_inputs_for_padded_blockwise_matmul)
+    affinities = jnp.zeros((tokens + 1, experts), x.dtype).at[
+        jnp.arange(tokens)[:, None], chosen].set(gates)
+    padded_x = jnp.concatenate([x, jnp.zeros((1, x.shape[1]), x.dtype)])
+
+    def block(b, out):  # NxD's Python loop, traced one block after another
+        token = jax.lax.dynamic_slice_in_dim(row_token, b * block_size, block_size)
+        expert = jax.lax.dynamic_slice_in_dim(block_expert, b, 1)
+        h = padded_x[token]
+        # mlp_op(h, expert_indices=[e]) indexes each weight by a tensor: a gather
+        hidden = _swiglu(h @ w["w1"][expert][0], h @ w["w3"][expert][0])
+        y = (hidden @ w["w2"][expert][0]) * affinities[token, expert][:, None]
+        return out.at[token].set(out[token] + y)  # torch's output[token] += y
+
+    out = jax.lax.fori_loop(0, block_expert.shape[0], block, jnp.zeros_like(padded_x))
+    return out[:tokens]
+
+
+def blockwise_kernel_accepts(d_model: int, block_size: int = BLOCK_SIZE) -> bool:
+    """Whether NxD 0.15 runs the blockwise NKI kernel for this hidden size, as the Neuron
+    compiler's check_blockwise_mm_kernel_compatibility (SDK 2.26) allows: block sizes
+    128-1024, a hidden size of 4096-8192 in whole 512s; otherwise NxD falls back to its
+    torch loop over the blocks (can_use_blockwise_matmul_nki; NxD 0.15's
+    test_can_use_blockwise_nki.py: "unsupported hidden_size [4096, 8192]")."""
+    return (block_size in (128, 256, 512, 1024) and 4096 <= d_model <= 8192
+            and d_model % 512 == 0)
 
 
 def experts_mlp(config: Moe, generating: bool, h, w):
@@ -165,8 +221,10 @@ def experts_mlp(config: Moe, generating: bool, h, w):
         out = _selective(x, gates, chosen, w)
     elif generating or tokens * config.top_k < BLOCK_SIZE:
         out = _all_experts(x, gates, chosen, w)
-    else:
+    elif blockwise_kernel_accepts(x.shape[1]):
         out = _blockwise(x, gates, chosen, w)
+    else:
+        out = _blockwise_loop(x, gates, chosen, w)
     return out.reshape(h.shape)
 
 

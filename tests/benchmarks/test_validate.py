@@ -1,6 +1,7 @@
 """benchmarks/validate.py: published figures rebuilt with the public API; the ideal time
 never above a measurement, the expected never below the ideal."""
 
+import dataclasses
 import sys
 from functools import partial
 from pathlib import Path
@@ -87,10 +88,50 @@ def test_moe_decode_runs_on_trn2_as_on_cpu_jax(batch, rng):
     compare_with_cpu(partial(validate.moe.decode_function, split), args, *meshes())
 
 
-@pytest.mark.parametrize("tokens, generating", [(256, False), (4, True), (2, True)],
-                         ids=["blockwise", "all experts", "selective loading"])
-def test_moe_layer_equals_each_token_through_its_top_k_experts(tokens, generating, rng):
-    c = TOY_MOE
+@pytest.mark.parametrize("d_model, block_size, accepted", [
+    (2048, 512, False),  # Qwen3-30B-A3B: below the kernel's 4096
+    (4096, 512, True),  # Qwen3-235B-A22B
+    (8192, 1024, True), (4608, 128, True),  # whole 512s up to 8192
+    (10240, 512, False), (4352, 512, False),  # above 8192; not a multiple of 512
+    (4096, 16, False)])  # block sizes 128-1024 only
+def test_the_blockwise_kernel_takes_nxd_015s_hidden_sizes(d_model, block_size, accepted):
+    assert validate.moe.blockwise_kernel_accepts(d_model, block_size) is accepted
+
+
+def test_blocks_are_laid_out_as_nxd_documents():
+    """The NxD Inference MoE deep dive's example: 6 tokens to experts [0, 1, 0, 2, 1, 0],
+    blocks of 4: block 0 -> expert 0 [T0, T2, T5, pad], block 1 -> expert 1 [T1, T4, pad,
+    pad], block 2 -> expert 2 [T3, pad, pad, pad]; padding rows take token T = 6."""
+    chosen = jnp.array([[0], [1], [0], [2], [1], [0]])
+    _, _, sizes, block_expert, row_token = validate.moe._block_layout(chosen, 3, 4)
+    np.testing.assert_array_equal(sizes, [4, 4, 4])
+    np.testing.assert_array_equal(block_expert, [0, 1, 2])
+    np.testing.assert_array_equal(row_token, [0, 2, 5, 6, 1, 4, 6, 6, 3, 6, 6, 6])
+
+
+@pytest.mark.parametrize("d_model, loops", [(64, 1), (4096, 0)],
+                         ids=["torch fallback", "NKI kernel"])
+def test_a_prefill_outside_the_kernels_hidden_sizes_runs_the_blocks_in_a_loop(d_model, loops):
+    """NxD's torch fallback: one loop over the N = 8 blocks; the kernel's: no loop, three
+    grouped matmuls."""
+    c = dataclasses.replace(TOY_MOE, d_model=d_model)
+    x = jax.ShapeDtypeStruct((256, d_model), jnp.float32)
+    w = {"router": jax.ShapeDtypeStruct((d_model, c.experts), jnp.float32),
+         "w1": jax.ShapeDtypeStruct((c.experts, d_model, c.d_ff), jnp.float32),
+         "w3": jax.ShapeDtypeStruct((c.experts, d_model, c.d_ff), jnp.float32),
+         "w2": jax.ShapeDtypeStruct((c.experts, c.d_ff, d_model), jnp.float32)}
+    text = str(jax.make_jaxpr(partial(validate.moe.experts_mlp, c, False))(x, w))
+    assert text.count("scan[") == loops  # jax's fori_loop of a known trip count
+    assert text.count("ragged_dot_general[") == 3 * (1 - loops)
+
+
+@pytest.mark.parametrize("tokens, generating, d_model",
+                         [(256, False, 64), (256, False, 4096), (4, True, 64), (2, True, 64)],
+                         ids=["blockwise torch fallback", "blockwise kernel", "all experts",
+                              "selective loading"])
+def test_moe_layer_equals_each_token_through_its_top_k_experts(tokens, generating, d_model,
+                                                               rng):
+    c = dataclasses.replace(TOY_MOE, d_model=d_model)
     x = rng.standard_normal((tokens, c.d_model)).astype(np.float32)
     w = {"router": rng.standard_normal((c.d_model, c.experts)).astype(np.float32),
          "w1": rng.standard_normal((c.experts, c.d_model, c.d_ff)).astype(np.float32) / 8,
