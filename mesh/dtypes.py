@@ -14,6 +14,8 @@ formats): those are held in a wider float that represents every value of the typ
 
 from __future__ import annotations
 
+import functools
+
 import ml_dtypes
 import numpy as np
 
@@ -78,9 +80,16 @@ def numpy_dtype(name: str) -> np.dtype:
 
 def dtype_name(dtype) -> str:
     """The element type name of a numpy or jax dtype."""
-    name = np.dtype(dtype).name
+    name = numpy_name(dtype)
     numpy_dtype(name)
     return name
+
+
+@functools.lru_cache(maxsize=256)
+def numpy_name(dtype) -> str:
+    """np.dtype(dtype).name, remembered: numpy makes a dtype's name in Python, taking
+    microseconds on every argument of every run."""
+    return np.dtype(dtype).name
 
 
 def is_float(name: str) -> bool:

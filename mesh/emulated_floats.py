@@ -73,7 +73,7 @@ def _values(name: str) -> np.ndarray:
 def host_to_storage(array):
     """A host array of an emulated format in the executor's storage dtype (exact); any
     other array as it is."""
-    name = np.dtype(array.dtype).name
+    name = dtypes.numpy_name(array.dtype)
     return np.asarray(array).astype(dtypes.storage_dtype(name)) if is_emulated(name) else array
 
 

@@ -8,6 +8,7 @@ kernels use the same block order.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -62,6 +63,8 @@ def assemble(pieces: Sequence[np.ndarray], dim_axes: DimAxes,
     """The global array from per-device pieces (logical device order). Along mesh axes no
     dim is split over, the pieces must be equal copies (one array object given for several
     devices is not compared with itself); ValueError otherwise."""
+    if len(pieces) == 1:  # one device's piece is the array (a program on one device)
+        return np.asarray(pieces[0])
     nm = len(axis_sizes)
     grid = np.empty(len(pieces), dtype=object)
     for d, piece in enumerate(pieces):  # (a list of arrays would be read as one array)
@@ -212,7 +215,7 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 def pieces(array: np.ndarray, dim_axes: DimAxes, axis_sizes: Sequence[int]) -> list[np.ndarray]:
     """Per-device pieces (logical device order) of a global array: views of it (the same
     array for every device where it is replicated)."""
-    count = int(np.prod(axis_sizes, dtype=np.int64))
+    count = math.prod(axis_sizes)
     if not any(dim_axes):
         return [array] * count
     local = local_shape(array.shape, dim_axes, axis_sizes)

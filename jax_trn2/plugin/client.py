@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import functools
+import math
 import threading
 import weakref
 from typing import Any, Sequence
@@ -158,7 +159,7 @@ def _span(shape: tuple[int, ...], strides: tuple[int, ...] | None,
     if 0 in shape:
         return 0, 0
     if strides is None:
-        return 0, int(np.prod(shape, dtype=np.int64)) * itemsize
+        return 0, math.prod(shape) * itemsize
     low = sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
     high = sum((n - 1) * s for n, s in zip(shape, strides) if s > 0)
     return low, high - low + itemsize

@@ -14,6 +14,7 @@ jaxlib's own converter.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -70,13 +71,27 @@ def signature_module(executable: Any, module: ir.Module,
         "  }",
         "}"])
     has_tokens = _TOKEN_TYPE in arg_types + res_types
-    source = text if partitioned is None or has_tokens else \
-        jax_mlir.module_to_bytecode(partitioned)
-    computation = _jax.mlir.mlir_module_to_xla_computation(source, use_tuple_args=False,
-                                                           return_tuple=len(res_types) != 1)
+    return_tuple = len(res_types) != 1
+    hlo = _signature_hlo(text, return_tuple) if partitioned is None or has_tokens else \
+        _hlo(jax_mlir.module_to_bytecode(partitioned), return_tuple)
     return proto.hlo_module_with_config(
-        computation.as_serialized_hlo_module_proto(), names,
-        [_op_sharding(s) for s in arg_shardings], [_op_sharding(s) for s in res_shardings])
+        hlo, names, [_op_sharding(s) for s in arg_shardings],
+        [_op_sharding(s) for s in res_shardings])
+
+
+def _hlo(source: str | bytes, return_tuple: bool) -> bytes:
+    """A serialized HloModuleProto of a StableHLO module (text or bytecode), by jaxlib's
+    converter."""
+    computation = _jax.mlir.mlir_module_to_xla_computation(source, use_tuple_args=False,
+                                                           return_tuple=return_tuple)
+    return computation.as_serialized_hlo_module_proto()
+
+
+@functools.lru_cache(maxsize=256)
+def _signature_hlo(text: str, return_tuple: bool) -> bytes:
+    """_hlo of a signature module's text, remembered: the converter takes milliseconds a
+    program, and many programs have one signature (a notebook's, jax's tests')."""
+    return _hlo(text, return_tuple)
 
 
 def _symbol(name: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 from typing import Any
 
 import numpy as np
@@ -59,11 +60,16 @@ def _get(pointer: int, kind):
     return HANDLES.get(pointer, kind)
 
 
+# The modules imported when first used (not while jax loads the plugin), then remembered:
+# jaxlib calls slots that look them up several times a run.
+
+@functools.cache
 def _client():
     from jax_trn2.plugin.client import Client
     return Client
 
 
+@functools.cache
 def _executable_types():
     from jax_trn2.plugin import executable
     return executable

@@ -162,11 +162,15 @@ def test_donation_deletes_the_donor(mesh):
     np.testing.assert_array_equal(np.asarray(b), np.ones(64, np.float32))
 
 
-def test_programs_run_under_a_transfer_guard_on_arrays_already_on_the_chips(mesh):
-    """jax.transfer_guard guards the caller's transfers between the host and the chips; the
-    simulator's own arrays on the host's executor devices are not the caller's."""
+@pytest.mark.parametrize("guard", [jax.transfer_guard, jax.transfer_guard_host_to_device,
+                                   jax.transfer_guard_device_to_host,
+                                   jax.transfer_guard_device_to_device])
+def test_programs_run_under_a_transfer_guard_on_arrays_already_on_the_chips(mesh, guard):
+    """jax.transfer_guard (of every direction, or of one) guards the caller's transfers
+    between the host and the chips; the simulator's own arrays on the host's executor
+    devices are not the caller's."""
     x = jax.device_put(np.arange(64.0), NamedSharding(mesh, P(("a", "b"))))
-    with jax.transfer_guard("disallow"):
+    with guard("disallow"):
         doubled = jax.jit(lambda v: v * 2)(x)
     np.testing.assert_array_equal(np.asarray(doubled), np.arange(64.0) * 2)
 
