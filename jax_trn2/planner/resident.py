@@ -40,7 +40,8 @@ from lowering import mlir, partition
 _MAY_SHARE = frozenset({"stablehlo.reshape", "stablehlo.bitcast_convert",
                         "stablehlo.broadcast_in_dim", "stablehlo.slice",
                         "stablehlo.dynamic_slice", "stablehlo.transpose", "stablehlo.convert",
-                        "stablehlo.copy", "stablehlo.optimization_barrier"})
+                        "stablehlo.copy"})
+_BARRIER = "stablehlo.optimization_barrier"  # result i is operand i
 _HOST_KINDS = ("pinned_host", "unpinned_host")
 _WHILE = "stablehlo.while"
 
@@ -53,11 +54,12 @@ def least_resident_bytes(module: ir.Module) -> int:
 
 
 class _Program:
-    """main's top-level ops, and which of them read each value."""
+    """main's top-level ops that its results need (what a compiler keeps), and which of
+    them read each value."""
 
     def __init__(self, main: Any):
         block = main.regions[0].blocks[0]
-        self.ops = [op.operation for op in block.operations]
+        self.ops = _needed([op.operation for op in block.operations])
         self.arguments = list(block.arguments)
         attrs = mlir.Attributes(main).get("arg_attrs", ())
         entries = [a if isinstance(a, dict) else {} for a in attrs] + \
@@ -90,14 +92,15 @@ class _Program:
         for a in self.arguments:
             if a not in self.on_host and (a not in self.donated or self.last_read.get(a, -1) > k):
                 add(a, _bytes(a))
-        for j, op in enumerate(self.ops[:k]):
+        for op in self.ops[:k]:
             if op.name == _WHILE:
                 for result in op.results:
                     if self.last_read.get(result, -1) > k:
                         add(*self._buffer(result))
         loop = self.ops[k]
-        for slot, (operand, result) in enumerate(zip(loop.operands, loop.results)):
-            if _passes_through(loop, slot) or self.last_read.get(result, -1) > k:
+        for slot, result in enumerate(loop.results):
+            if self.last_read.get(result, -1) > k or \
+                    _passes_through(loop, slot) and _read_by_body(loop, slot):
                 add(*self._buffer(result))
         return live
 
@@ -112,6 +115,8 @@ class _Program:
                 return (None, 0) if value in self.on_host else (value, nbytes)
             if op.name in _MAY_SHARE:
                 value = op.operands[0]
+            elif op.name == _BARRIER:
+                value = op.operands[_result_index(op, value)]
             elif op.name == _WHILE:
                 slot = _result_index(op, value)
                 initial = op.operands[slot]
@@ -123,6 +128,17 @@ class _Program:
             else:  # a constant, or a value that may stay on chip
                 return None, 0
             nbytes = min(nbytes, _bytes(value))
+
+
+def _needed(ops: list[Any]) -> list[Any]:
+    """The ops of a block that its terminator needs, or that have no results (effects),
+    in order: dead code is no buffer."""
+    needed, kept = set(), []
+    for op in reversed(ops):
+        if op is ops[-1] or not len(op.results) or any(r in needed for r in op.results):
+            kept.append(op)
+            needed.update(_operands_within(op))
+    return kept[::-1]
 
 
 def _producer(value: Any) -> Any:
@@ -142,6 +158,13 @@ def _passes_through(loop: Any, slot: int) -> bool:
     body = loop.regions[1].blocks[0]
     returned = list(body.operations)[-1].operation.operands
     return returned[slot] == body.arguments[slot]
+
+
+def _read_by_body(loop: Any, slot: int) -> bool:
+    """Whether a while loop's body reads its state `slot` other than to yield it."""
+    body = loop.regions[1].blocks[0]
+    terminator = list(body.operations)[-1].operation
+    return any(use.owner.operation != terminator for use in body.arguments[slot].uses)
 
 
 def _operands_within(op: Any) -> Iterator[Any]:
