@@ -452,11 +452,11 @@ def search(build: Callable[..., tuple[Any, Sequence[Any]]], layouts: Iterable[La
            ) -> Search:
     """Plan every layout (and combination of `params`) of `build` as jax_trn2.plan.sweep
     does, but prune first what cannot fit (its least peak, arguments and the activations
-    its scans keep, exceeds a device's HBM) or cannot
-    win (its least compute time is no less than the best plan found so far), and what
-    cannot be split (its arguments' shapes over its shardings): see the module's
-    docstring. Returns a Search: the table of the plans made in full, `pruned` and
-    `counts()`."""
+    its scans keep, exceeds a device's HBM: from the jaxpr, then, in the worker, from the
+    partitioned program before it is lowered) or cannot win (its least compute time is no
+    less than the best plan found so far), and what cannot be split (its arguments' shapes
+    over its shardings): see the module's docstring. Returns a Search: the table of the
+    plans made in full, `pruned`, `counts()` and `partitioned_only`."""
     jobs = variants(layouts, params)
     check_figures(tokens_per_step, train_tokens, price_per_chip_hour)
     report = _progress_printer if progress is True else progress or None
@@ -497,19 +497,22 @@ def search(build: Callable[..., tuple[Any, Sequence[Any]]], layouts: Iterable[La
                                         "for as many tokens", bounds[job] * (tokens or 1)))
         return True
 
+    def handled() -> int:  # survivors planned, or pruned once partitioned
+        return len(plans) + sum(p.partitioned for p in pruned)
+
     def done(job: Variant, outcome: tuple) -> None:
         answer, seconds = outcome[0], outcome[2]
         if isinstance(answer, TooLarge):
             pruned.append(Pruned(job, MEMORY, answer.reason, answer.least_bytes,
                                  partitioned=True))
             if report is _progress_printer:  # (a caller's own report takes plans only)
-                print(f"[{len(plans) + sum(p.partitioned for p in pruned)}/{len(survivors)}] "
-                      f"{pruned[-1].name} on {answer.topology}: pruned, {answer.reason} "
-                      f"({seconds:.1f} s)", file=sys.stderr, flush=True)
+                print(f"[{handled()}/{len(survivors)}] {pruned[-1].name} on "
+                      f"{answer.topology}: pruned, {answer.reason} ({seconds:.1f} s)",
+                      file=sys.stderr, flush=True)
             return
         plans.append(plan_of(job, outcome, tokens_per_step, model_flops))
         if report is not None:
-            report(len(plans) + sum(p.partitioned for p in pruned), len(survivors), plans[-1])
+            report(handled(), len(survivors), plans[-1])
 
     count = plan_jobs(functools.partial(build_variant, build), survivors, workers, done,
                       skip=skip, estimator=estimate_if_it_may_fit)
