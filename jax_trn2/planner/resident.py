@@ -14,9 +14,10 @@ hold, so it never exceeds the planned peak:
   `stablehlo.while`), these are live at once: the arguments not donated (they live the
   whole step); the donated arguments an op after the loop reads; the results of earlier
   loops an op after the loop reads (a forward scan's stacked residuals, during the
-  backward one); the loop's operands its body passes through unchanged (a scan's stacked
-  inputs: weights, residuals) and the state it writes that is read after it (its stacked
-  outputs, its carries).
+  backward one); the loop's operands its body reads and passes through unchanged (a
+  scan's stacked inputs: weights, residuals) and the state it writes that is read after
+  it (its stacked outputs, its carries). Ops the results do not need are left out (dead
+  code is no buffer).
 
 Each is counted once by the buffer it may be stored in: a value reached through a view
 or a single-operand op that may be one (a reshape, slice, convert, ...) counts as its
