@@ -53,7 +53,8 @@ def search_405b(workers: int | None, batches: tuple[int, ...] = BATCHES,
     print(f"\n405B search: {total} variants in {seconds:.1f} s ({total / seconds:.2f} "
           f"variants/s); {counts['planned']} planned in full "
           f"({counts['planned'] / seconds:.2f} full plans/s, {result.workers} workers); "
-          f"pruned: {counts['shape']} shape, {counts['memory']} memory, {counts['time']} time")
+          f"pruned: {counts['shape']} shape, {counts['memory']} memory "
+          f"({result.partitioned_only} of them once partitioned), {counts['time']} time")
 
 
 def _ints(text: str) -> tuple[int, ...]:

@@ -701,6 +701,16 @@ class Traced(_StageInfo):
     def fun_name(self) -> str:
         return self._jax_stage.fun_name
 
+    def stablehlo(self) -> Any:
+        """The global StableHLO module (a jaxlib ir.Module) jax lowers the function to for
+        the trn2 devices, before XLA's partitioner splits it (lowering.partitioned_module)
+        and it is lowered to a Trn2 program."""
+        return self._jax_lowered.compiler_ir("stablehlo")
+
+    @functools.cached_property
+    def _jax_lowered(self) -> Any:
+        return _lowered_for_trn2(self._jax_stage)
+
     def lower(self, *, lowering_platforms: tuple[str, ...] | None = None,
               _private_parameters: Any = None) -> Any:
         """Lower to a Trn2 program (mesh.isa) for the simulated mesh.
@@ -712,7 +722,7 @@ class Traced(_StageInfo):
         if lowering_platforms is not None:
             return self._jax_stage.lower(lowering_platforms=lowering_platforms,
                                          _private_parameters=_private_parameters)
-        return self._jitted._lower_traced(self._jax_stage)
+        return self._jitted._lower_traced(self._jax_stage, self._jax_lowered)
 
 
 # The programs compiled for each function, by the jax_trn2.jit options they were compiled
@@ -856,9 +866,10 @@ class Jitted:
         """Trace and lower for these arguments (arrays or jax.ShapeDtypeStruct)."""
         return self.trace(*args, **kwargs).lower()
 
-    def _lower_traced(self, traced) -> Lowered:
-        """Lower jax's Traced stage of the function for the simulated mesh."""
-        jax_lowered = _lowered_for_trn2(traced)
+    def _lower_traced(self, traced, jax_lowered: Any = None) -> Lowered:
+        """Lower jax's Traced stage of the function for the simulated mesh (`jax_lowered`:
+        its jax Lowered for trn2, when made already)."""
+        jax_lowered = jax_lowered or _lowered_for_trn2(traced)
         module = jax_lowered.compiler_ir("stablehlo")
         names = _arg_names(traced)
         kept = _kept_leaves(jax_lowered, module, len(names))

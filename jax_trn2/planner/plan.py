@@ -112,7 +112,11 @@ def estimate(jitted: Any, args: Sequence[Any],
     jax.ShapeDtypeStructs) and read its estimate; nothing runs or is allocated.
     `topology`: the machine it was made for (its device's peak; default: the preset of the
     name the estimate gives)."""
-    lowered = jitted.lower(*args)
+    return estimate_lowered(jitted.lower(*args), topology)
+
+
+def estimate_lowered(lowered: Any, topology: str | Topology | None = None) -> StepEstimate:
+    """`estimate` of a step lowered already (a jax_trn2.jit Lowered)."""
     memory = lowered.memory_analysis()
     info = lowered.cost_analysis()["trn2"]
     program = lowered.program
@@ -462,11 +466,15 @@ def progress_line(done: int, total: int, name: str, estimate_: StepEstimate | No
 
 def plan_jobs(build: Callable, jobs: Sequence[Any], workers: int | None,
               done: Callable[[Any, tuple], None],
-              skip: Callable[[Any], bool] | None = None) -> int:
-    """Plan every job, `estimate(*build(job))`, calling `done(job, (StepEstimate | None,
-    error | None, seconds, warnings))` as each completes; returns the worker processes used
-    (1: this process alone). A job for which `skip(job)` is true when its turn comes (asked
-    then, so that it can weigh the plans done so far) is not planned.
+              skip: Callable[[Any], bool] | None = None,
+              estimator: Callable[..., Any] = estimate) -> int:
+    """Plan every job, `estimator(*build(job), machine)` (default `estimate`: a
+    StepEstimate; another estimator may answer with something else that has the topology's
+    name as `topology`), calling `done(job, (its answer | None, error | None, seconds,
+    warnings))` as each completes; returns the worker processes used (1: this process
+    alone). A job for which `skip(job)` is true when its turn comes (asked then, so that it
+    can weigh the plans done so far) is not planned. `estimator` runs in the workers: a
+    function of a module they can import.
 
     `workers` processes plan in parallel (spawned: jax's threads do not survive a fork);
     None plans the first job here and starts one per core for the rest if that saves more
@@ -487,7 +495,7 @@ def plan_jobs(build: Callable, jobs: Sequence[Any], workers: int | None,
         first = next_job()
         if first is None:
             return 1
-        outcome = _plan_one(build, first)
+        outcome = _plan_one(build, first, estimator)
         done(first, outcome)
         cores = os.cpu_count() or 1
         saved = outcome[2] * (len(jobs) - 1) * (1 - 1 / cores)
@@ -496,7 +504,7 @@ def plan_jobs(build: Callable, jobs: Sequence[Any], workers: int | None,
     workers = max(1, min(workers or 1, len(jobs)))
     if workers == 1:
         while (job := next_job()) is not None:
-            done(job, _plan_one(build, job))
+            done(job, _plan_one(build, job, estimator))
         return 1
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
@@ -505,7 +513,7 @@ def plan_jobs(build: Callable, jobs: Sequence[Any], workers: int | None,
         try:
             while True:
                 while len(running) < workers and (job := next_job()) is not None:
-                    running[pool.submit(_plan_one, build, job)] = job
+                    running[pool.submit(_plan_one, build, job, estimator)] = job
                 if not running:
                     break
                 finished, _ = concurrent.futures.wait(
@@ -538,8 +546,8 @@ def _layout_of(job: Any) -> Layout:
     return getattr(job, "layout", job)
 
 
-def _plan_one(build: Callable, job: Any) -> tuple[StepEstimate | None, str | None, float,
-                                                 tuple[str, ...], str | None]:
+def _plan_one(build: Callable, job: Any, estimator: Callable[..., Any] = estimate
+              ) -> tuple[StepEstimate | None, str | None, float, tuple[str, ...], str | None]:
     """Build and estimate one job; an exception becomes the plan's error, a warning one of
     its warnings (kept with the plan, not printed: a sweep of 24 layouts would print each
     of XLA's partitioner warnings 24 times). A job is a Layout or has one (`job.layout`).
@@ -551,7 +559,7 @@ def _plan_one(build: Callable, job: Any) -> tuple[StepEstimate | None, str | Non
         warnings.simplefilter("always")
         try:
             jitted, args = build(job)
-            result = estimate(jitted, args, layout.machine)
+            result = estimator(jitted, args, layout.machine)
             if result.topology != layout.topology_name:
                 raise ValueError(f"the step was lowered for topology '{result.topology}', "
                                  f"but the layout is on '{layout.topology_name}': pass "

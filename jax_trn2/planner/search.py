@@ -28,23 +28,30 @@ no tracing) and then:
   the expected step of the best fitting plan found so far: the partitioner splits the
   matmuls, it does not remove them, and the busiest device does at least the average.
 
-The rest are planned in full, first those whose least peak leaves half a device's HBM
-free, each group fastest bound first (so a plan that fits is found early and prunes the
-most), in worker processes as a sweep plans; each is asked again when its turn comes
-(branch and bound) and pruned as "time" once the best plan found beats its bound.
+The rest are planned in worker processes as a sweep plans, first those whose least peak
+leaves half a device's HBM free, each group fastest bound first (so a plan that fits is
+found early and prunes the most); each is asked again when its turn comes (branch and
+bound) and pruned as "time" once the best plan found beats its bound. A worker partitions
+the step first (XLA's SPMD partitioner, as lowering does: a second or two for a 405B
+model, against several to lower, schedule and cost it) and prunes it as "memory" when the
+least peak of the per-device program (jax_trn2.planner.resident: its arguments, and what
+its top-level loops hold, at their real per-device sizes) exceeds a device's HBM
+(`Pruned.partitioned`); the rest it plans in full.
 
 What the bounds leave out: communication (which collectives a step needs, and how large,
 is the partitioner's choice: a weight split over fsdp may be gathered or the activations
-moved instead, so no floor of it follows from the layout alone without partitioning), and
-the sharding the partitioner gives values the step does not constrain (a scan's stacked
-activations count as split over every device, though most layouts split them over their
-batch axes only).
+moved instead, so no floor of it follows from the layout alone without partitioning), and,
+before partitioning, the sharding the partitioner gives values the step does not
+constrain (a scan's stacked activations count as split over every device there, though
+most layouts split them over their batch axes only: the partitioned bound reads their real
+split).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -54,11 +61,15 @@ import numpy as np
 from jax.extend.core import DropVar, Var, jaxprs_in_params
 from jax.sharding import NamedSharding, Sharding
 
+import lowering
 from jax_trn2.planner.layout import Layout
-from jax_trn2.planner.plan import (PerVariant, Plan, Sweep, Variant, build_variant,
-                                   check_figures, indivisible_text, plan_jobs, plan_of,
-                                   variants, _progress_printer)
+from jax_trn2.planner.plan import (PerVariant, Plan, StepEstimate, Sweep, Variant,
+                                   build_variant, check_figures, estimate_lowered,
+                                   indivisible_text, plan_jobs, plan_of, variants,
+                                   _progress_printer)
+from jax_trn2.planner.resident import least_resident_bytes
 from jax_trn2.planner.tables import duration_text, format_table
+from mesh.machine import Topology
 from mesh.units import bytes_text
 
 SHAPE, MEMORY, TIME = "shape", "memory", "time"  # why a variant was pruned
@@ -72,13 +83,15 @@ class IndivisibleArgumentError(ValueError):
 class Pruned:
     """A variant not planned in full, and why: `why` is SHAPE (its arguments do not split
     as its shardings say), MEMORY (`bound`: the least bytes per device its peak can be,
-    over a device's HBM: least_peak_bytes) or TIME (`bound`: the least seconds its step
-    can take, no less than the best plan's); `reason` in words."""
+    over a device's HBM: least_peak_bytes, or, when `partitioned`, least_resident_bytes of
+    its partitioned program) or TIME (`bound`: the least seconds its step can take, no
+    less than the best plan's); `reason` in words."""
 
     variant: Variant
     why: str
     reason: str
     bound: float
+    partitioned: bool = False  # pruned by the bound of its partitioned program
 
     @property
     def name(self) -> str:
@@ -99,15 +112,21 @@ class Search(Sweep):
             counts[p.why] += 1
         return counts
 
+    @property
+    def partitioned_only(self) -> int:
+        """Variants pruned as MEMORY after partitioning alone (counted in counts()[MEMORY])."""
+        return sum(p.partitioned for p in self.pruned)
+
     def table(self) -> str:
         counts = self.counts()
         total = sum(counts.values())
         head = (f"searched {total} variants in {self.wall_seconds:.1f} s: {counts['planned']} "
                 f"planned in full; pruned {counts[SHAPE]} whose arguments do not split as "
                 f"their shardings say, {counts[MEMORY]} whose least peak (arguments, "
-                "activations their scans keep, matmul results) exceeds a device's HBM, "
-                f"{counts[TIME]} whose matmuls alone (their FLOPs at the peak rate, their "
-                "bytes at the HBM's bandwidth) cannot beat the best plan found")
+                "activations their scans keep, matmul results) exceeds a device's HBM "
+                f"({self.partitioned_only} of them once partitioned), {counts[TIME]} whose "
+                "matmuls alone (their FLOPs at the peak rate, their bytes at the HBM's "
+                "bandwidth) cannot beat the best plan found")
         return "\n\n".join([head, super().table(), pruned_table(self.pruned)])
 
 
@@ -433,11 +452,11 @@ def search(build: Callable[..., tuple[Any, Sequence[Any]]], layouts: Iterable[La
            ) -> Search:
     """Plan every layout (and combination of `params`) of `build` as jax_trn2.plan.sweep
     does, but prune first what cannot fit (its least peak, arguments and the activations
-    its scans keep, exceeds a device's HBM) or cannot
-    win (its least compute time is no less than the best plan found so far), and what
-    cannot be split (its arguments' shapes over its shardings): see the module's
-    docstring. Returns a Search: the table of the plans made in full, `pruned` and
-    `counts()`."""
+    its scans keep, exceeds a device's HBM: from the jaxpr, then, in the worker, from the
+    partitioned program before it is lowered) or cannot win (its least compute time is no
+    less than the best plan found so far), and what cannot be split (its arguments' shapes
+    over its shardings): see the module's docstring. Returns a Search: the table of the
+    plans made in full, `pruned`, `counts()` and `partitioned_only`."""
     jobs = variants(layouts, params)
     check_figures(tokens_per_step, train_tokens, price_per_chip_hour)
     report = _progress_printer if progress is True else progress or None
@@ -478,16 +497,60 @@ def search(build: Callable[..., tuple[Any, Sequence[Any]]], layouts: Iterable[La
                                         "for as many tokens", bounds[job] * (tokens or 1)))
         return True
 
+    def handled() -> int:  # survivors planned, or pruned once partitioned
+        return len(plans) + sum(p.partitioned for p in pruned)
+
     def done(job: Variant, outcome: tuple) -> None:
+        answer, seconds = outcome[0], outcome[2]
+        if isinstance(answer, TooLarge):
+            pruned.append(Pruned(job, MEMORY, answer.reason, answer.least_bytes,
+                                 partitioned=True))
+            if report is _progress_printer:  # (a caller's own report takes plans only)
+                print(f"[{handled()}/{len(survivors)}] {pruned[-1].name} on "
+                      f"{answer.topology}: pruned, {answer.reason} ({seconds:.1f} s)",
+                      file=sys.stderr, flush=True)
+            return
         plans.append(plan_of(job, outcome, tokens_per_step, model_flops))
         if report is not None:
-            report(len(plans), len(survivors), plans[-1])
+            report(handled(), len(survivors), plans[-1])
 
     count = plan_jobs(functools.partial(build_variant, build), survivors, workers, done,
-                      skip=skip)
+                      skip=skip, estimator=estimate_if_it_may_fit)
     return Search(plans, pruned, train_tokens=train_tokens,
                   price_per_chip_hour=price_per_chip_hour,
                   wall_seconds=time.perf_counter() - started, workers=count)
+
+
+@dataclass(frozen=True)
+class TooLarge:
+    """A worker's answer for a step whose partitioned program cannot fit a device's HBM:
+    its least peak (least_resident_bytes), not planned further."""
+
+    least_bytes: int
+    hbm_bytes: int
+    topology: str  # the machine's name
+
+    @property
+    def reason(self) -> str:
+        return (f"partitioned, its arguments with what its loops hold (a scan's stacked "
+                f"activations, as split) take at least {bytes_text(self.least_bytes)} per "
+                f"device, over a device's {bytes_text(self.hbm_bytes)}")
+
+
+def estimate_if_it_may_fit(jitted: Any, args: Sequence[Any], topology: Topology
+                           ) -> StepEstimate | TooLarge:
+    """jax_trn2.plan.estimate of `jitted` on `args`, unless the least peak of the program
+    XLA's SPMD partitioner makes of it (least_resident_bytes, read before it is lowered)
+    exceeds a device's HBM on `topology`: then a TooLarge, the step never lowered,
+    scheduled or costed. A program that is not partitioned is estimated."""
+    traced = jitted.trace(*args)
+    partitioned = lowering.partitioned_module(traced.stablehlo())
+    if partitioned is not None:
+        least = least_resident_bytes(partitioned)
+        if least > topology.device.hbm_bytes:
+            made_for = jitted.options.topology or topology  # (None: the mesh's machine)
+            return TooLarge(least, topology.device.hbm_bytes, made_for.name)
+    return estimate_lowered(traced.lower(), topology)
 
 
 def _trace_key(job: Variant) -> tuple:

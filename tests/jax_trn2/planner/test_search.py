@@ -8,8 +8,10 @@ import jax.numpy as jnp
 import pytest
 
 import jax_trn2
+import lowering
 from jax_trn2 import plan
 from jax_trn2.planner.layout import Layout, grid
+from jax_trn2.planner.resident import least_resident_bytes
 from jax_trn2.planner.search import (MEMORY, SHAPE, TIME, Matmul, argument_bytes,
                                      compute_seconds, matmul_flops, matmul_work, memory_floor,
                                      memory_lower_bound)
@@ -295,3 +297,97 @@ def test_a_search_prunes_by_the_activations_it_must_keep(scanned_space):
         assert not truth.fits and truth.estimate.peak_bytes >= pruned.bound > HBM
     assert searched.best.layout == full.best.layout
     assert searched.best.step_seconds == full.best.step_seconds
+
+
+# A Megatron MLP stack (w1 splits its mlp units over tp, w2 sums them back: the partitioner
+# all-reduces each layer's output, so the activations a scan stacks for the backward pass
+# are split over the batch axes only, never over tp).
+MLP_LAYERS, MLP_TOKENS, MLP_WIDTH = 8, 2 ** 20, 8192  # each layer's input: bf16, 16 GiB
+
+
+def mlp_stack(w1, w2, x, remat=False):
+    def layer(h, w):
+        up, down = (v.astype(jnp.bfloat16) for v in w)
+        return h + jnp.tanh(h @ up) @ down, None
+
+    def loss(ws):
+        h, _ = jax.lax.scan(jax.checkpoint(layer) if remat else layer, x, ws)
+        return h.astype(jnp.float32).sum()
+    g1, g2 = jax.grad(loss)((w1, w2))
+    return w1 - 1e-3 * g1, w2 - 1e-3 * g2
+
+
+def build_mlp_stack(layout, width=MLP_WIDTH):
+    mesh = layout.make_mesh()
+    up = layout.sharding(mesh, None, "embed", "mlp")
+    down = layout.sharding(mesh, None, "mlp", "embed")
+    step = jax_trn2.jit(functools.partial(mlp_stack, remat=layout.remat is not None),
+                        in_shardings=(up, down, layout.sharding(mesh, "batch", None)),
+                        out_shardings=(up, down), donate_argnums=(0, 1),
+                        topology=layout.topology)
+    w = jax.ShapeDtypeStruct((MLP_LAYERS, width, width // 4), jnp.float32)
+    return step, (w, jax.ShapeDtypeStruct(w.shape[:1] + w.shape[:0:-1], jnp.float32),
+                  jax.ShapeDtypeStruct((MLP_TOKENS, width), jnp.bfloat16))
+
+
+def partitioned_bound(jitted, args):
+    """least_resident_bytes of the step's per-device program."""
+    return least_resident_bytes(lowering.partitioned_module(jitted.trace(*args).stablehlo()))
+
+
+@pytest.fixture(scope="module")
+def mlp_space():
+    """Every dp x fsdp x tp of 16 chips, remat off and on, of the MLP stack, in full."""
+    layouts = grid(16, remats=(None, "full"), topologies=(TOPOLOGY,))
+    return layouts, plan.sweep(build_mlp_stack, layouts, workers=1, progress=False)
+
+
+def test_the_partitioned_bound_is_a_lower_bound_of_the_full_plans(mlp_space, scanned_space):
+    """Over every layout of both scanned steps, remat off and on: never above the planned
+    peak, and above the jaxpr's floor (which splits the stacked activations over every
+    device) wherever tp leaves the activations whole."""
+    tighter = 0
+    for builder, (_, full, *_) in ((build_mlp_stack, mlp_space),
+                                   (build_scanned, scanned_space)):
+        planned = [p for p in full if p.ok]
+        assert len(planned) >= 10
+        for p in planned:
+            jitted, args = builder(p.layout)
+            least = partitioned_bound(jitted, args)
+            assert argument_bytes(p.layout, jitted, args) <= least <= p.estimate.peak_bytes, \
+                p.name
+            tighter += least > memory_lower_bound(p.layout, jitted, args)
+    assert tighter >= 8
+
+
+def test_the_partitioned_bound_counts_the_stacked_layer_inputs_split_over_the_batch():
+    """With remat each layer keeps its input h alone: bf16[TOKENS, WIDTH] per layer, split
+    over dp x fsdp and not over tp; beside the weights, their gradients (f32) and x."""
+    h = MLP_LAYERS * MLP_TOKENS * MLP_WIDTH * 2
+    for kw, batch_split in ((dict(tp=16), 1), (dict(fsdp=4, tp=4), 4), (dict(dp=2, tp=8), 2)):
+        layout = Layout.of(topology=TOPOLOGY, remat="full", **kw)
+        jitted, args = build_mlp_stack(layout)
+        least = partitioned_bound(jitted, args)
+        assert least >= h // batch_split, layout.name
+        assert memory_lower_bound(layout, jitted, args) < h // batch_split  # the jaxpr's
+    # tp=16: 128 GiB of stacked inputs per chip, though 8 GiB split over all 16
+    assert h > HBM > h // 16
+
+
+def test_a_search_prunes_after_partitioning_what_cannot_fit_without_planning_it(mlp_space):
+    """tp 16 (and tp 8 x dp 2, ...) cannot fit: the layer inputs the scan keeps are split
+    over the batch axes only. The jaxpr's floor cannot see it; the worker partitions the
+    step, reads their per-device size and prunes it there, never lowering it."""
+    layouts, full = mlp_space
+    searched = plan.search(build_mlp_stack, layouts, workers=1)
+    by_layout = {p.layout: p for p in full}
+    planned = {p.layout for p in searched}
+    after = [p for p in searched.pruned if p.partitioned]
+    assert "tp 16, remat full" in {p.variant.layout.name for p in after}
+    for pruned in after:
+        truth = by_layout[pruned.variant.layout]
+        assert pruned.why == MEMORY and pruned.variant.layout not in planned
+        assert not truth.fits and truth.estimate.peak_bytes >= pruned.bound > HBM
+    assert searched.best.layout == full.best.layout
+    assert searched.best.step_seconds == full.best.step_seconds
+    assert f"({len(after)} of them once partitioned)" in str(searched)
