@@ -293,7 +293,9 @@ PROGRAMS = [
 # runs). guidellm's "synchronous" row: one request at a time.
 MOE_SERVED = " Leaves out the server's own time (measured at the client through vLLM)."
 MOE_DECODE = ("models the attention weights and the padded cache streamed from HBM, the "
-              "router, ")
+              "router, the experts as NxD's ExpertMLPsV2 runs them (fused gate and up "
+              "weights; selective loading a Python loop over the rows, every expert a "
+              "Python loop adding each expert's outputs into the result): ")
 MOE_PREFILL = ("models the 4,096-position prompt through sequence-parallel attention (fused "
                "kernel), the router, NxD's blockwise experts: the (token, expert) pairs "
                "in N = ceil((T*k - (E-1))/512) + E - 1 blocks of 512 rows, one "
@@ -305,13 +307,14 @@ MOE_TORCH_LOOP = ("Hidden size 2048 is outside the blockwise NKI kernel's 4096-8
                   "runs its torch fallback (torch_blockwise_matmul_inference): the 191 blocks "
                   "one after another, each gathering its 512 rows, its expert's weights "
                   "(by index) and its rows' routing weights, and writing its rows of the "
-                  "output back (gather, add, scatter): ~110 instructions a block, ~70 of "
-                  "them small index arithmetic (torch-xla wraps every index tensor: add, "
+                  "output back (gather, add, scatter): about a hundred instructions a "
+                  "block, most of them small index arithmetic (torch-xla wraps every index "
+                  "tensor: add, "
                   "compare, select) that each pay the DMA's fixed cost; how much of it the "
                   "Neuron compiler fuses is not modelled. ")
-MOE_KERNEL = ("Hidden size 4096 is in the blockwise NKI kernel's range: the blocks as one "
-              "grouped matmul (jax.lax.ragged_dot), the pairs scattered into them and "
-              "gathered back. ")
+MOE_KERNEL = ("The hidden size is in the blockwise NKI kernel's range (4096-8192): the "
+              "blocks as one grouped matmul (jax.lax.ragged_dot), the pairs scattered into "
+              "them and gathered back. ")
 MOE = [
     Case("Qwen3-30B-A3B inter-token latency", "validation",
          "trn2.3xlarge (1 chip, TP4) BF16, compiled for batch 16 and 4,096 tokens, one "
@@ -319,7 +322,8 @@ MOE = [
          f"{OPTIMUM}/qwen3-30B-A3B-trn2 (commit b0a576eb)",
          decode(moe.QWEN_3_30B_A3B, 4, 16, 4096, moe),
          MOE_DECODE + "every expert over the 16 rows (16 x 8 / 128 = 1 reaches NxD's "
-         "selective-loading threshold): all 128 experts' weights read each layer." + MOE_SERVED),
+         "selective-loading threshold): all 128 experts' weights read each layer, their "
+         "outputs added one expert after another." + MOE_SERVED),
     Case("Qwen3-30B-A3B TTFT", "validation",
          "trn2.3xlarge (1 chip, TP4) BF16, prompt padded to the 4,096-token graph", 1546.75e-3,
          f"{OPTIMUM}/qwen3-30B-A3B-trn2 (commit b0a576eb)",
@@ -330,8 +334,9 @@ MOE = [
          "request at a time; optimum-neuron + guidellm", 32.18e-3,
          f"{OPTIMUM}/qwen3-235B-A22B-trn2 (commit 5996de0f)",
          decode(moe.QWEN_3_235B_A22B, 64, 4, 4096, moe),
-         MOE_DECODE + "selective loading (4 x 8 / 128 < 1): each row's 8 experts' weights "
-         "gathered and applied to it, 32 experts' weights read each layer." + MOE_SERVED),
+         MOE_DECODE + "selective loading (4 x 8 / 128 < 1): one row after another, its 8 "
+         "experts' weights gathered and applied to it, 32 experts' weights read each "
+         "layer." + MOE_SERVED),
     Case("Qwen3-235B-A22B TTFT", "validation",
          "trn2.48xlarge (16 chips, TP64) BF16, prompt padded to the 4,096-token graph",
          4587.15e-3, f"{OPTIMUM}/qwen3-235B-A22B-trn2 (commit 5996de0f)",
@@ -342,6 +347,36 @@ MOE = [
          "blocks read N experts' weights where the grouped matmul reads each once; the gate "
          "and up weights 96 bytes a partition), the output rows read, added and written "
          "back." + MOE_SERVED),
+    # Llama 4 in optimum-neuron (modeling_llama4.py at 5996de0f): NxD's ExpertMLPsV2 with a
+    # sigmoid router, early affinity modulation and a fused shared expert; hidden size 5120,
+    # in the blockwise NKI kernel's range.
+    Case("Llama-4-Scout inter-token latency", "validation",
+         "trn2.48xlarge (16 chips, TP64) BF16, compiled for batch 32 and 4,096 tokens, one "
+         "request at a time; optimum-neuron + guidellm", 32.764e-3,
+         f"{OPTIMUM}/llama4-Scout-trn2 (commit 5996de0f)",
+         decode(moe.LLAMA_4_SCOUT, 64, 32, 4096, moe),
+         MOE_DECODE + "every expert over the 32 rows (32 x 1 / 16 >= 1): all 16 experts' "
+         "weights read each layer, with the shared expert's; 40 query heads padded to 64 "
+         "as NxD pads them." + MOE_SERVED),
+    Case("Llama-4-Scout TTFT", "validation",
+         "trn2.48xlarge (16 chips, TP64) BF16, prompt padded to the 4,096-token graph",
+         575.03e-3, f"{OPTIMUM}/llama4-Scout-trn2 (commit 5996de0f)",
+         prefill(moe.LLAMA_4_SCOUT, 64, 4096, moe),
+         MOE_PREFILL + MOE_KERNEL + "The kernel's own schedule is not modelled (see the "
+         "Qwen3-235B-A22B row)." + MOE_SERVED),
+    Case("Llama-4-Maverick inter-token latency", "validation",
+         "trn2.48xlarge (16 chips, TP64) BF16, compiled for batch 8 and 4,096 tokens, one "
+         "request at a time; optimum-neuron + guidellm", 16.941e-3,
+         f"{OPTIMUM}/llama4-Maverick-trn2 (commit 5996de0f)",
+         decode(moe.LLAMA_4_MAVERICK, 64, 8, 4096, moe),
+         MOE_DECODE + "selective loading (8 x 1 / 128 < 1) in the 24 MoE layers, the 24 "
+         "dense layers between them as llama's." + MOE_SERVED),
+    Case("Llama-4-Maverick TTFT", "validation",
+         "trn2.48xlarge (16 chips, TP64) BF16, prompt padded to the 4,096-token graph",
+         1713.82e-3, f"{OPTIMUM}/llama4-Maverick-trn2 (commit 5996de0f)",
+         prefill(moe.LLAMA_4_MAVERICK, 64, 4096, moe),
+         MOE_PREFILL + MOE_KERNEL + "The kernel's own schedule is not modelled (see the "
+         "Qwen3-235B-A22B row)." + MOE_SERVED),
 ]
 
 CASES = COLLECTIVES + ENGINES + PROGRAMS + MOE

@@ -72,7 +72,7 @@ class Split:
 
     def __post_init__(self) -> None:
         c = self.config
-        for name, n in (("heads", c.heads), ("d_ff", c.d_ff), ("vocab", c.vocab)):
+        for name, n in (("d_ff", c.d_ff), ("vocab", c.vocab)):
             if n % self.chips:
                 raise ValueError(f"{name}={n} does not split over {self.chips} chips")
         if max(c.kv_heads, self.chips) % min(c.kv_heads, self.chips):
@@ -81,7 +81,10 @@ class Split:
 
     @property
     def heads(self) -> int:
-        return self.config.heads // self.chips
+        """Query heads per chip: the heads padded with zero heads to a multiple of the chips
+        when they do not split evenly, as NxD Inference pads them (attention/gqa.py,
+        get_shardable_head_counts: Llama 4's 40 heads run as 64 at TP64)."""
+        return -(-self.config.heads // self.chips)
 
     @property
     def kv_heads(self) -> int:
@@ -95,10 +98,10 @@ def _weights(split: Split, *, stacked: bool = True) -> dict[str, jax.ShapeDtypeS
     c, n = split.config, split.chips
     dt = jnp.dtype(c.dtype)
     layer = {
-        "wq": (c.d_model, c.heads * c.head_dim),
+        "wq": (c.d_model, n * split.heads * c.head_dim),
         "wk": (c.d_model, n * split.kv_heads * c.head_dim),
         "wv": (c.d_model, n * split.kv_heads * c.head_dim),
-        "wo": (c.heads * c.head_dim, c.d_model),
+        "wo": (n * split.heads * c.head_dim, c.d_model),
         "w1": (c.d_model, c.d_ff), "w3": (c.d_model, c.d_ff), "w2": (c.d_ff, c.d_model),
         "norm1": (c.d_model,), "norm2": (c.d_model,),
     }
@@ -171,7 +174,11 @@ def _next_token(x_last, weights):
     return jnp.take_along_axis(tokens, jnp.argmax(bests, axis=0)[None], axis=0)[0]
 
 
-def _decode_body(split: Split, weights, cache_k, cache_v, tokens, position, mlp=_mlp):
+def _decode_body(split: Split, weights, cache_k, cache_v, tokens, position, mlp=_mlp,
+                 scan=jax.lax.scan):
+    """One decode step; `scan(layer, carry, stacked)` runs the layers over the stacked
+    weights (a model whose layers differ runs them in groups: moe.py), `layer(carry, w,
+    mlp=...)` one layer with its MLP."""
     c = split.config
     x = weights["embed"][tokens]  # [B, d]
     batch = x.shape[0]
@@ -179,7 +186,7 @@ def _decode_body(split: Split, weights, cache_k, cache_v, tokens, position, mlp=
     visible = jnp.arange(cache_k.shape[2]) <= position  # the cache bucket, masked
     rotation = _rotation(position[None], c)
 
-    def layer(carry, w):
+    def layer(carry, w, mlp=mlp):
         x, index, cache_k, cache_v = carry  # the caches carried: updated in place
         h = _rms_norm(x, w["norm1"])[:, None]  # [B, 1, d]: one new position
         q, k = _queries_and_keys(split, h, w, rotation)
@@ -198,11 +205,13 @@ def _decode_body(split: Split, weights, cache_k, cache_v, tokens, position, mlp=
         return (x, index + 1, cache_k, cache_v), None
 
     stacked = {k: v for k, v in weights.items() if k not in ("embed", "head", "norm")}
-    (x, _, cache_k, cache_v), _ = jax.lax.scan(layer, (x, 0, cache_k, cache_v), stacked)
+    (x, _, cache_k, cache_v), _ = scan(layer, (x, 0, cache_k, cache_v), stacked)
     return _next_token(x, weights), cache_k, cache_v
 
 
-def _prefill_body(split: Split, weights, tokens, mlp=_mlp):
+def _prefill_body(split: Split, weights, tokens, mlp=_mlp, scan=jax.lax.scan):
+    """The prefill; `scan` and `layer` as _decode_body's (`layer(x, w, mlp=...)` returns the
+    layer's keys and values beside x)."""
     c = split.config
     x = weights["embed"][tokens]  # [B, T/chips, d]: this chip's part of the sequence
     batch = x.shape[0]
@@ -214,7 +223,7 @@ def _prefill_body(split: Split, weights, tokens, mlp=_mlp):
     def scattered(y):  # the block's sums, each chip keeping its part of the sequence
         return jax.lax.psum_scatter(y, TP, scatter_dimension=1, tiled=True)
 
-    def layer(x, w):
+    def layer(x, w, mlp=mlp):
         h = gathered(_rms_norm(x, w["norm1"]))
         length = h.shape[1]
         q, k = _queries_and_keys(split, h, w, rotation)
@@ -225,7 +234,7 @@ def _prefill_body(split: Split, weights, tokens, mlp=_mlp):
         return x, (k, v)
 
     stacked = {k: v for k, v in weights.items() if k not in ("embed", "head", "norm")}
-    x, (cache_k, cache_v) = jax.lax.scan(layer, x, stacked)
+    x, (cache_k, cache_v) = scan(layer, x, stacked)
     last = gathered(x)[:, -1]
     return _next_token(last, weights), cache_k, cache_v
 

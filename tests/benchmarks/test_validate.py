@@ -112,38 +112,93 @@ def test_blocks_are_laid_out_as_nxd_documents():
 @pytest.mark.parametrize("d_model, loops", [(64, 1), (4096, 0)],
                          ids=["torch fallback", "NKI kernel"])
 def test_a_prefill_outside_the_kernels_hidden_sizes_runs_the_blocks_in_a_loop(d_model, loops):
-    """NxD's torch fallback: one loop over the N = 8 blocks; the kernel's: no loop, three
-    grouped matmuls."""
+    """NxD's torch fallback: one loop over the N = 8 blocks; the kernel's: no loop, two
+    grouped matmuls (the fused gate and up projections, the down projection)."""
     c = dataclasses.replace(TOY_MOE, d_model=d_model)
     x = jax.ShapeDtypeStruct((256, d_model), jnp.float32)
     w = {"router": jax.ShapeDtypeStruct((d_model, c.experts), jnp.float32),
-         "w1": jax.ShapeDtypeStruct((c.experts, d_model, c.d_ff), jnp.float32),
-         "w3": jax.ShapeDtypeStruct((c.experts, d_model, c.d_ff), jnp.float32),
-         "w2": jax.ShapeDtypeStruct((c.experts, c.d_ff, d_model), jnp.float32)}
+         "gate_up": jax.ShapeDtypeStruct((c.experts, d_model, 2, c.d_ff), jnp.float32),
+         "down": jax.ShapeDtypeStruct((c.experts, c.d_ff, d_model), jnp.float32)}
     text = str(jax.make_jaxpr(partial(validate.moe.experts_mlp, c, False))(x, w))
     assert text.count("scan[") == loops  # jax's fori_loop of a known trip count
-    assert text.count("ragged_dot_general[") == 3 * (1 - loops)
+    assert text.count("ragged_dot_general[") == 2 * (1 - loops)
 
 
+# Llama 4's MoE at toy sizes: sigmoid routing of the top 1, inputs weighted before the
+# expert (early affinity modulation), a shared expert beside the routed ones.
+TOY_LLAMA_4 = dataclasses.replace(TOY_MOE, top_k=1, router="sigmoid", early_affinity=True,
+                                  shared_d_ff=16)
+
+
+def swiglu_mlp(x, w1, w3, w2):
+    gate_proj, up = x @ w1, x @ w3
+    return (gate_proj / (1 + np.exp(-gate_proj)) * up) @ w2
+
+
+def routed_by_hand(c, x_t, logits_t):
+    """(expert, its weight, the expert's input) of each of a token's top k, as Qwen3-MoE
+    (softmax, renormalized, outputs weighted) or Llama 4 (sigmoid, inputs weighted)
+    route it."""
+    chosen = np.argsort(-logits_t)[:c.top_k]
+    if c.router == "sigmoid":
+        gates = 1 / (1 + np.exp(-logits_t[chosen]))
+    else:
+        gates = np.exp(logits_t[chosen] - logits_t[chosen].max())
+        gates = gates / gates.sum()
+    return [(e, g, g * x_t if c.early_affinity else x_t) for e, g in zip(chosen, gates)]
+
+
+@pytest.mark.parametrize("config", [TOY_MOE, TOY_LLAMA_4], ids=["Qwen3-MoE", "Llama 4"])
 @pytest.mark.parametrize("tokens, generating, d_model",
                          [(256, False, 64), (256, False, 4096), (4, True, 64), (2, True, 64)],
                          ids=["blockwise torch fallback", "blockwise kernel", "all experts",
                               "selective loading"])
-def test_moe_layer_equals_each_token_through_its_top_k_experts(tokens, generating, d_model,
-                                                               rng):
-    c = dataclasses.replace(TOY_MOE, d_model=d_model)
+def test_moe_layer_equals_each_token_through_its_top_k_experts(config, tokens, generating,
+                                                               d_model, rng):
+    c = dataclasses.replace(config, d_model=d_model)
+    if c.top_k == 1 and tokens == 256:  # 256 x 1 rows: at least one 512-row block
+        tokens = 512
     x = rng.standard_normal((tokens, c.d_model)).astype(np.float32)
     w = {"router": rng.standard_normal((c.d_model, c.experts)).astype(np.float32),
-         "w1": rng.standard_normal((c.experts, c.d_model, c.d_ff)).astype(np.float32) / 8,
-         "w3": rng.standard_normal((c.experts, c.d_model, c.d_ff)).astype(np.float32) / 8,
-         "w2": rng.standard_normal((c.experts, c.d_ff, c.d_model)).astype(np.float32) / 6}
+         "gate_up": rng.standard_normal((c.experts, c.d_model, 2, c.d_ff)).astype(np.float32) / 8,
+         "down": rng.standard_normal((c.experts, c.d_ff, c.d_model)).astype(np.float32) / 6}
+    if c.shared_d_ff:
+        w.update(shared_w1=rng.standard_normal((c.d_model, c.shared_d_ff)).astype(np.float32) / 8,
+                 shared_w3=rng.standard_normal((c.d_model, c.shared_d_ff)).astype(np.float32) / 8,
+                 shared_w2=rng.standard_normal((c.shared_d_ff, c.d_model)).astype(np.float32) / 4)
     got = jax.jit(partial(validate.moe.experts_mlp, c, generating))(x, w)
     logits = x @ w["router"]
     want = np.zeros_like(x)
     for t in range(tokens):
-        chosen = np.argsort(-logits[t])[:c.top_k]
-        gates = np.exp(logits[t, chosen] - logits[t, chosen].max())
-        for e, gate in zip(chosen, gates / gates.sum()):
-            gate_proj, up = x[t] @ w["w1"][e], x[t] @ w["w3"][e]
-            want[t] += gate * ((gate_proj / (1 + np.exp(-gate_proj)) * up) @ w["w2"][e])
+        for e, gate, x_in in routed_by_hand(c, x[t], logits[t]):
+            y = swiglu_mlp(x_in, w["gate_up"][e, :, 0], w["gate_up"][e, :, 1], w["down"][e])
+            want[t] += y if c.early_affinity else gate * y
+        if c.shared_d_ff:
+            want[t] += swiglu_mlp(x[t], w["shared_w1"], w["shared_w3"], w["shared_w2"])
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_llama_4_maverick_interleaves_dense_and_moe_layers():
+    """Maverick's 48 layers: 24 dense (intermediate 16,384) and 24 MoE, each of 128 routed
+    experts and a shared one; 40 query heads padded to 64 at TP64 as NxD pads them; 400B
+    parameters, Scout 108B (the text models of the published 400B and 109B)."""
+    c = validate.moe.LLAMA_4_MAVERICK
+    weights = validate.moe._weights(llama.Split(c, 64))
+    assert weights["dense_w1"].shape == (24, 5120, 16384)
+    assert weights["gate_up"].shape == (24, 128, 5120, 2, 8192)
+    assert weights["shared_w2"].shape == (24, 8192, 5120)
+    assert weights["wq"].shape == (48, 5120, 64 * 128)
+    assert round(c.param_count() / 1e9) == 401
+    assert round(validate.moe.LLAMA_4_SCOUT.param_count() / 1e9) == 108
+
+
+def test_an_interleaved_moe_decoder_runs_on_trn2_as_on_cpu_jax(rng):
+    """Groups of a dense and an MoE layer (Llama 4 Maverick's pattern) at toy sizes, 3
+    query heads padded to 4 over 2 chips: prefill and decode as on CPU JAX."""
+    c = dataclasses.replace(TOY_LLAMA_4, layers=4, heads=3, kv_heads=1, moe_every=2,
+                            dense_d_ff=48)
+    split = llama.Split(c, 2)
+    args = random_arguments(validate.moe.prefill_args(split, 1, 1024), rng, c.vocab)
+    compare_with_cpu(partial(validate.moe.prefill_function, split), args, *meshes())
+    args = random_arguments(validate.moe.decode_args(split, 4, 512), rng, c.vocab)
+    compare_with_cpu(partial(validate.moe.decode_function, split), args, *meshes())
