@@ -1,27 +1,33 @@
-"""Mixture-of-experts decoders (Qwen3-MoE) as NxD Inference serves them on Trainium2:
-llama.py's decoder (attention, norms, KV cache, tensor-parallel layout, sequence-parallel
-prefill) with each layer's MLP replaced by routed experts.
+"""Mixture-of-experts decoders (Qwen3-MoE, Llama 4) as NxD Inference serves them on
+Trainium2: llama.py's decoder (attention, norms, KV cache, tensor-parallel layout,
+sequence-parallel prefill) with the MLP of each MoE layer replaced by routed experts (and a
+shared expert, and dense layers between the MoE ones, where the model has them).
 
 The experts run as NxD's ExpertMLPsV2 runs them with its default BlockwiseMatmulConfig and
 no expert parallelism (neuronx-distributed 0.15, Neuron SDK 2.26,
 src/neuronx_distributed/modules/moe/expert_mlps_v2.py, ExpertMLPsV2.forward; optimum-neuron
-builds Qwen3-MoE's experts with ExpertMLPs, a subclass with the same forward):
-- every expert's intermediate dimension split over the tensor-parallel chips, the router
-  replicated, the layer's partial sums added over the chips (psum) as a dense MLP's are;
-- the router: softmax over all experts in FP32, the top k, renormalized to sum to 1
-  (normalize_top_k_affinities; Qwen3's norm_topk_prob);
+builds Qwen3-MoE's experts with ExpertMLPs, a subclass with the same forward, and Llama 4's
+with ExpertMLPsV2):
+- every expert's intermediate dimension split over the tensor-parallel chips, its gate and
+  up projections in one weight, the router replicated, the layer's partial sums added over
+  the chips (psum) as a dense MLP's are;
+- the router as `Moe.router` says (Qwen3: softmax, the top k renormalized; Llama 4: the
+  sigmoid of the top 1's logit, which scales the expert's input);
 - with T tokens, top k and E experts, "load" = T * k / E (the selective-loading threshold,
   DEFAULT_SELECTIVE_LOADING_THRESHOLD, is 1.0):
-  - load < 1 (a decode step of a small batch): selective loading, each token's k experts'
-    weights gathered and applied to it alone;
+  - load < 1 (a decode step of a small batch): selective loading, one token after another
+    (NxD's Python loop), each token's k experts' weights gathered and applied to it alone;
   - decode with load >= 1, or a prefill with T * k below the block size: every expert over
-    every token, combined with the routing weights (zero for experts not chosen);
+    every token, the experts' outputs added into the result one expert after another
+    (NxD's Python loop), each weighted by the routing weights (zero for experts not chosen);
   - a prefill otherwise: blockwise, the (token, expert) pairs sorted by expert into
     N = ceil((T*k - (E-1)) / B) + E - 1 blocks of B = 512 rows (DEFAULT_BLOCK_SIZE), each
     expert's rows padded to whole blocks, the blocks' rows through their expert's MLP.
     With a hidden size the blockwise NKI kernel accepts (4096-8192) a `jax.lax.ragged_dot`
     over the N * B rows with each expert's group its blocks; with any other, NxD's torch
     fallback: a loop over the blocks, one after another (`blockwise_kernel_accepts`).
+    The kernel's own schedule (its blocks one after another, each loading its rows and its
+    expert's weights) is not modelled.
 
 Only shapes matter for planning: `decode_args` and `prefill_args` give
 jax.ShapeDtypeStructs, as llama.py's do.
