@@ -1,11 +1,15 @@
 """Reductions over local dims (the Vector engine's reduce).
 
 Narrow floats are widened to FP32, reduced, combined with the init value and rounded once
-to the output type; XLA's reduction order (pairwise, vectorised) is used within a chip.
+to the output type. A float sum or product is taken in a fixed pairwise tree along each
+reduced dim (`pairwise`), so a chip's result does not depend on how many chips one executor
+device computes: XLA:CPU's own reduce sums in another order where it keeps 1 or 2 rows than
+where it keeps 4 or more.
 """
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 from jax import lax
 
 from mesh import isa, numerics
@@ -26,6 +30,10 @@ MONOIDS = {
     "or": (lax.reduce_or, lax.bitwise_or),
     "xor": (lax.reduce_xor, lax.bitwise_xor),
 }
+# The combiners whose float result depends on the order of the elements (their rounding),
+# with their exact identities: x + -0 is x for every x, +0 and -0 included (x + +0 is not).
+IDENTITIES = {"add": lambda dtype: jnp.array(-0.0, dtype),
+              "multiply": lambda dtype: jnp.array(1, dtype)}
 
 
 @kernel(isa.Reduce)
@@ -39,11 +47,35 @@ def reduce(instr: isa.Reduce, args, ctx: KernelContext):
 
 
 def _monoid_reduce(instr, x, init, axes, ctx):
-    whole, combine = MONOIDS[boolean_equivalent(instr.combiner, x.dtype)]
+    op = boolean_equivalent(instr.combiner, x.dtype)
+    whole, combine = MONOIDS[op]
     out_dtype = ctx.out_info(instr).type.dtype
-    reduced = whole(numerics.widen(x), axes)
+    if op in IDENTITIES and jnp.issubdtype(x.dtype, jnp.inexact) and 0 not in x.shape:
+        reduced = pairwise(x, axes, op)
+    else:  # exact in any order (integers, bools, max, min), or empty (the identity)
+        reduced = whole(numerics.widen(x), axes)
     init = numerics.widen(init).reshape(init.shape[:ctx.nm] + (1,) * (reduced.ndim - ctx.nm))
     return numerics.round_to(combine(reduced, init), out_dtype, ctx.rounding)
+
+
+def pairwise(x: jnp.ndarray, axes: tuple[int, ...], op: str) -> jnp.ndarray:
+    """x combined by `op` (a key of IDENTITIES) along `axes` (dropped) in a fixed order,
+    in x's compute type: along each axis in turn, padded with op's identity to a power of
+    two, the second half combined into the first until one element is left. Each step is
+    an elementwise combine of two slices, so every element of the result is computed in the
+    same order whatever the sizes of the other dims."""
+    combine = MONOIDS[op][1]
+    for axis in axes:
+        n = x.shape[axis]
+        p = 1 << (n - 1).bit_length()  # the smallest power of two from n
+        padding = [(0, 0, 0)] * x.ndim
+        padding[axis] = (0, p - n, 0)
+        x = lax.pad(x, IDENTITIES[op](x.dtype), padding)
+        while p > 1:
+            p //= 2  # (each half widened: a narrow x is converted as it is read)
+            x = combine(numerics.widen(lax.slice_in_dim(x, 0, p, axis=axis)),
+                        numerics.widen(lax.slice_in_dim(x, p, 2 * p, axis=axis)))
+    return lax.squeeze(numerics.widen(x), axes)
 
 
 def _general_reduce(instr, operands, inits, axes, ctx):

@@ -165,3 +165,28 @@ def test_devices_that_divide_no_mesh_axis_compute_whole_chips():
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "bit-identical over 3 devices" in result.stdout
+
+
+@pytest.mark.parametrize("chip_shape", [(32, 32), (1, 1024), (2, 32, 32)])
+def test_a_chip_sums_in_the_same_order_however_many_chips_a_device_holds(chip_shape):
+    """Each chip of an (8,) mesh sums its own values over all but its first dim; over 4 or
+    8 executor devices a device holds 1 or 2 chips, over 1 device all 8. XLA:CPU's own
+    reduce sums in another order where it keeps 1 or 2 rows than 4 or more: the simulator's
+    reduce orders the sum itself."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+
+    import jax_trn2
+
+    mesh = jax_trn2.make_mesh((8,), ("x",))
+    dims = tuple(range(1, len(chip_shape)))
+    f = jax.shard_map(lambda a: jnp.sum(a, axis=dims), mesh=mesh, in_specs=P("x"),
+                      out_specs=P("x"))
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((8 * chip_shape[0],) + chip_shape[1:]).astype(np.float32)
+    one = np.asarray(jax_trn2.jit(f, executor_devices=jax.devices()[:1])(x))
+    for devices in (2, 4, 8):
+        split = np.asarray(jax_trn2.jit(f, executor_devices=jax.devices()[:devices])(x))
+        assert np.array_equal(split.view(np.uint32), one.view(np.uint32)), devices
