@@ -25,10 +25,12 @@ The model (sources in brackets; what is assumed is marked "assumed"):
   widen BF16/FP16/FP8 inputs to FP32, compute in FP32 and round once to the output type
   [NKI docs: the engines compute in FP32 internally]. Assumed: FP32 transcendentals are as
   accurate as XLA's CPU implementations.
-- Reductions on one chip (mesh.isa.kernels.reduction) accumulate in FP32 in the order of XLA's
-  CPU reduce (vectorised partial sums; XLA does not specify it) and round once to the output
-  type. Assumed: the Vector engine's own order is not documented; any order keeps the bound
-  above with h = K - 1.
+- Reductions on one chip (mesh.isa.kernels.reduction) accumulate in FP32 and round once to
+  the output type; a float sum or product is taken in a fixed pairwise tree along each
+  reduced dim (padded to a power of two with the exact identity; element i combined with
+  i + half, halving until one is left), so it does not depend on how the chips are split
+  over executor devices. Assumed: the Vector engine's own order is not documented; the
+  tree keeps the bound above with h = ceil(log2 K) per reduced dim.
 - Collectives (mesh.isa.kernels.collectives) accumulate on the collective engines in FP32, but
   each partial result travels between chips in the operand's type, so it is rounded to that
   type after every addition. The order is that of the algorithm: a ring reduces each chunk
