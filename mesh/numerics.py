@@ -26,11 +26,14 @@ The model (sources in brackets; what is assumed is marked "assumed"):
   [NKI docs: the engines compute in FP32 internally]. Assumed: FP32 transcendentals are as
   accurate as XLA's CPU implementations.
 - Reductions on one chip (mesh.isa.kernels.reduction) accumulate in FP32 and round once to
-  the output type; a float sum or product is taken in a fixed pairwise tree along each
-  reduced dim (padded to a power of two with the exact identity; element i combined with
-  i + half, halving until one is left), so it does not depend on how the chips are split
-  over executor devices. Assumed: the Vector engine's own order is not documented; the
-  tree keeps the bound above with h = ceil(log2 K) per reduced dim.
+  the output type; a float sum or product is taken along each reduced dim (lowest first)
+  in a fixed order, as a SIMD engine would: the K elements go to L = max(8, the smallest
+  power of two from K / 32) lanes (element k to lane k mod L), each lane combines its
+  ceil(K / L) <= 32 elements one after another, then lane i is combined with lane i + L/2,
+  halving until one is left. So it does not depend on how the chips are split over
+  executor devices. Assumed: the Vector engine's own order is not documented; this one
+  keeps the bound above with h = ceil(K / L) - 1 + log2 L per reduced dim (at most
+  31 + log2 L: 38 for K = 4096, where one sequence would have K - 1).
 - Collectives (mesh.isa.kernels.collectives) accumulate on the collective engines in FP32, but
   each partial result travels between chips in the operand's type, so it is rounded to that
   type after every addition. The order is that of the algorithm: a ring reduces each chunk

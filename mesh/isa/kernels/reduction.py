@@ -1,10 +1,11 @@
 """Reductions over local dims (the Vector engine's reduce).
 
 Narrow floats are widened to FP32, reduced, combined with the init value and rounded once
-to the output type. A float sum or product is taken in a fixed pairwise tree along each
-reduced dim (`pairwise`), so a chip's result does not depend on how many chips one executor
-device computes: XLA:CPU's own reduce sums in another order where it keeps 1 or 2 rows than
-where it keeps 4 or more.
+to the output type. A float sum or product is taken in a fixed order along each reduced
+dim, as a SIMD engine would: lanes that each add up to 32 elements one after another, then a
+pairwise tree across the lanes (`in_fixed_order`). So a chip's result does not depend on how
+many chips one executor device computes: XLA:CPU's own reduce sums in an order that changes
+with the sizes of the kept dims (with 1 or 2 rows other than with 4 or more).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ MONOIDS = {
 # with their exact identities: x + -0 is x for every x, +0 and -0 included (x + +0 is not).
 IDENTITIES = {"add": lambda dtype: jnp.array(-0.0, dtype),
               "multiply": lambda dtype: jnp.array(1, dtype)}
+# The order of a float sum or product (`_along_lanes`): at least 8 lanes, each combining at
+# most 32 elements in sequence (each of the 32 steps is an op of its own in the program).
+MIN_LANES = 8
+MAX_RUN = 32
 
 
 @kernel(isa.Reduce)
@@ -51,31 +56,47 @@ def _monoid_reduce(instr, x, init, axes, ctx):
     whole, combine = MONOIDS[op]
     out_dtype = ctx.out_info(instr).type.dtype
     if op in IDENTITIES and jnp.issubdtype(x.dtype, jnp.inexact) and 0 not in x.shape:
-        reduced = pairwise(x, axes, op)
+        reduced = in_fixed_order(x, axes, op)
     else:  # exact in any order (integers, bools, max, min), or empty (the identity)
         reduced = whole(numerics.widen(x), axes)
     init = numerics.widen(init).reshape(init.shape[:ctx.nm] + (1,) * (reduced.ndim - ctx.nm))
     return numerics.round_to(combine(reduced, init), out_dtype, ctx.rounding)
 
 
-def pairwise(x: jnp.ndarray, axes: tuple[int, ...], op: str) -> jnp.ndarray:
-    """x combined by `op` (a key of IDENTITIES) along `axes` (dropped) in a fixed order,
-    in x's compute type: along each axis in turn, padded with op's identity to a power of
-    two, the second half combined into the first until one element is left. Each step is
-    an elementwise combine of two slices, so every element of the result is computed in the
-    same order whatever the sizes of the other dims."""
+def in_fixed_order(x: jnp.ndarray, axes: tuple[int, ...], op: str) -> jnp.ndarray:
+    """x combined by `op` (a key of IDENTITIES) along `axes` (dropped) in x's compute type
+    (FP32 for narrow floats), in an order fixed by the reduced dims' sizes alone: one
+    reduced dim after another, lowest first, each as `_along_lanes` says. The order does not
+    depend on the sizes of the other dims, so neither on how many chips an executor device
+    computes."""
+    x = numerics.widen(x)  # (XLA widens a narrow x in full ahead of the slices either way)
+    for axis in sorted(axes):
+        x = _along_lanes(x, axis, op)
+    return lax.squeeze(x, axes)
+
+
+def _along_lanes(x: jnp.ndarray, axis: int, op: str) -> jnp.ndarray:
+    """x combined along `axis` (kept, size 1) like a SIMD engine: element k of the n goes to
+    lane k % L of L = max(8, the smallest power of two from n / 32) lanes; each lane
+    combines its (at most 32) elements one after another; then lane i is combined with lane
+    i + L/2, halving until one is left. Each step is an elementwise combine of slices, which
+    XLA keeps in order; its own reduce does not (XLA:CPU's order changes with the sizes of
+    the kept dims, even along a dim of 32)."""
     combine = MONOIDS[op][1]
-    for axis in axes:
-        n = x.shape[axis]
-        p = 1 << (n - 1).bit_length()  # the smallest power of two from n
+    n = x.shape[axis]
+    lanes = max(MIN_LANES, 1 << (-(-n // MAX_RUN) - 1).bit_length())
+    acc = None
+    for start in range(0, n, lanes):  # the runs of `lanes` elements, the last padded
+        run = lax.slice_in_dim(x, start, min(start + lanes, n), axis=axis)
         padding = [(0, 0, 0)] * x.ndim
-        padding[axis] = (0, p - n, 0)
-        x = lax.pad(x, IDENTITIES[op](x.dtype), padding)
-        while p > 1:
-            p //= 2  # (each half widened: a narrow x is converted as it is read)
-            x = combine(numerics.widen(lax.slice_in_dim(x, 0, p, axis=axis)),
-                        numerics.widen(lax.slice_in_dim(x, p, 2 * p, axis=axis)))
-    return lax.squeeze(numerics.widen(x), axes)
+        padding[axis] = (0, lanes - run.shape[axis], 0)
+        run = lax.pad(run, IDENTITIES[op](x.dtype), padding)
+        acc = run if acc is None else combine(acc, run)
+    while lanes > 1:
+        lanes //= 2
+        acc = combine(lax.slice_in_dim(acc, 0, lanes, axis=axis),
+                      lax.slice_in_dim(acc, lanes, 2 * lanes, axis=axis))
+    return acc
 
 
 def _general_reduce(instr, operands, inits, axes, ctx):

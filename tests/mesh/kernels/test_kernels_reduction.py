@@ -2,6 +2,7 @@
 floats widened to FP32, reduced, combined with the init value and rounded once."""
 
 import ml_dtypes
+import pytest
 import numpy as np
 from kernel_harness import run_kernel
 
@@ -36,3 +37,47 @@ def test_add_of_bools_is_or():
     init = np.array([False])
     (out,) = run_kernel(reduce((1,), "add"), [x, init], [((2,), "bool", set())], {"x": 1})
     np.testing.assert_array_equal(out, [[True, False]])
+
+
+def lanes_then_tree(values):
+    """The documented order of a float sum along one dim, in NumPy FP32: element k to lane
+    k % L of L = max(8, the smallest power of two from K / 32) lanes, each lane summed in
+    sequence, then lane i added to lane i + L/2 until one is left."""
+    k = len(values)
+    lanes = max(8, 1 << (-(-k // 32) - 1).bit_length())
+    acc = np.full(lanes, -0.0, np.float32)
+    for i, v in enumerate(values.astype(np.float32)):
+        acc[i % lanes] = acc[i % lanes] + v
+    while lanes > 1:
+        lanes //= 2
+        acc = acc[:lanes] + acc[lanes:2 * lanes]
+    return acc[0]
+
+
+@pytest.mark.parametrize("width", [7, 1000, 4096])
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_a_float_sum_is_taken_in_lanes_then_a_tree(width, dtype):
+    """Each of 3 chips' 5 rows of wide-ranging values summed along the row: the same bits
+    as the documented order (XLA's own reduce, or a tree over all K, differ)."""
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((3, 5, width)) * 2.0 ** rng.integers(-20, 20, (3, 5, width)))
+    x = x.astype(dtype)
+    init = np.zeros((1,), np.float32)
+    (out,) = run_kernel(reduce((1,), "add"), [x, init],
+                        [((5,), "float32", {0})], {"x": 3})
+    want = np.array([[lanes_then_tree(row) for row in chip] for chip in x], np.float32)
+    np.testing.assert_array_equal(np.asarray(out).view(np.uint32), want.view(np.uint32))
+
+
+def test_a_sum_over_two_dims_takes_the_lower_dim_first():
+    """[40, 50] per chip summed over both dims: each column in lanes-then-tree order, then
+    the 50 column sums the same way."""
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((2, 40, 50)) * 2.0 ** rng.integers(-20, 20, (2, 40, 50)))
+    x = x.astype(np.float32)
+    init = np.zeros((1,), np.float32)
+    (out,) = run_kernel(reduce((0, 1), "add"), [x, init], [((), "float32", {0})], {"x": 2})
+    want = np.array([lanes_then_tree(np.array([lanes_then_tree(col) for col in chip.T]))
+                     for chip in x], np.float32)
+    np.testing.assert_array_equal(np.asarray(out).reshape(-1).view(np.uint32),
+                                  want.view(np.uint32))
