@@ -167,7 +167,7 @@ def test_devices_that_divide_no_mesh_axis_compute_whole_chips():
     assert "bit-identical over 3 devices" in result.stdout
 
 
-@pytest.mark.parametrize("chip_shape", [(32, 32), (1, 1024), (2, 32, 32)])
+@pytest.mark.parametrize("chip_shape", [(32, 32), (1, 1024), (2, 32, 32), (3, 1000)])
 def test_a_chip_sums_in_the_same_order_however_many_chips_a_device_holds(chip_shape):
     """Each chip of an (8,) mesh sums its own values over all but its first dim; over 4 or
     8 executor devices a device holds 1 or 2 chips, over 1 device all 8. XLA:CPU's own
