@@ -1,4 +1,5 @@
-"""Helpers for kernels that work chip by chip: broadcasting and vmapping over mesh dims."""
+"""Helpers for kernels that work chip by chip: broadcasting and vmapping over mesh dims, and
+splitting a custom call over the executor devices."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, PartitionSpec
 
 
 def broadcast_mesh(args: Sequence[jnp.ndarray], nm: int) -> list[jnp.ndarray]:
@@ -44,3 +46,18 @@ def _layout(r: jnp.ndarray, varying: list[bool]) -> tuple[int, ...]:
     it = iter(r.shape)
     mesh = tuple(next(it) if v else 1 for v in varying)
     return mesh + tuple(it)
+
+
+def on_executor_devices(fn: Callable[[jax.Array], jax.Array], x: jax.Array, nm: int,
+                        executor: Mesh | None) -> jax.Array:
+    """fn(x), an array whose leading `nm` dims are x's mesh dims, computed by the executor
+    devices (`executor`, KernelContext.executor: None for one) each on its slice of x along
+    the first mesh dim they divide (jax.shard_map), for a custom call: XLA's partitioner
+    cannot split one, and would gather x to every device for all of it. Where they divide
+    no mesh dim of x, every device computes all of fn(x)."""
+    devices = 1 if executor is None else executor.size
+    axis = next((a for a in range(nm) if devices > 1 and x.shape[a] % devices == 0), None)
+    if axis is None:
+        return fn(x)
+    split = PartitionSpec(*("executor" if d == axis else None for d in range(nm)))
+    return jax.shard_map(fn, mesh=executor, in_specs=split, out_specs=split)(x)

@@ -1,16 +1,20 @@
-"""The native pass loop (pass_matmul.cc, built by `pip install`): a matmul's passes summed
-and accumulated in the order of the executor's XLA loop (mesh.isa.kernels.matmul), one tile
-of the result at a time in registers and L1 rather than one whole pass product at a time in
-memory.
+"""The native kernels (built by `pip install`): the pass loop (pass_matmul.cc), a
+matmul's passes summed and accumulated in the order of the executor's XLA loop
+(mesh.isa.kernels.matmul), one tile of the result at a time in registers and L1 rather than
+one whole pass product at a time in memory; and the reduce's float sums and products in
+their fixed order (fixed_order_reduce.cc, mesh.isa.kernels.reduction), reading a BF16
+operand as it is, where XLA:CPU would first copy all of it to FP32.
 
-It is an XLA FFI custom call on the CPU, registered with jax when this module is imported
+Each is an XLA FFI custom call on the CPU, registered with jax when this module is imported
 (so that an executable that calls it can run however it was made: traced here, or read
-from a compilation cache made on another host). It takes BF16 and FP32 operands (`runs`)
-and writes FP32 sums or their rounding to BF16 (`OUT_DTYPES`), on any CPU, and gives the
-same bits on every one: its AVX-512 code where the CPU has the instructions (`avx512`),
-else a portable path of the same operations in the same order.
-The results depend on it (the executor's XLA loop sums in other orders), so importing this
-module without the built library is an error rather than a fallback.
+from a compilation cache made on another host). The pass loop takes BF16 and FP32 operands
+(`runs`) and writes FP32 sums or their rounding to BF16 (`OUT_DTYPES`), on any CPU, and
+gives the same bits on every one: its AVX-512 code where the CPU has the instructions
+(`avx512`), else a portable path of the same operations in the same order. The reduce takes
+BF16 and FP32 operands (`reduces`) and writes FP32, its operations the same in any vector
+width the CPU has.
+The results depend on them (the executor's XLA loop sums in other orders), so importing this
+module without the built libraries is an error rather than a fallback.
 """
 
 from __future__ import annotations
@@ -25,29 +29,33 @@ import jax.numpy as jnp
 import numpy as np
 
 TARGET = "jax_trn2_pass_matmul"
+REDUCE_TARGET = "jax_trn2_fixed_order_reduce"
 HOST_DTYPES = (jnp.bfloat16, jnp.float32)
 OUT_DTYPES = (jnp.float32, jnp.bfloat16)  # the sums, or the sums rounded to nearest even
 
 
-def _load() -> ctypes.CDLL:
-    """The built library, registered with jax."""
+def _load(stem: str, symbol: str, target: str) -> ctypes.CDLL:
+    """The built library `stem` (of mesh/isa/kernels/{stem without its _}.cc), its FFI
+    handler `symbol` registered with jax as `target`."""
     here = os.path.dirname(os.path.abspath(__file__))
-    paths = [os.path.join(here, "_pass_matmul" + suffix)
+    source = f"mesh/isa/kernels/{stem.lstrip('_')}.cc"
+    paths = [os.path.join(here, stem + suffix)
              for suffix in importlib.machinery.EXTENSION_SUFFIXES]
     for path in filter(os.path.exists, paths):
         try:
             library = ctypes.CDLL(path)
         except OSError as error:
-            raise ImportError(f"the native matmul pass loop {path} does not load ({error}); "
+            raise ImportError(f"the native kernel {path} does not load ({error}); "
                               "rebuild it: pip install -e . in the repository") from error
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.PassMatmul),
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)),
                                     platform="cpu")
         return library
-    raise ImportError(f"the native matmul pass loop (mesh/isa/kernels/pass_matmul.cc) is not "
-                      f"built in {here}: build it with pip install -e . in the repository")
+    raise ImportError(f"the native kernel {source} is not built in {here}: build it with "
+                      "pip install -e . in the repository")
 
 
-_LIBRARY = _load()
+_LIBRARY = _load("_pass_matmul", "PassMatmul", TARGET)
+_load("_fixed_order_reduce", "FixedOrderReduce", REDUCE_TARGET)
 
 
 # The columns of one tile of the result (pass_matmul.cc's kTileCols): a part of a result
@@ -155,3 +163,23 @@ def pass_matmul(lhs: jax.Array, rhs: jax.Array, pass_size: int, lhs_at: Sequence
     with jax.enable_x64(True):  # offsets of arrays of 2^31 elements or more
         tables = [jnp.asarray(t, jnp.int64) for t in (*lhs_at, *rhs_at, *out_at)]
     return call(lhs, rhs, *tables, pass_size=np.int64(pass_size), portable=bool(portable))
+
+
+def reduces(dtype) -> bool:
+    """Whether the native reduce (fixed_order_reduce) takes operands of `dtype`."""
+    return jnp.dtype(dtype) in HOST_DTYPES
+
+
+def fixed_order_reduce(x: jax.Array, axis: int, product: bool = False) -> jax.Array:
+    """x (BF16 or FP32) summed (or multiplied, `product`) along `axis`, which the result
+    drops, in FP32 in the reduce's fixed order (traceable, for CPU executor devices only):
+    element k of the n along it to lane k % L of L = max(8, the smallest power of two from
+    n / 32) lanes, each lane combined in sequence, then lane i with lane i + L/2 until one
+    is left (mesh.isa.kernels.reduction.in_fixed_order)."""
+    if not reduces(x.dtype):
+        raise ValueError(f"fixed_order_reduce: a BF16 or FP32 operand, not {x.dtype}")
+    shape = tuple(x.shape)
+    out = jax.ShapeDtypeStruct(shape[:axis] + shape[axis + 1:], jnp.float32)
+    return jax.ffi.ffi_call(REDUCE_TARGET, out)(
+        x, outer=np.int64(np.prod(shape[:axis], dtype=np.int64)), n=np.int64(shape[axis]),
+        inner=np.int64(np.prod(shape[axis + 1:], dtype=np.int64)), product=bool(product))

@@ -40,11 +40,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
-#include <functional>
 #include <memory>
-#include <thread>
 #include <vector>
 
+#include "parallel_for.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -418,30 +417,6 @@ void AdviseHugePages(void* data, int64_t bytes) {
   (void)data;
   (void)bytes;
 #endif
-}
-
-// Runs fn(0) .. fn(count - 1) on the calling thread and the FFI's intra-op thread pool. The
-// caller takes items too, so it never waits on a task that has not started; a task that
-// starts after the last item was taken does nothing (the state outlives the call).
-void ParallelFor(ffi::ThreadPool& pool, int64_t count, const std::function<void(int64_t)>& fn) {
-  struct State {
-    std::atomic<int64_t> next{0}, done{0};
-    const std::function<void(int64_t)>* fn;
-    int64_t count;
-    void Work() {
-      for (int64_t i; (i = next.fetch_add(1)) < count;) {
-        (*fn)(i);
-        done.fetch_add(1, std::memory_order_release);
-      }
-    }
-  };
-  auto state = std::make_shared<State>();
-  state->fn = &fn;
-  state->count = count;
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), count - 1);
-  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([state] { state->Work(); });
-  state->Work();
-  while (state->done.load(std::memory_order_acquire) < count) std::this_thread::yield();
 }
 
 // Packed rhs panels, at a cache line's alignment: a vector load of a panel then never

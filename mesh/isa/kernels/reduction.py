@@ -5,7 +5,11 @@ to the output type. A float sum or product is taken in a fixed order along each 
 dim, as a SIMD engine would: lanes that each add up to 32 elements one after another, then a
 pairwise tree across the lanes (`in_fixed_order`). So a chip's result does not depend on how
 many chips one executor device computes: XLA:CPU's own reduce sums in an order that changes
-with the sizes of the kept dims (with 1 or 2 rows other than with 4 or more).
+with the sizes of the kept dims (with 1 or 2 rows other than with 4 or more). On CPU
+executor devices the native kernel (mesh.isa.kernels.native.fixed_order_reduce) takes these
+steps, reading a BF16 operand as it is; elsewhere (and for FP64 or complex operands) XLA
+does, as elementwise combines of slices (`_along_lanes`), the same operations in the same
+order.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from jax import lax
 from mesh import isa, numerics
 from mesh.isa.kernels.registry import kernel
 from mesh.isa.kernels.context import KernelContext
-from mesh.isa.kernels.devices import broadcast_mesh
+from mesh.isa.kernels import native
+from mesh.isa.kernels.devices import broadcast_mesh, on_executor_devices
 from mesh.isa.kernels.elementwise import boolean_equivalent
 from mesh.isa.kernels.sub_byte import from_bytes, to_bytes
 
@@ -56,19 +61,28 @@ def _monoid_reduce(instr, x, init, axes, ctx):
     whole, combine = MONOIDS[op]
     out_dtype = ctx.out_info(instr).type.dtype
     if op in IDENTITIES and jnp.issubdtype(x.dtype, jnp.inexact) and 0 not in x.shape:
-        reduced = in_fixed_order(x, axes, op)
+        reduced = in_fixed_order(x, axes, op, ctx)
     else:  # exact in any order (integers, bools, max, min), or empty (the identity)
         reduced = whole(numerics.widen(x), axes)
     init = numerics.widen(init).reshape(init.shape[:ctx.nm] + (1,) * (reduced.ndim - ctx.nm))
     return numerics.round_to(combine(reduced, init), out_dtype, ctx.rounding)
 
 
-def in_fixed_order(x: jnp.ndarray, axes: tuple[int, ...], op: str) -> jnp.ndarray:
+def in_fixed_order(x: jnp.ndarray, axes: tuple[int, ...], op: str,
+                   ctx: KernelContext) -> jnp.ndarray:
     """x combined by `op` (a key of IDENTITIES) along `axes` (dropped) in x's compute type
     (FP32 for narrow floats), in an order fixed by the reduced dims' sizes alone: one
     reduced dim after another, lowest first, each as `_along_lanes` says. The order does not
     depend on the sizes of the other dims, so neither on how many chips an executor device
-    computes."""
+    computes. In the native kernel on CPU executor devices (`ctx.on_cpu`) where it takes
+    the operand (BF16 as it is, other narrow floats widened to FP32), else in XLA."""
+    operand = x if native.reduces(x.dtype) else numerics.widen(x)
+    if ctx.on_cpu and native.reduces(operand.dtype):
+        def along_each(x):  # (each pass drops its dim: the later ones move down by one)
+            for done, axis in enumerate(sorted(axes)):
+                x = native.fixed_order_reduce(x, axis - done, product=op == "multiply")
+            return x
+        return on_executor_devices(along_each, operand, ctx.nm, ctx.executor)
     x = numerics.widen(x)  # (XLA widens a narrow x in full ahead of the slices either way)
     for axis in sorted(axes):
         x = _along_lanes(x, axis, op)
