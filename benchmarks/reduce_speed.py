@@ -2,8 +2,9 @@
 
     python benchmarks/reduce_speed.py TREE_A TREE_B [REPEATS]
 
-TREE_A and TREE_B are checkouts of this repository (say `git archive main | tar -x -C
-/tmp/old`). For each case (a float sum of BF16 or FP32 operands over the minor dim, a
+TREE_A and TREE_B are checkouts of this repository with their native kernels built (say
+`git archive main | tar -x -C /tmp/old`, then `pip install -e /tmp/old` or a copy of the
+built .so files). For each case (a float sum of BF16 or FP32 operands over the minor dim, a
 non-minor dim or several, at the sizes of a training step's reductions), each tree's
 `mesh.isa.kernels.reduction.reduce` runs as one jax.jit-compiled kernel on one chip, in a
 subprocess of its own; the trees take turns, REPEATS (default 3) times each, and the table
@@ -74,7 +75,9 @@ def time_case(tree: str, shape: tuple[int, ...], dims: tuple[int, ...], dtype: s
 
 
 def time_in_subprocess(tree: str, shape, dims, dtype) -> tuple[float, str]:
-    code = (f"import json, sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); "
+    """time_case of TREE in a fresh Python process, TREE alone on its import path."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (f"import json, sys; sys.path.insert(0, {here!r}); "
             f"import reduce_speed; print(json.dumps(reduce_speed.time_case("
             f"{tree!r}, {shape!r}, {dims!r}, {dtype!r})))")
     env = dict(os.environ, PYTHONPATH=tree)
