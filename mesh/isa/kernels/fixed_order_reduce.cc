@@ -37,7 +37,7 @@ constexpr int64_t kItemElements = 1 << 16;
 
 // The loops in the widest vectors the CPU has (each element's operations are the same in
 // any width)
-#if defined(__x86_64__)
+#if defined(__x86_64__) && defined(__linux__)  // (clones are picked by an ifunc)
 #define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define VECTOR_CLONES
@@ -82,8 +82,8 @@ ALWAYS_INLINE void Tree(float* acc, int64_t lanes, int64_t width) {
 // `column`, `width` columns (kWidth where it is known when compiled: then in registers, else
 // at most kStrip), combined one row after another into lane[0 .. width).
 template <typename T, bool kProduct, int64_t kWidth>
-ALWAYS_INLINE void CombineLane(const T* slab, int64_t l, int64_t lanes, int64_t n, int64_t inner,
-                        int64_t column, int64_t width, float* lane) {
+ALWAYS_INLINE void CombineLane(const T* slab, int64_t l, int64_t lanes, int64_t n,
+                               int64_t inner, int64_t column, int64_t width, float* lane) {
   const int64_t w = kWidth ? kWidth : width;
   float r[kWidth ? kWidth : kStrip];
   const T* first = slab + l * inner + column;
