@@ -10,6 +10,16 @@ replicated over keeps each device's own, as on XLA), else of the global array. T
 one storage (handles.Whole): the next program that takes all of them takes its global
 array as it is (assembled from the chips' pieces then, once), without comparing; an
 argument assembled from pieces put on the devices separately is assembled once.
+
+A program over the devices of several jax.distributed processes runs as one simulation over
+one CPU device of each: process p computes a block of the chips (those of its own devices,
+where the devices of each process are a block of the mesh, as jax.make_mesh lays out
+jax.devices("trn2")). No process holds an argument or a result whole unless its chips need
+it whole: it gives the simulation the parts of each argument its chips read, made from its
+own devices' pieces (an argument its devices do not hold those parts of is moved between
+the processes first, and made whole), and the simulation leaves each result split so that
+each process's part holds its own devices' pieces (whole on each where every process needs
+it whole: a replicated result), of which their buffers are views.
 """
 
 from __future__ import annotations
@@ -252,14 +262,15 @@ class Executable:
                     data = _data(piece)
                     held[_key(regions[d], shape)] = (common, regions[d],
                                                      data.reshape((1,) * partials + data.shape))
-            (common, region, data), *more = held.values()
-            if not more and sharding.region_size(common, shape) == \
+            blocks = list(held.values())
+            if len(blocks) == 1 and sharding.region_size(blocks[0][0], shape) == \
                     sharding.region_size(part, shape):  # the part lies in one block
+                common, region, data = blocks[0]
                 block = data[sharding.relative(common, region, shape)]
             else:
                 block = np.empty([stop - start for start, stop in sharding.bounds(part, shape)],
-                                 data.dtype)
-                for common, region, data in held.values():
+                                 _data(next(iter(by_device.values()))).dtype)
+                for common, region, data in blocks:
                     block[sharding.relative(common, part, shape)] = \
                         data[sharding.relative(common, region, shape)]
             with jax.enable_x64(True):  # a 64-bit argument keeps its type

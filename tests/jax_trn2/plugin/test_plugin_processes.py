@@ -132,6 +132,16 @@ HELD = MACHINE + START.format(devices=4, recoverable=False) + SETUP + textwrap.d
     whole = multihost_utils.process_allgather(y, tiled=True)
     expected = arange((slice(None), slice(None))) * 2 + 1
     print("equal", whole.dtype == expected.dtype and np.array_equal(whole, expected), flush=True)
+
+    # a mesh whose rows each hold devices of both processes: a process's devices lack the
+    # part its chips read, so the argument's pieces move first, and the result is whole
+    mixed = jax.make_mesh((2, 4), ("x", "y"), devices=[trn2[i] for i in (0, 4, 1, 5, 2, 6, 3, 7)],
+                          axis_types=(AxisType.Auto,) * 2)
+    blocks = NamedSharding(mixed, P("x", "y"))
+    a = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
+    z = jax.jit(lambda a: a * 2 + 1, out_shardings=blocks)(jax.device_put(a, blocks))
+    print("mixed", np.array_equal(multihost_utils.process_allgather(z, tiled=True), a * 2 + 1),
+          flush=True)
     jax.distributed.shutdown()
 """)
 
@@ -183,10 +193,10 @@ def test_each_process_holds_only_its_own_devices_pieces_of_a_result():
     for process, (code, out, err) in enumerate(run_job(HELD, 2, timeout=120)):
         assert code == 0, err[-3000:]
         found = {line.split()[0]: line.split()[1:] for line in out.splitlines()
-                 if line.startswith(("held", "devices", "equal"))}
+                 if line.startswith(("held", "devices", "equal", "mixed"))}
         held, whole = map(int, found["held"])
         print(f"process {process} holds {held / 2**20:.0f} MiB more after the call; "
               f"the whole result is {whole / 2**20:.0f} MiB")
         assert held <= whole * 3 // 4, (process, held, whole)  # its half, and some slack
         assert found["devices"] == [str(d) for d in range(4 * process, 4 * process + 4)]
-        assert found["equal"] == ["True"]
+        assert found["equal"] == found["mixed"] == ["True"]
