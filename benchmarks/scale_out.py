@@ -3,12 +3,17 @@ localhost, gloo CPU collectives): wall time, peak host memory and where the time
 
     python benchmarks/scale_out.py                  # the table, over 1, 2 and 4 processes
     python benchmarks/scale_out.py --processes 2    # one job only
+    python benchmarks/scale_out.py --door plugin    # plain jax.jit on the trn2 devices
 
 Each process has one CPU device; `jax_trn2.jit(step, executor_devices=jax.devices())`
 splits the simulation (its leading mesh axis, the simulated chips) over the devices of all
-processes, and XLA:CPU runs each process's share, joined by gloo. The step: a two-layer
-MLP, BF16, data-parallel over 16 and tensor-parallel over 16 chips of trn2-ultracluster-4
-(4 UltraServers, 256 chips), auto-partitioned by XLA from NamedShardings.
+processes, and XLA:CPU runs each process's share, joined by gloo. With `--door plugin`,
+plain jax.jit runs the step on a mesh of jax.devices("trn2") (the plugin's, split over
+the processes in blocks), each process passing and getting back its own devices' shards,
+and the plugin runs the simulation over the processes' CPU devices the same way. The step:
+a two-layer MLP, BF16, data-parallel over 16 and tensor-parallel over 16 chips of
+trn2-ultracluster-4 (4 UltraServers, 256 chips), auto-partitioned by XLA from
+NamedShardings.
 
 Per process: the first call (trace, lower, compile, run), the median step time of the
 calls after it, peak resident memory (ru_maxrss), and, from a jax.profiler trace of one
@@ -42,8 +47,10 @@ COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute",
                "reduce-scatter")
 
 
-def worker(process_id: int, port: str, processes: int) -> dict:
+def worker(process_id: int, port: str, processes: int, door: str) -> dict:
     """One process of a job: its measurements."""
+    if door == "plugin":  # the plugin's devices: the chips of the simulated machine
+        os.environ.update(JAX_TRN2_TOPOLOGY=TOPOLOGY)
     import jax
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.config.update("jax_num_cpu_devices", 1)
@@ -56,7 +63,14 @@ def worker(process_id: int, port: str, processes: int) -> dict:
     sys.path.insert(0, ROOT)
     import jax_trn2
 
-    mesh = jax_trn2.make_mesh(MESH_SHAPE, MESH_AXES, topology=TOPOLOGY)
+    if door == "plugin":
+        from jax.sharding import AxisType
+        trn2 = jax.devices("trn2")
+        assert len(trn2) == MESH_SHAPE[0] * MESH_SHAPE[1], trn2
+        mesh = jax.make_mesh(MESH_SHAPE, MESH_AXES, devices=trn2,
+                             axis_types=(AxisType.Auto,) * len(MESH_SHAPE))
+    else:
+        mesh = jax_trn2.make_mesh(MESH_SHAPE, MESH_AXES, topology=TOPOLOGY)
 
     def loss(params, x, y):
         h = jax.nn.relu(jnp.dot(x, params["w1"], preferred_element_type=jnp.float32))
@@ -70,14 +84,17 @@ def worker(process_id: int, port: str, processes: int) -> dict:
     weights = {"w1": NamedSharding(mesh, P(None, "model")),
                "w2": NamedSharding(mesh, P("model", None))}
     batch = NamedSharding(mesh, P("data"))
-    train = jax_trn2.jit(step, in_shardings=(weights, batch, batch),
-                         out_shardings=(weights, NamedSharding(mesh, P())),
-                         executor_devices=jax.devices())
+    shardings = dict(in_shardings=(weights, batch, batch),
+                     out_shardings=(weights, NamedSharding(mesh, P())))
+    train = jax.jit(step, **shardings) if door == "plugin" else \
+        jax_trn2.jit(step, **shardings, executor_devices=jax.devices("cpu"))
     rng = np.random.default_rng(0)
     params = {"w1": (rng.standard_normal((D_MODEL, D_HIDDEN)) * 0.02).astype(jnp.bfloat16),
               "w2": (rng.standard_normal((D_HIDDEN, D_MODEL)) * 0.02).astype(jnp.bfloat16)}
     x = rng.standard_normal((BATCH, D_MODEL)).astype(jnp.bfloat16)
     y = rng.standard_normal((BATCH, D_MODEL)).astype(np.float32)
+    if door == "plugin":  # each process puts its own devices' shards
+        params, x, y = jax.device_put((params, x, y), (weights, batch, batch))
 
     start = time.perf_counter()
     params, value = jax.block_until_ready(train(params, x, y))
@@ -123,11 +140,11 @@ def free_port() -> str:
         return str(s.getsockname()[1])
 
 
-def job(processes: int) -> list[dict]:
+def job(processes: int, door: str) -> list[dict]:
     """Run a job of `processes` processes on localhost; each one's measurements."""
     port = free_port()
     workers = [subprocess.Popen([sys.executable, __file__, "--worker", str(i), port,
-                                 str(processes)], stdout=subprocess.PIPE,
+                                 str(processes), door], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
                for i in range(processes)]
     results = []
@@ -156,18 +173,23 @@ def table(rows: list[tuple[int, list[dict]]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, nargs="*", default=[1, 2, 4])
-    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--door", choices=("jit", "plugin"), default="jit",
+                        help="jax_trn2.jit with executor_devices (default), or plain jax.jit "
+                             "on the plugin's trn2 devices")
+    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:  # one process of a job
-        process_id, port, processes = args.worker
-        print(json.dumps(worker(int(process_id), port, int(processes))), flush=True)
+        process_id, port, processes, door = args.worker
+        print(json.dumps(worker(int(process_id), port, int(processes), door)), flush=True)
     else:
         rows = []
         for processes in args.processes:
-            rows.append((processes, job(processes)))
+            rows.append((processes, job(processes, args.door)))
             print(f"{processes} process(es) done", file=sys.stderr, flush=True)
+        door = "jax.jit on the trn2 plugin" if args.door == "plugin" else \
+            "jax_trn2.jit(executor_devices=...)"
         print(f"{MESH_SHAPE[0] * MESH_SHAPE[1]} simulated chips ({TOPOLOGY}), MLP {BATCH}x"
-              f"{D_MODEL}x{D_HIDDEN} BF16, one CPU device per process; "
+              f"{D_MODEL}x{D_HIDDEN} BF16, {door}, one CPU device per process; "
               f"{os.cpu_count()} host cores")
         print(table(rows))
 

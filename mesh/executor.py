@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from mesh import dtypes, isa, numerics
-from mesh.sharding import PerChip
+from mesh.sharding import PerChip, Region, contains
 from mesh.isa.kernels import kernel_for
 from mesh.isa.kernels.context import KernelContext
 from mesh.isa.kernels.matmul import converts_native_matmul, result_is_gemm_output
@@ -217,7 +217,8 @@ def compile_program(program: isa.Program,
                     global_io: bool = False,
                     split_check: SplitGroupCheck | None = None,
                     workspace: Sequence[int] = (),
-                    chip_outputs: Sequence[int] = ()) -> Callable:
+                    chip_outputs: Sequence[int] = (),
+                    out_shardings: Sequence[NamedSharding] | None = None) -> Callable:
     """One jax.jit-compiled function of the program's input arrays (executor layout).
 
     With `global_io`, it takes each input as one array of the value's own shape, the same
@@ -255,6 +256,10 @@ def compile_program(program: isa.Program,
     returns as their chips' pieces, whole in the executor layout (with_chip_outputs;
     a `workspace` is then one of that program's), or, where one of PER_CHIP_MIN_BYTES or
     more is made so (on one device), as a list of one array per chip (PerChip.arrays).
+
+    `out_shardings` (over several `devices`): where the function leaves each output, in
+    place of split_over's (a caller that reads each device's part: split_covering).
+    With `global_io` over several devices it takes each input as read_sharding places it.
     """
     out_shapes = output_shapes(program, global_io, chip_outputs)
     program = with_chip_outputs(program, chip_outputs)
@@ -266,24 +271,28 @@ def compile_program(program: isa.Program,
     kept = dataclasses.replace(program, outputs=program.outputs + tuple(workspace)) \
         if workspace else program
 
-    def run(*args):
+    def run_placed(values):
         # StableHLO has 64-bit values even when the user's jax has no jax_enable_x64
         # (jax.random's u64 counters, RNG states): they keep their type in the executor.
         with jax.enable_x64(True):
-            values = [_whole_chips(_from_input(a, v, program), devices, program.mesh.rank)
-                      for a, v in zip(args, program.inputs, strict=True)]
             return run_program(kept, values, rounding.rounder(), split_check=split_check,
                                executor=executor, on_cpu=runs_on_cpu(devices),
                                per_chip=per_chip)
+
+    def run(*args):
+        with jax.enable_x64(True):
+            return run_placed([_whole_chips(_from_input(a, v, program), devices,
+                                            program.mesh.rank)
+                               for a, v in zip(args, program.inputs, strict=True)])
 
     def run_global(*args):
         origin = (0,) * program.mesh.rank
         inputs = args[:len(program.inputs)]  # a workspace after them is not read
         with jax.enable_x64(True):
-            layout = [jnp.broadcast_to(a.reshape((1,) * len(origin) + a.shape),
-                                       program.array_shape(v))
-                      for a, v in zip(inputs, program.inputs, strict=True)]
-            results = run(*layout)
+            layout = [_as_read(jnp.broadcast_to(_from_input(a, v, program).reshape(
+                (1,) * len(origin) + a.shape), program.array_shape(v)), program, i, devices)
+                      for i, (a, v) in enumerate(zip(inputs, program.inputs, strict=True))]
+            results = run_placed(layout)
             return [out.arrays if isinstance(out, PerChip) else out if i in chip_outputs
                     else out[origin]
                     for i, out in enumerate(results[:n_outputs])] + results[n_outputs:]
@@ -303,11 +312,11 @@ def compile_program(program: isa.Program,
                        donate_argnums=tuple(range(first, first + len(workspace))), **pinned)
     if devices is None or len(devices) == 1:
         return jax.jit(fun, compiler_options=EXACT_PRECISION, **pinned)
-    return jax.jit(fun, compiler_options=EXACT_PRECISION,
-                   in_shardings=tuple(split_over(devices, shape)
-                                      for shape in input_shapes(program, global_io)),
-                   out_shardings=[split_over(devices, shape)  # (a list, as `fun` returns)
-                                  for shape in out_shapes])
+    in_shardings = [read_sharding(program, i, devices) for i in range(len(program.inputs))] \
+        if global_io else [split_over(devices, shape) for shape in input_shapes(program, False)]
+    return jax.jit(fun, compiler_options=EXACT_PRECISION, in_shardings=tuple(in_shardings),
+                   out_shardings=list(out_shardings or  # (a list, as `fun` returns)
+                                      (split_over(devices, shape) for shape in out_shapes)))
 
 
 def _whole_chips(x: jnp.ndarray, devices: Sequence[jax.Device] | None,
@@ -320,6 +329,20 @@ def _whole_chips(x: jnp.ndarray, devices: Sequence[jax.Device] | None,
     if devices is None or len(devices) == 1:
         return x
     return jax.lax.with_sharding_constraint(x, split_over(devices, x.shape, mesh_rank))
+
+
+def _as_read(x: jnp.ndarray, program: isa.Program, position: int,
+             devices: Sequence[jax.Device] | None) -> jnp.ndarray:
+    """Input `position` in the executor layout (global_io), over several `devices` as
+    their chips read it (read_sharding): an input replicated over the mesh split along the
+    dim whose blocks the devices' chips read, else whole on each; one that varies (each
+    chip's own) split into whole chips (_whole_chips). Left to XLA, the first would be
+    gathered whole to every device."""
+    if devices is None or len(devices) == 1 or any(n > 1 for n in x.shape[:program.mesh.rank]):
+        return _whole_chips(x, devices, program.mesh.rank)
+    dim = _read_dim(program, program.inputs[position], devices)
+    return jax.lax.with_sharding_constraint(x, split_along(
+        devices, x.ndim, None if dim is None else program.mesh.rank + dim))
 
 
 def input_dtype(name: str, on_cpu: bool = True) -> np.dtype:
@@ -400,11 +423,69 @@ def split_over(devices: Sequence[jax.Device], shape: tuple[int, ...],
     whose size the device count divides (in the executor layout, a mesh axis: each device
     holds the chips of a block of the mesh), else replicated. Over the devices of several
     processes (under jax.distributed), each process holds its devices' shards of it."""
+    return split_along(devices, len(shape), next(iter(_splittable(devices, shape, within)),
+                                                 None))
+
+
+def split_along(devices: Sequence[jax.Device], ndim: int, axis: int | None) -> NamedSharding:
+    """An array of `ndim` dims over `devices`, split in equal blocks along `axis` (None:
+    replicated on each)."""
     mesh = Mesh(np.array(devices), ("executor",))  # (compile_program's `executor`)
-    spec = [None] * len(shape)
-    axis = next((i for i, n in enumerate(shape[:within]) if n > 1 and n % len(devices) == 0),
-                None)
-    if axis is not None:
-        spec[axis] = "executor"
-    return NamedSharding(mesh, PartitionSpec(*spec))
+    return NamedSharding(mesh, PartitionSpec(*("executor" if d == axis else None
+                                               for d in range(ndim))))
+
+
+def _splittable(devices: Sequence[jax.Device], shape: tuple[int, ...],
+                within: int | None = None) -> list[int]:
+    """The axes (of the first `within`) an array of `shape` splits along over `devices`
+    in equal blocks, first first."""
+    return [i for i, n in enumerate(shape[:within]) if n > 1 and n % len(devices) == 0]
+
+
+def split_covering(devices: Sequence[jax.Device], shape: tuple[int, ...],
+                   needs: Sequence[Sequence[Region]],
+                   within: int | None = None) -> NamedSharding:
+    """The sharding over `devices` of an array of `shape` whose shard on device k holds
+    every region of `needs[k]` (index slices into the array): split along the first axis
+    (of the first `within`) where that holds, else replicated (each device holds it
+    whole). A caller that reads each device's regions of a result from that device's
+    shard alone takes it so, and no device holds more of it than a block."""
+    for axis in _splittable(devices, shape, within):
+        sharding = split_along(devices, len(shape), axis)
+        held = sharding.devices_indices_map(shape)
+        if all(contains(held[device], region, shape)
+               for device, regions in zip(devices, needs) for region in regions):
+            return sharding
+    return split_along(devices, len(shape), None)
+
+
+def read_sharding(program: isa.Program, position: int,
+                  devices: Sequence[jax.Device]) -> NamedSharding:
+    """Where compile_program's function (global_io, over several `devices`) takes input
+    `position` of `program` (its own shape): each device the part its chips read. An input
+    whose only uses are Shards that split some dim first over the mesh axis the devices
+    split the chips along (split_over of the mesh) is split along that dim, so each device
+    takes the block of its chips' pieces; any other is replicated, as its chips read all of
+    it (or strided blocks of it). Over the devices of several processes, a process given
+    only its devices' blocks of such an input then needs no other process's."""
+    value = program.inputs[position]
+    shape = program.values[value].type.shape
+    return split_along(devices, len(shape), _read_dim(program, value, devices))
+
+
+def _read_dim(program: isa.Program, value: int, devices: Sequence[jax.Device]) -> int | None:
+    """The dim of input `value` whose blocks the devices' chips read one each (read_sharding),
+    or None."""
+    sizes = program.mesh.axis_sizes
+    axis = next(iter(_splittable(devices, tuple(sizes))), None)  # the devices' mesh axis
+    if axis is None or any(n > 1 for n in program.array_shape(value)[:len(sizes)]):
+        return None  # (a varying input is each chip's own: split_over places it)
+    users = [instr for instr in program.instructions if value in instr.ins]
+    if len(users) != value_uses(program)[value] or \
+            not all(isinstance(instr, isa.Shard) for instr in users):
+        return None  # read as a whole somewhere (by an op, a sub-program, as an output)
+    dims = {next((d for d, axes in enumerate(instr.dim_axes)
+                  if [a for a in axes if sizes[a] > 1][:1] == [axis]), None)
+            for instr in users}
+    return dims.pop() if len(dims) == 1 else None
 

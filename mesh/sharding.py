@@ -218,9 +218,59 @@ def pieces(array: np.ndarray, dim_axes: DimAxes, axis_sizes: Sequence[int]) -> l
     count = math.prod(axis_sizes)
     if not any(dim_axes):
         return [array] * count
-    local = local_shape(array.shape, dim_axes, axis_sizes)
-    return [array[_block_slices(coords, dim_axes, axis_sizes, local)]
+    return [array[region] for region in block_regions(array.shape, dim_axes, axis_sizes)]
+
+
+# Where a part of an array lies in it: per dim, a slice of step 1 (None ends: the whole dim).
+Region = tuple[slice, ...]
+
+
+def block_regions(shape: Sequence[int], dim_axes: DimAxes,
+                  axis_sizes: Sequence[int]) -> list[Region]:
+    """Per device (logical device order), where its piece lies in a global array of
+    `shape` laid out by `dim_axes`."""
+    local = local_shape(shape, dim_axes, axis_sizes)
+    return [_block_slices(coords, dim_axes, axis_sizes, local)
             for coords in np.ndindex(*axis_sizes)]
+
+
+def chip_regions(layout_shape: Sequence[int], axis_sizes: Sequence[int]) -> list[Region]:
+    """Per device (logical device order), where its own chip's piece lies in an array of
+    the chips' pieces of `layout_shape` (the piece device_pieces gives it)."""
+    rest = (slice(None),) * (len(layout_shape) - len(axis_sizes))
+    return [tuple(slice(min(c, n - 1), min(c, n - 1) + 1) for c, n in zip(coords, layout_shape))
+            + rest for coords in np.ndindex(*axis_sizes)]
+
+
+def bounds(region: Region, shape: Sequence[int]) -> list[tuple[int, int]]:
+    """Per dim, the (start, stop) of `region` in an array of `shape`."""
+    return [s.indices(n)[:2] for s, n in zip(region, shape)]
+
+
+def contains(outer: Region, inner: Region, shape: Sequence[int]) -> bool:
+    """Whether `inner` lies within `outer` (regions of an array of `shape`)."""
+    return all(o0 <= i0 and i1 <= o1 for (o0, o1), (i0, i1) in
+               zip(bounds(outer, shape), bounds(inner, shape)))
+
+
+def overlap(a: Region, b: Region, shape: Sequence[int]) -> Region | None:
+    """The part two regions of an array of `shape` share, or None."""
+    common = [(max(a0, b0), min(a1, b1)) for (a0, a1), (b0, b1) in
+              zip(bounds(a, shape), bounds(b, shape))]
+    if any(start >= stop for start, stop in common):
+        return None
+    return tuple(slice(start, stop) for start, stop in common)
+
+
+def region_size(region: Region, shape: Sequence[int]) -> int:
+    """How many elements `region` of an array of `shape` holds."""
+    return math.prod(stop - start for start, stop in bounds(region, shape))
+
+
+def relative(region: Region, within: Region, shape: Sequence[int]) -> Region:
+    """`region` of an array of `shape` as slices into the part `within` holds of it."""
+    return tuple(slice(r0 - w0, r1 - w0) for (r0, r1), (w0, _) in
+                 zip(bounds(region, shape), bounds(within, shape)))
 
 
 def _block_slices(coords: Sequence[int], dim_axes: DimAxes, axis_sizes: Sequence[int],

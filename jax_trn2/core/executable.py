@@ -20,8 +20,8 @@ from jax.sharding import NamedSharding, SingleDeviceSharding
 import lowering
 from jax_trn2.core.device import Buffer, Device
 from jax_trn2.core.machines import PROCESS_GRID_AXES, placement_for, topology_for
-from jax_trn2.core.processes import ProcessLostError, lost_processes, replicated, \
-    runtime_failure, stacked_over_processes, wait_for_run
+from jax_trn2.core.processes import ProcessLostError, lost_processes, runtime_failure, \
+    stacked_over_processes, wait_for_run
 from lowering import partition
 from lowering.host import host_devices
 from lowering.plan import plan_program
@@ -31,8 +31,8 @@ from mesh.perf import trace
 from mesh.perf.estimate import ProgramEstimate, target_text
 from mesh.emulated_floats import host_to_storage, storage_to_host
 from mesh.executor import as_input, compile_program, input_dtype, input_shapes, \
-    output_shapes, output_unshard, runs_on_cpu, split_over, with_chip_outputs, \
-    workspace_values
+    output_shapes, output_unshard, read_sharding, runs_on_cpu, split_over, \
+    with_chip_outputs, workspace_values
 from mesh.isa.kernels.participation import SplitGroupCheck
 from mesh.machine import Placement, Topology, place_on
 from mesh.memory import MemoryStats
@@ -198,6 +198,7 @@ class LoadedExecutable:
         self.arg_names = tuple(arg_names) if arg_names is not None else \
             tuple(f"argument {i}" for i in range(len(program.inputs)))
         self._chip_outputs: tuple[int, ...] = ()  # see return_chip_pieces
+        self._result_shardings: tuple[NamedSharding, ...] | None = None  # see place_results
 
     @cached_property
     def _run(self):
@@ -229,9 +230,11 @@ class LoadedExecutable:
         on_device = jax.default_device(devices[0]) if devices is not None and \
             len(devices) == 1 else contextlib.nullcontext()
         with _executor_context(), on_device:
+            spread = global_io and devices is not None and len(devices) > 1
             return compile_program(self.program, self.rounding, devices, global_io,
                                    self._split_check, workspace,
-                                   self._chip_outputs if global_io else ()).lower(
+                                   self._chip_outputs if global_io else (),
+                                   self.result_shardings if spread else None).lower(
                 *inputs, *self._workspace_types(workspace)).compile()
 
     @cached_property
@@ -275,12 +278,33 @@ class LoadedExecutable:
         arrays, of which it holds its own devices' shards (result_shardings)."""
         return any(d.process_index != jax.process_index() for d in self.executor_devices or ())
 
-    @cached_property
+    @property
     def result_shardings(self) -> list[NamedSharding]:
-        """Where `execute` leaves each result over several executor devices (its global
-        array split over them, mesh.executor.split_over)."""
-        return [split_over(self._devices, shape)
-                for shape in output_shapes(self.program, True, self._chip_outputs)]
+        """Where `execute` leaves each result over several executor devices: those
+        place_results gave, else its global array split over them
+        (mesh.executor.split_over)."""
+        if self._result_shardings is not None:
+            return list(self._result_shardings)
+        return [split_over(self._devices, shape) for shape in self.result_shapes]
+
+    @property
+    def result_shapes(self) -> list[tuple[int, ...]]:
+        """The shape of each of `run`'s results: the output's own, or for those
+        return_chip_pieces names, their chips' pieces' executor layout."""
+        return output_shapes(self.program, True, self._chip_outputs)
+
+    def place_results(self, shardings: Sequence[NamedSharding]) -> None:
+        """Have `execute` over several executor devices leave its results (result_shapes)
+        on `shardings`, one per result (mesh.executor.split_covering: for a caller that
+        reads each process's part from its own shards). Before it compiles for `execute`."""
+        shardings = tuple(shardings)
+        if len(shardings) != len(self.program.outputs):
+            raise ValueError(f"place_results: {len(shardings)} shardings for "
+                             f"{len(self.program.outputs)} results")
+        if "_run_global" in self.__dict__ and shardings != self._result_shardings:
+            raise ValueError("place_results: the results' shardings were fixed when it "
+                             "compiled")
+        self._result_shardings = shardings
 
     @cached_property
     def _on_cpu(self) -> bool:
@@ -558,13 +582,6 @@ class LoadedExecutable:
         with self._lost_processes_named(), _executor_context():
             return stacked_over_processes(local, self._devices)
 
-    def on_every_host(self, results: Sequence[jax.Array]) -> list[np.ndarray]:
-        """`run`'s results of a run over the devices of several processes, each whole on
-        the host of every process (the trn2 plugin cuts its own devices' pieces from
-        them). Every process calls it alike; ProcessLostError names one that stopped."""
-        with self._lost_processes_named(), _executor_context():
-            return replicated(results)
-
     def execute_sharded(self, per_device_args: Sequence[Sequence[Any]]) -> list[list[Buffer]]:
         """Run on one argument list per device (logical device order); returns one result
         list per device. A shard_map program's arguments are assembled from the pieces by
@@ -654,14 +671,16 @@ class LoadedExecutable:
                   for a, v in zip(arrays, self.program.inputs)]
         if not self.spans_processes:
             return inputs
-        return [_global_input(x, target) for x, target in zip(inputs, self._input_shardings)]
+        return [_global_input(x, target) for x, target in zip(inputs, self.argument_shardings)]
 
     @cached_property
-    def _input_shardings(self) -> list[NamedSharding]:
-        """Where `execute`'s computation takes each argument over several executor devices
-        (mesh.executor.split_over)."""
-        return [split_over(self._devices, shape)
-                for shape in input_shapes(self.program, True)]
+    def argument_shardings(self) -> list[NamedSharding]:
+        """Where `execute`'s computation takes each argument over several executor devices:
+        each device the part its chips read (mesh.executor.read_sharding). A global array
+        laid out so goes in as it is; of a host array, each process gives its devices'
+        parts."""
+        return [read_sharding(self.program, i, self._devices)
+                for i in range(len(self.program.inputs))]
 
     def _check_args(self, args: Sequence[Any]) -> list[jnp.ndarray]:
         """Arguments as arrays of exactly the program's input types; TypeError naming the

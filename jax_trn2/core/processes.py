@@ -4,8 +4,8 @@ are gone when a run fails.
 A run over the executor devices of several processes (jax_trn2.jit's executor_devices, or
 the trn2 plugin's program over several processes' devices) is one XLA computation in each,
 joined by jax's cross-process collectives (gloo or MPI on CPUs); the plugin also moves
-its arguments' pieces and its results between the processes with them
-(stacked_over_processes, replicated). When a process dies, the others' collectives fail
+with them, between the processes, the pieces of an argument whose parts some process's
+devices lack (stacked_over_processes). When a process dies, the others' collectives fail
 (gloo: the peer's connection is reset) or wait on it; jax's coordination service declares
 it dead once it has missed its heartbeats for `heartbeat_timeout_seconds`
 (jax.distributed.initialize's; 100 by default).

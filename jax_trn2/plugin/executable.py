@@ -10,6 +10,16 @@ replicated over keeps each device's own, as on XLA), else of the global array. T
 one storage (handles.Whole): the next program that takes all of them takes its global
 array as it is (assembled from the chips' pieces then, once), without comparing; an
 argument assembled from pieces put on the devices separately is assembled once.
+
+A program over the devices of several jax.distributed processes runs as one simulation over
+one CPU device of each: process p computes a block of the chips (those of its own devices,
+where the devices of each process are a block of the mesh, as jax.make_mesh lays out
+jax.devices("trn2")). No process holds an argument or a result whole unless its chips need
+it whole: it gives the simulation the parts of each argument its chips read, made from its
+own devices' pieces (an argument its devices do not hold those parts of is moved between
+the processes first, and made whole), and the simulation leaves each result split so that
+each process's part holds its own devices' pieces (whole on each where every process needs
+it whole: a replicated result), of which their buffers are views.
 """
 
 from __future__ import annotations
@@ -70,6 +80,8 @@ class Executable:
         # the devices' buffers of these are views of their chips' pieces
         self.chip_outputs = set(chip_outputs(program, self.out_layouts))
         self.loaded.return_chip_pieces(sorted(self.chip_outputs))
+        if self.loaded.spans_processes:  # each process keeps its own devices' pieces
+            self.loaded.place_results(self._placed_on_processes())
         self.loaded.load(self.options.check_memory)  # the executor compiles here, on
         # jaxlib's compile thread
         self.in_partials, self.out_partials = program.input_partials, program.output_partials
@@ -119,24 +131,14 @@ class Executable:
                                      lambda k, d=d: f"flattened argument {k} of device {d}")
         self.loaded.prefetch_workspace()  # a first call's: made while arguments assemble
         results = self.loaded.run(self._arguments(arguments))
-        if self.loaded.spans_processes:  # each process cuts its own devices' pieces
-            results = self.loaded.on_every_host(results)
-        sizes = self._mesh_sizes()
         per_device: list[list[Buffer]] = [[] for _ in self.local]
         for i, kind in zip(self.result_slots, self.out_memory_kinds, strict=True):
             if i is None:  # a token, as XLA gives (no data)
                 for row, device in zip(per_device, self.addressable_devices):
                     row.append(Buffer(_TOKEN, device, device.memory(kind), token=True))
                 continue
-            host = sharding.on_host(results[i])  # a view of the simulator's result
             partials = _at(self.out_partials, i)
-            if i in self.chip_outputs:
-                layout = self._layout(self.out_layouts, i, host.ndim - len(sizes))
-                whole = Whole(layout, sizes, chips=host)
-                pieces = sharding.device_pieces(host, sizes)
-            else:
-                whole = Whole(self._layout(self.out_layouts, i, host.ndim), sizes, results[i])
-                pieces = sharding.pieces(host, whole.layout, sizes)
+            pieces, whole = self._result_pieces(i, results[i])
             for row, d in zip(per_device, self.local):
                 device, piece = self.devices[d], pieces[d]
                 row.append(Buffer(piece.reshape(piece.shape[partials:]), device,
@@ -144,6 +146,51 @@ class Executable:
         for row in arguments:
             donation.delete_donated(row, donated)
         return per_device
+
+    def _result_pieces(self, i: int, result: Any) -> tuple[Any, Whole | None]:
+        """The pieces of output i (by device position: views of the simulator's result), and
+        the Whole they share: over several processes, those of this process's devices
+        alone, cut from its own shards of the result (_placed_on_processes), with no
+        Whole (no process holds the global array)."""
+        sizes = self._mesh_sizes()
+        if self.loaded.spans_processes:
+            regions = self._result_regions(i, result.shape)
+            pieces = {d: _own_part(result, regions[d]) for d in self.local}
+            if i in self.chip_outputs:  # a chip's piece, without the mesh dims
+                pieces = {d: p.reshape(p.shape[len(sizes):]) for d, p in pieces.items()}
+            return pieces, None
+        host = sharding.on_host(result)  # a view of the simulator's result
+        if i in self.chip_outputs:
+            layout = self._layout(self.out_layouts, i, host.ndim - len(sizes))
+            return sharding.device_pieces(host, sizes), Whole(layout, sizes, chips=host)
+        whole = Whole(self._layout(self.out_layouts, i, host.ndim), sizes, result)
+        return sharding.pieces(host, whole.layout, sizes), whole
+
+    def _result_regions(self, i: int, shape: tuple[int, ...]) -> list[sharding.Region]:
+        """Per device position, where its piece of output i lies in the simulator's result
+        of `shape`: its chip's piece among the chips' (a chip output), else its block of
+        the global array by the output's layout."""
+        sizes = self._mesh_sizes()
+        if i in self.chip_outputs:
+            return sharding.chip_regions(shape, sizes)
+        return sharding.block_regions(shape, self._layout(self.out_layouts, i, len(shape)),
+                                      sizes)
+
+    def _placed_on_processes(self) -> list[Any]:
+        """Where a run over the CPU devices of several processes (one each) leaves each
+        result: split over them so that each process's shard holds its own devices'
+        pieces, else (a piece every process's devices need, a replicated result) whole on
+        each (mesh.executor.split_covering). No process then gathers the others' pieces."""
+        from mesh.executor import split_covering
+        executors = self.loaded.executor_devices
+        owners = [device.process_index for device in self.devices]
+        placed = []
+        for i, shape in enumerate(self.loaded.result_shapes):
+            regions = self._result_regions(i, shape)
+            needs = [[r for r, owner in zip(regions, owners) if owner == cpu.process_index]
+                     for cpu in executors]
+            placed.append(split_covering(executors, shape, needs))
+        return placed
 
     def _layout(self, layouts: tuple, i: int, ndim: int) -> tuple:
         """dim_axes of leaf i (replicated: no axes per dim)."""
@@ -157,8 +204,79 @@ class Executable:
         slots = [(k, i) for k, i in enumerate(self.arg_slots) if i is not None]
         pieces = {i: dict(zip(self.local, (row[k] for row in arguments))) for k, i in slots}
         if self.loaded.spans_processes:
-            self._add_other_processes_pieces(pieces)
+            return self._arguments_over_processes(pieces)
         return [self._argument(i, pieces[i]) for _, i in slots]
+
+    def _arguments_over_processes(self, pieces: dict[int, dict[int, Any]]) -> list[Any]:
+        """The program's arguments (`pieces`: of each, this process's devices' pieces by
+        device position) for a run over the CPU devices of several processes: global
+        arrays of which each process gives the parts its chips read
+        (LoadedExecutable.argument_shardings), made from its own devices' pieces where
+        those hold them (no other process's then moves); the others whole, from every
+        process's pieces (_add_other_processes_pieces). Every process decides alike (by
+        the layouts and which process holds which device)."""
+        moved = {i: by_device for i, by_device in pieces.items()
+                 if not self._own_pieces_suffice(i, by_device)}
+        if moved:
+            self._add_other_processes_pieces(moved)
+        return [self._argument(i, by_device) if i in moved else self._own_parts(i, by_device)
+                for i, by_device in pieces.items()]
+
+    def _argument_regions(self, i: int, by_device: dict[int, Any]) -> list[sharding.Region]:
+        """Per device position, where its piece of argument i lies in the global array."""
+        return sharding.block_regions(self._argument_shape(i),
+                                      self._argument_layout(i, by_device), self._mesh_sizes())
+
+    def _argument_shape(self, i: int) -> tuple[int, ...]:
+        program = self.loaded.program
+        return program.values[program.inputs[i]].type.shape
+
+    def _own_pieces_suffice(self, i: int, by_device: dict[int, Any]) -> bool:
+        """Whether the devices of every process hold, between them, the part of argument
+        i that process's chips read (LoadedExecutable.argument_shardings)."""
+        shape, regions = self._argument_shape(i), self._argument_regions(i, by_device)
+        target = self.loaded.argument_shardings[i]
+        for cpu, part in target.devices_indices_map(shape).items():
+            held = {_key(r, shape): r for r, device in zip(regions, self.devices)
+                    if device.process_index == cpu.process_index}.values()
+            common = (sharding.overlap(r, part, shape) for r in held)
+            if sum(sharding.region_size(c, shape) for c in common if c is not None) != \
+                    sharding.region_size(part, shape):
+                return False
+        return True
+
+    def _own_parts(self, i: int, by_device: dict[int, Any]) -> Any:
+        """Argument i as a global array over the executor devices, this process's parts
+        of it (those its chips read) copied from its own devices' pieces (a piece that is
+        a whole part goes as it is)."""
+        import jax
+        shape, regions = self._argument_shape(i), self._argument_regions(i, by_device)
+        partials = _at(self.in_partials, i)
+        target = self.loaded.argument_shardings[i]
+        parts = []
+        for cpu, part in target.addressable_devices_indices_map(shape).items():
+            held = {}  # each block once (devices holding copies of it give one)
+            for d, piece in by_device.items():
+                common = sharding.overlap(regions[d], part, shape)
+                if common is not None:
+                    data = _data(piece)
+                    held[_key(regions[d], shape)] = (common, regions[d],
+                                                     data.reshape((1,) * partials + data.shape))
+            blocks = list(held.values())
+            if len(blocks) == 1 and sharding.region_size(blocks[0][0], shape) == \
+                    sharding.region_size(part, shape):  # the part lies in one block
+                common, region, data = blocks[0]
+                block = data[sharding.relative(common, region, shape)]
+            else:
+                block = np.empty([stop - start for start, stop in sharding.bounds(part, shape)],
+                                 _data(next(iter(by_device.values()))).dtype)
+                for common, region, data in blocks:
+                    block[sharding.relative(common, part, shape)] = \
+                        data[sharding.relative(common, region, shape)]
+            with jax.enable_x64(True):  # a 64-bit argument keeps its type
+                parts.append(jax.device_put(block, cpu))
+        with jax.enable_x64(True):
+            return jax.make_array_from_single_device_arrays(shape, target, parts)
 
     def _argument(self, i: int, pieces: dict[int, Buffer | np.ndarray]) -> Any:
         """Argument i as a global array from its pieces by device position (this
@@ -306,6 +424,24 @@ class Executable:
 
 def _data(piece: Buffer | np.ndarray) -> np.ndarray:
     return piece.data() if isinstance(piece, Buffer) else piece
+
+
+def _key(region: sharding.Region, shape: tuple[int, ...]) -> tuple:
+    """A region as a dict key (slices are not hashable)."""
+    return tuple(sharding.bounds(region, shape))
+
+
+def _own_part(result: Any, region: sharding.Region) -> np.ndarray:
+    """`region` of a global array over the CPU devices of several processes: a view of
+    this process's shard that holds it."""
+    shape = result.shape
+    for shard in result.addressable_shards:
+        if sharding.contains(shard.index, region, shape):
+            held = np.asarray(shard.data)
+            within = sharding.relative(region, shard.index, shape)
+            return held[within] if within else held
+    raise RuntimeError(f"no shard of this process holds {region} of the result "
+                       f"{result.shape}: the run left it on {result.sharding}")
 
 
 def _every_process_holds_every_block(blocks: list[tuple[int, ...]], owners: list[int]) -> bool:

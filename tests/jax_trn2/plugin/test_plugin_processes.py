@@ -109,6 +109,43 @@ DIES = MACHINE + START.format(devices=4, recoverable=True) + SETUP + textwrap.de
 """)
 
 
+HELD = MACHINE + START.format(devices=4, recoverable=False) + SETUP + textwrap.dedent("""
+    import gc
+    def resident():  # this process's resident memory (bytes)
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    blocks = NamedSharding(mesh, P("x", "y"))
+    shape = (4096, 8192)  # 128 MiB of FP32 whole, 64 MiB of it on each process's devices
+    def arange(index):  # a block of the global value, made where it is put
+        rows, cols = (range(*s.indices(n)) for s, n in zip(index, shape))
+        return (np.arange(rows.start, rows.stop, dtype=np.float32)[:, None] * shape[1]
+                + np.arange(cols.start, cols.stop, dtype=np.float32))
+    f = jax.jit(lambda a: a * 2 + 1, out_shardings=blocks)
+    jax.block_until_ready(f(jax.make_array_from_callback(shape, blocks, arange)))  # compiles
+    gc.collect()
+    x = jax.make_array_from_callback(shape, blocks, arange)  # this process's shards alone
+    before = resident()
+    y = jax.block_until_ready(f(x))
+    print("held", resident() - before, 4 * shape[0] * shape[1], flush=True)
+    print("devices", *sorted(s.device.id for s in y.addressable_shards), flush=True)
+    whole = multihost_utils.process_allgather(y, tiled=True)
+    expected = arange((slice(None), slice(None))) * 2 + 1
+    print("equal", whole.dtype == expected.dtype and np.array_equal(whole, expected), flush=True)
+
+    # a mesh whose rows each hold devices of both processes: a process's devices lack the
+    # part its chips read, so the argument's pieces move first, and the result is whole
+    mixed = jax.make_mesh((2, 4), ("x", "y"), devices=[trn2[i] for i in (0, 4, 1, 5, 2, 6, 3, 7)],
+                          axis_types=(AxisType.Auto,) * 2)
+    blocks = NamedSharding(mixed, P("x", "y"))
+    a = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
+    z = jax.jit(lambda a: a * 2 + 1, out_shardings=blocks)(jax.device_put(a, blocks))
+    print("mixed", np.array_equal(multihost_utils.process_allgather(z, tiled=True), a * 2 + 1),
+          flush=True)
+    jax.distributed.shutdown()
+""")
+
+
 def shards(processes: int) -> dict[str, set[tuple[str, ...]]]:
     """Per program, the (leaf, device, index, bits) of every shard the processes of a job
     running PROGRAMS hold, each process holding its own devices' alone; and the gathered
@@ -147,3 +184,19 @@ def test_a_process_that_dies_is_named_by_the_others():
     # the survivor's error came within a few heartbeats (3 s each), not after a hang
     waited = float(re.search(r"after (\d+) s:", out).group(1))
     assert waited <= 30, out
+
+
+def test_each_process_holds_only_its_own_devices_pieces_of_a_result():
+    """Neither the result nor the argument is made whole on any process: what a call
+    leaves a process holding (its resident memory after, less before) is its own devices'
+    half of the result (before: the whole result, gathered to every process)."""
+    for process, (code, out, err) in enumerate(run_job(HELD, 2, timeout=120)):
+        assert code == 0, err[-3000:]
+        found = {line.split()[0]: line.split()[1:] for line in out.splitlines()
+                 if line.startswith(("held", "devices", "equal", "mixed"))}
+        held, whole = map(int, found["held"])
+        print(f"process {process} holds {held / 2**20:.0f} MiB more after the call; "
+              f"the whole result is {whole / 2**20:.0f} MiB")
+        assert held <= whole * 3 // 4, (process, held, whole)  # its half, and some slack
+        assert found["devices"] == [str(d) for d in range(4 * process, 4 * process + 4)]
+        assert found["equal"] == found["mixed"] == ["True"]
