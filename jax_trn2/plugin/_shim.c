@@ -9,10 +9,11 @@
 
    The slots below are the getters jaxlib calls several times for every buffer of every
    call (a program on 64 devices makes 64 buffers per result), and on every call of an
-   executable (its counts): through ctypes each would take the GIL and cost microseconds. They read the record a PJRT pointer points at,
-   which Python fills (jax_trn2.plugin.handles.Record), and write the args struct's first
-   out-fields, which follow the object's pointer in every one of them (checked against
-   PJRT's layouts by tests/jax_trn2/plugin/test_abi.py). Every event is the one ready
+   executable (its counts): through ctypes each would take the GIL and cost microseconds.
+   They read the record a PJRT pointer points at, which Python fills
+   (jax_trn2.plugin.handles.Record), and write the args struct's first out-fields, which
+   follow the object's pointer in every one of them (checked against PJRT's layouts by
+   tests/jax_trn2/plugin/test_abi.py). Every event is the one ready
    event: the simulator finishes its work, or fails, before a call returns. */
 
 #include <fenv.h>
