@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from jax._src import config, core
+from jax._src import util as jax_util
 from jax._src import mesh as mesh_lib
 from jax.sharding import NamedSharding, SingleDeviceSharding
 
@@ -82,7 +83,9 @@ def _executor_context():
     with 64-bit types (a module's 64-bit values keep their type), and on the executor's
     devices rather than over a mesh the caller set with jax.set_mesh (under which jax
     would compile and run them replicated on every device of that mesh, each doing all the
-    work), and compiled even under jax.disable_jit (which is for stepping through the
+    work), unseen by jax's test-event listener (jax's test_util counts device puts,
+    compilations and lowerings through it: the user's, which the simulator's are not),
+    and compiled even under jax.disable_jit (which is for stepping through the
     user's Python; the simulator's computations are not the user's and run only
     compiled), and moving their arrays to and from the executor's devices under a
     jax.transfer_guard the caller set (which guards the user's transfers to the chips,
@@ -102,7 +105,38 @@ def _executor_context():
             stack.enter_context(jax.disable_jit(False))
         if any(guard.value not in (None, "allow") for guard in _TRANSFER_GUARDS):
             stack.enter_context(jax.transfer_guard("allow"))
+        if jax_util.test_event_listener is not None:
+            stack.enter_context(_test_events_hidden())
         yield
+
+
+class _SimulatorEventFilter:
+    """jax's test-event listener, passed the events of every thread but those running
+    the simulator's own computations (inside `_test_events_hidden`)."""
+
+    def __init__(self, listener):
+        self.listener = listener
+        self.hidden = threading.local()
+
+    def __call__(self, name: str, *args: Any) -> None:
+        if not getattr(self.hidden, "on", False):
+            self.listener(name, *args)
+
+
+@contextlib.contextmanager
+def _test_events_hidden():
+    """The events jax fires on this thread (jax._src.util.test_event) kept from its
+    listener. The listener is wrapped in place once, so that other threads' events still
+    reach it while this one's simulator runs."""
+    listener = jax_util.test_event_listener
+    if not isinstance(listener, _SimulatorEventFilter):
+        listener = jax_util.test_event_listener = _SimulatorEventFilter(listener)
+    outer = getattr(listener.hidden, "on", False)
+    listener.hidden.on = True
+    try:
+        yield
+    finally:
+        listener.hidden.on = outer
 
 
 # The transfer guard's settings: all transfers', and each direction's (which override it);

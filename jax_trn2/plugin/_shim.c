@@ -8,11 +8,12 @@
    callbacks. It returns NULL, PJRT's "no error". No Python headers are needed.
 
    The slots below are the getters jaxlib calls several times for every buffer of every
-   call (a program on 64 devices makes 64 buffers per result): through ctypes each would
-   take the GIL and cost microseconds. They read the record a PJRT pointer points at,
-   which Python fills (jax_trn2.plugin.handles.Record), and write the args struct's first
-   out-fields, which follow the object's pointer in every one of them (checked against
-   PJRT's layouts by tests/jax_trn2/plugin/test_abi.py). Every event is the one ready
+   call (a program on 64 devices makes 64 buffers per result), and on every call of an
+   executable (its counts): through ctypes each would take the GIL and cost microseconds.
+   They read the record a PJRT pointer points at, which Python fills
+   (jax_trn2.plugin.handles.Record), and write the args struct's first out-fields, which
+   follow the object's pointer in every one of them (checked against PJRT's layouts by
+   tests/jax_trn2/plugin/test_abi.py). Every event is the one ready
    event: the simulator finishes its work, or fails, before a call returns. */
 
 #include <fenv.h>
@@ -42,6 +43,7 @@ typedef struct {
   const char *kind;  /* a memory's kind */
   size_t kind_size;
   bool deleted;      /* a buffer's */
+  size_t num_replicas, num_partitions, num_outputs;  /* an executable's */
 } trn2_record;
 
 /* PJRT_<Object>_<Getter>_Args: the header, the object, then its out-fields. */
@@ -96,6 +98,26 @@ void *trn2_Buffer_Memory(trn2_args *args) {
 
 void *trn2_Buffer_IsDeleted(trn2_args *args) {
   write_bool(args, args->object->deleted);
+  return 0;
+}
+
+/* An executable's counts, which jaxlib reads on every call of it. */
+static void write_size(trn2_args *args, size_t value) {
+  memcpy(&args->out[0], &value, sizeof value);
+}
+
+void *trn2_Executable_NumReplicas(trn2_args *args) {
+  write_size(args, args->object->num_replicas);
+  return 0;
+}
+
+void *trn2_Executable_NumPartitions(trn2_args *args) {
+  write_size(args, args->object->num_partitions);
+  return 0;
+}
+
+void *trn2_Executable_NumOutputs(trn2_args *args) {
+  write_size(args, args->object->num_outputs);
   return 0;
 }
 

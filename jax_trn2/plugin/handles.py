@@ -24,11 +24,13 @@ class Record(ctypes.Structure):
     """What a PJRT pointer handed to jaxlib points at (the C shim's trn2_record): the
     function table PJRT_Memory and PJRT_Error begin with (jaxlib reads it), then what the
     shim's getters read without calling Python (a buffer's device, memory and deleted
-    flag; a memory's kind)."""
+    flag; a memory's kind; an executable's replicas, partitions and outputs)."""
 
     _fields_ = [("vtable", ctypes.c_void_p), ("device", ctypes.c_void_p),
                 ("memory", ctypes.c_void_p), ("kind", ctypes.c_void_p),
-                ("kind_size", ctypes.c_size_t), ("deleted", ctypes.c_bool)]
+                ("kind_size", ctypes.c_size_t), ("deleted", ctypes.c_bool),
+                ("num_replicas", ctypes.c_size_t), ("num_partitions", ctypes.c_size_t),
+                ("num_outputs", ctypes.c_size_t)]
 
 
 class Handles:

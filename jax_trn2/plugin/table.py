@@ -21,17 +21,19 @@ import numpy as np
 from jax_trn2.plugin import abi
 from jax_trn2.plugin.abi import c
 from jax_trn2.plugin.errors import Errors, PjrtError
-from jax_trn2.plugin.handles import Buffer, Device, Handles, Memory, MemoryVtable
+from jax_trn2.plugin.handles import Buffer, Device, Handles, Memory, MemoryVtable, Record
 
 HANDLES = Handles()
 ERRORS = Errors(HANDLES)
 MEMORY_VTABLE = MemoryVtable()
 _PLUGIN = abi.Owned()  # the plugin's own C values (attributes)
 _SLOTS: dict[str, Any] = {}  # slot name -> its ctypes function (kept alive)
-# Slots the C shim implements (_shim.c), reading the Records of buffers and memories.
+# Slots the C shim implements (_shim.c), reading the Records of buffers, memories and
+# executables.
 FAST_SLOTS = ("Event_Destroy", "Event_IsReady", "Event_Error", "Event_Await",
               "Event_OnReady", "Buffer_ReadyEvent", "Buffer_Device", "Buffer_Memory",
-              "Buffer_IsDeleted", "Memory_Kind")
+              "Buffer_IsDeleted", "Memory_Kind", "Executable_NumReplicas",
+              "Executable_NumPartitions", "Executable_NumOutputs")
 # Python slots the shim calls with Python's pending exception set aside and the default
 # floating-point environment (_shim.c): the destroy slots, which C++ destructors call when
 # Python frees a jax object, possibly while an exception is on its way out (and jaxlib's
@@ -198,7 +200,7 @@ def Client_Compile(args):
     executable = _executable_types().Executable(
         client, ctypes.string_at(program.code, program.code_size),
         ctypes.string_at(args.compile_options, args.compile_options_size))
-    args.executable = HANDLES.add(executable)
+    args.executable = _add_executable(executable)
 
 
 @slot
@@ -476,7 +478,7 @@ def LoadedExecutable_Destroy(args):
 @slot
 def LoadedExecutable_GetExecutable(args):
     executable = _executable(args.loaded_executable)
-    args.executable = HANDLES.add(_executable_types().View(executable))
+    args.executable = _add_executable(_executable_types().View(executable), executable)
 
 
 def _of(pointer: int):
@@ -493,19 +495,14 @@ def Executable_Name(args):
     args.executable_name, args.executable_name_size = executable.owned.string(executable.name)
 
 
-@slot
-def Executable_NumReplicas(args):
-    args.num_replicas = _of(args.executable).num_replicas
-
-
-@slot
-def Executable_NumPartitions(args):
-    args.num_partitions = _of(args.executable).num_partitions
-
-
-@slot
-def Executable_NumOutputs(args):
-    args.num_outputs = _of(args.executable).num_outputs
+def _add_executable(obj: Any, executable: Any = None) -> int:
+    """The pointer of `obj`, a loaded executable or a View of `executable`, whose Record
+    holds the counts the shim's Executable_NumReplicas/NumPartitions/NumOutputs answer."""
+    executable = obj if executable is None else executable
+    record = Record(num_replicas=executable.num_replicas,
+                    num_partitions=executable.num_partitions,
+                    num_outputs=executable.num_outputs)
+    return HANDLES.add(obj, record)
 
 
 @slot
@@ -619,7 +616,7 @@ def Executable_DeserializeAndLoad(args):
     executable = _executable_types().deserialize(
         client, ctypes.string_at(args.serialized_executable, args.serialized_executable_size),
         options)
-    args.loaded_executable = HANDLES.add(executable)
+    args.loaded_executable = _add_executable(executable)
 
 
 @slot

@@ -51,7 +51,10 @@ def test_the_shims_getters_write_where_jaxlib_reads():
               "Event_Destroy": ["event"], "Event_Error": ["event"], "Event_Await": ["event"],
               "Buffer_ReadyEvent": ["buffer", "event"], "Buffer_Device": ["buffer", "device"],
               "Buffer_Memory": ["buffer", "memory"], "Buffer_IsDeleted": ["buffer", "is_deleted"],
-              "Memory_Kind": ["memory", "kind", "kind_size"], "Error_Destroy": ["error"]}
+              "Memory_Kind": ["memory", "kind", "kind_size"], "Error_Destroy": ["error"],
+              "Executable_NumReplicas": ["executable", "num_replicas"],
+              "Executable_NumPartitions": ["executable", "num_partitions"],
+              "Executable_NumOutputs": ["executable", "num_outputs"]}
     destroys = {"Buffer_Destroy": ["buffer"], "Executable_Destroy": ["executable"],
                 "LoadedExecutable_Destroy": ["executable"], "Client_Destroy": ["client"]}
     assert sorted(fields) == sorted(table.FAST_SLOTS + ("Error_Destroy",))
@@ -61,7 +64,9 @@ def test_the_shims_getters_write_where_jaxlib_reads():
         assert [getattr(struct, f).offset for f in names] == [16, 24, 32][:len(names)], name
     from jax_trn2.plugin.handles import Record
     assert [getattr(Record, f).offset for f in ("vtable", "device", "memory", "kind",
-                                                "kind_size", "deleted")] == [0, 8, 16, 24, 32, 40]
+                                                "kind_size", "deleted", "num_replicas",
+                                                "num_partitions", "num_outputs")] == \
+        [0, 8, 16, 24, 32, 40, 48, 56, 64]
 
 
 def destroy_on_a_native_thread() -> tuple[list[int], int]:
@@ -119,3 +124,27 @@ def test_a_deferred_destroy_runs_on_pythons_main_thread_by_itself():
     while not freed_on and time.monotonic() < deadline:
         sum(range(1000))  # bytecode, between which Python runs its pending calls
     assert freed_on == [threading.main_thread().ident]
+
+
+@pytest.mark.parametrize("name, field", [("NumReplicas", "num_replicas"),
+                                         ("NumPartitions", "num_partitions"),
+                                         ("NumOutputs", "num_outputs")])
+def test_the_shim_answers_an_executables_counts(name, field):
+    """jaxlib asks for them on every call of an executable: the shim answers from the
+    executable's Record, without calling Python."""
+    import types
+
+    import jax
+    from jax_trn2.plugin import library_path, table
+    jax.devices("trn2")  # the plugin's table built
+    executable = types.SimpleNamespace(num_replicas=2, num_partitions=8, num_outputs=3)
+    args = getattr(c, f"PJRT_Executable_{name}_Args")()
+    args.struct_size = ctypes.sizeof(args)
+    args.executable = table._add_executable(executable)
+    try:
+        getter = getattr(ctypes.CDLL(library_path()), f"trn2_Executable_{name}")
+        getter.restype = ctypes.c_void_p
+        assert getter(ctypes.byref(args)) is None  # no error
+        assert getattr(args, field) == getattr(executable, field)
+    finally:
+        table.HANDLES.remove(args.executable)
