@@ -239,11 +239,11 @@ def compile_program(program: isa.Program,
     Precision.HIGHEST with FP32 accumulation (on a GPU this rules out TF32 and other
     reduced-precision passes), collectives add element by element in their stated order,
     and `xla_allow_excess_precision` is off, so results are bit-identical to a run on one
-    device; except where a sum's order is XLA:CPU's: a single-pass matmul's host GEMM
-    (matmul._looped_passes), whose kernel sums in an order that depends on the shape each
-    device computes and on XLA:CPU's threads (an FP32 [64,16]x[16,128] GEMM and its
-    [64,16]x[16,32] slice differ in the last bit). (A float reduction sums in its own fixed
-    order: mesh.isa.kernels.reduction.)
+    device. (Every float matmul on CPU executor devices, a single pass too, sums in the
+    native loop's order, mesh.isa.kernels.native; a host GEMM's order depends on the
+    shape each device computes: an FP32 [64,16]x[16,128] GEMM and its [64,16]x[16,32]
+    slice differ in the last bit. A float reduction sums in its own fixed order:
+    mesh.isa.kernels.reduction.)
 
     `split_check` (mesh.isa.kernels.participation) records, as the program runs, any
     collective that only some members of a group reach; call its raise_if_split after.

@@ -12,8 +12,9 @@ The model (sources in brackets; what is assumed is marked "assumed"):
   passes add into the PSUM tile in FP32 one after another, in pass order; the result is
   rounded once to the output type [nki.isa.nc_matmul: "the matmul accumulation and results
   are always in float32"; larger contractions accumulate several nc_matmul into one PSUM
-  tile]. Assumed: the order of the additions inside one pass (we use XLA's FP32 dot, so
-  any order within the pass: the error bound below covers all of them); FP32 inputs give
+  tile]. Assumed: the order of the additions inside one pass (on CPU executor devices
+  the native loop's, mesh.isa.kernels.native; elsewhere XLA's FP32 dot, in any order
+  within the pass: the error bound below covers all of them); FP32 inputs give
   FP32-rounded products (the "FP32 path", one more rounding per product). Integers
   accumulate exactly.
 - Error bound of a dot product of length K (u = 2**-24, the FP32 unit roundoff; passes of

@@ -144,14 +144,14 @@ def test_a_left_operand_whose_contraction_is_not_contiguous_is_copied(rng, monke
     np.testing.assert_array_equal(got, run(global_executable(fn, x, w), x, w))
 
 
-def test_a_single_pass_matmul_is_not_placed_and_keeps_its_workspace(rng, monkeypatch):
-    """K = 128 is one pass: host GEMMs, not the native loop, so the Unshard copies."""
+def test_an_integer_matmul_is_not_placed_and_keeps_its_workspace(rng, monkeypatch):
+    """Integer products are exact host GEMMs, not the native loop, so the Unshard copies."""
     monkeypatch.setattr(executor, "WORKSPACE_MIN_BYTES", 1024)
     mesh = jax_trn2.make_mesh((8,), ("i",))
     fn = jax.shard_map(lambda x, w: x @ w, mesh=mesh, in_specs=(P("i"), P()),
                        out_specs=P("i"))
-    x = rng.standard_normal((512, 128)).astype(np.float32)
-    w = rng.standard_normal((128, 256)).astype(np.float32)
+    x = rng.integers(-8, 8, (512, 128)).astype(np.int32)
+    w = rng.integers(-8, 8, (128, 256)).astype(np.int32)
     program = jax_trn2.jit(fn).lower(x, w).compile().executable.program
     kept = executor.workspace_values(program)
     assert kept and kept == executor.workspace_values(

@@ -286,3 +286,22 @@ def test_off_cpu_executor_devices_a_matmul_runs_as_host_gemms(rng):
     bound = 300 * 2.0 ** -24 * (np.abs(x).astype(np.float64) @ np.abs(w))
     for result in results.values():
         assert np.all(np.abs(result - exact) <= bound)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
+def test_a_single_pass_gives_the_same_bits_however_the_chips_are_split(rng, dtype):
+    """Matmuls of one pass (K <= 128) run in the native loop too: each executor device (or
+    process) computes its chips' rows, and a host GEMM of another row count may add in
+    another order; the loop's bits do not depend on it."""
+    import jax_trn2
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    mesh = jax_trn2.make_mesh((4, 2), ("data", "model"))
+    x = rng.standard_normal((200, 96)).astype(dtype)
+    w = rng.standard_normal((96, 120)).astype(dtype)
+    f = lambda x, w: jnp.tanh(x @ w) @ w.T  # noqa: E731 (K = 96, then 120)
+    results = [np.asarray(jax_trn2.jit(f, in_shardings=(NamedSharding(mesh, P("data")), None),
+                                       executor_devices=jax.devices("cpu")[:n])(x, w))
+               for n in (1, 2, 4, 8)]
+    for result in results[1:]:
+        np.testing.assert_array_equal(result, results[0])

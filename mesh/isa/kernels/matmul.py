@@ -11,11 +11,12 @@ FP32's 24-bit significand, so products are exact either way. Other float inputs 
 FP32's normal range and lost in any FP32 sum with a normal value.) Integer inputs accumulate
 exactly in their integer output type.
 
-A float matmul of several passes of BF16 or FP32 host operands runs, on a CPU executor
-device, in the native pass loop (mesh.isa.kernels.native), which gives the same bits on
-every host CPU; the XLA loop of host GEMMs (_looped_passes), whose sums' order depends on
-the host's GEMM kernels, runs only what the native loop does not take: other host types
-(FP64), single passes, and executor devices that are not CPUs. The native loop rounds a
+A float matmul of BF16 or FP32 host operands runs, on a CPU executor device, in the
+native pass loop (mesh.isa.kernels.native), which gives the same bits on every host CPU
+and for every part of the product a device or process computes (a single pass too: a host
+GEMM's order depends on its shape); the XLA loop of host GEMMs (_looped_passes), whose
+sums' order depends on the host's GEMM kernels, runs only what the native loop does not
+take: other host types (FP64) and executor devices that are not CPUs. The native loop rounds a
 BF16 result to nearest even itself (a matmul's own, or the conversion to BF16 of an FP32
 product nothing else uses: converts_native_matmul), bit for bit as XLA:CPU would.
 
@@ -57,17 +58,17 @@ def matmul(instr: isa.Matmul, args, ctx: KernelContext):
 
 
 def runs_natively(instr: isa.Matmul, program: isa.Program, on_cpu: bool) -> bool:
-    """Whether a matmul of several passes runs in the native loop (mesh.isa.kernels.native;
-    any CPU: it gives the same bits on each), its operands and result in the executor's
-    layouts: on CPU executor devices (`on_cpu`); on others it runs as host GEMMs."""
+    """Whether a matmul runs in the native loop (mesh.isa.kernels.native; any CPU: it gives
+    the same bits on each, whatever part of the product a process computes), its operands
+    and result in the executor's layouts: on CPU executor devices (`on_cpu`); on others it
+    runs as host GEMMs."""
     if not on_cpu:
         return False
     lhs, rhs = (program.values[v].type for v in instr.ins)
     if not dtypes.is_float(instr.out_dtype) or instr.out_dtype in dtypes.COMPLEX_PARTS:
         return False
-    k = int(np.prod([lhs.shape[d] for d in instr.lhs_contract], dtype=np.int64))
-    return k > instr.pass_size and native.runs(_host_dtype(
-        dtypes.storage_dtype(lhs.dtype), dtypes.storage_dtype(rhs.dtype)))
+    return native.runs(_host_dtype(dtypes.storage_dtype(lhs.dtype),
+                                   dtypes.storage_dtype(rhs.dtype)))
 
 
 def _native_matmul(lhs, rhs, instr: isa.Matmul, ctx: KernelContext, value: int | None = None,
@@ -366,7 +367,7 @@ def _passes(lhs3, rhs3, instr: isa.Matmul, ctx: KernelContext, out_dtype: str | 
     # converted up front (there is no unsigned integer of their width to bitcast them to)
     operands = [x if dtypes.bit_width(x.dtype.name) >= 8 else x.astype(host)
                 for x in (lhs3, rhs3)]
-    if ctx.on_cpu and k > instr.pass_size and native.runs(host):
+    if ctx.on_cpu and native.runs(host):
         # On CPU executor devices, the native loop: one tile of the result at a time, the
         # same bits on every host; the XLA loop elsewhere
         acc = _native_passes(*operands, host=host, size=instr.pass_size,

@@ -13,10 +13,49 @@ from jax_trn2.core.executable import LoadedExecutable
 # FP32 matmuls and tanh: the simulator's and XLA:CPU's results differ by the order of a few
 # FP32 roundings of sums over K = 16, well inside 1e-5 relative.
 RTOL = 1e-5
+U = 2.0 ** -24  # FP32's unit roundoff
 
 
 def loss(x, w):
     return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+
+def gamma(h: int) -> float:
+    """The relative error bound of h roundings in a row, h*u / (1 - h*u)."""
+    return h * U / (1 - h * U)
+
+
+def loss_grad_bounds(x, w, cotangent: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """How far apart two FP32 computations of the gradient of `cotangent * loss` in x and
+    in w can be, element by element: each within this first-order bound of the exact one
+    (so twice it apart), whatever order its dots add in. Gradient elements are sums of
+    terms of both signs, so the bound scales with the sum of their magnitudes, not with
+    the element (mesh/numerics.py's dot bound, propagated):
+    - y = x @ w: K products each rounded (the FP32 path), K - 1 additions: gamma(K) |x||w|;
+    - t = tanh(y): |dt/dy| <= 1, plus the tanh's own error (4 ulps, 8u|t|, assumed);
+    - g = 2t(1 - t^2): |dg/dt| = |2 - 6t^2| <= 4, plus 4 roundings of its products and
+      difference (8u (|t| + |t|^3));
+    - the gradients |x|^T g and g |w|^T: at most 32 roundings on a term's path (8 rows
+      summed, or jacfwd's sum over all 32 of y's elements)."""
+    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    t = np.tanh(x @ w)
+    dy = gamma(x.shape[1]) * (np.abs(x) @ np.abs(w))
+    dt = dy + 8 * U * np.abs(t)
+    g = np.abs(2 * t * (1 - t ** 2))
+    dg = 4 * dt + 8 * U * (np.abs(t) + np.abs(t) ** 3)
+    scale = 2 * abs(cotangent)
+    return (scale * (dg @ np.abs(w).T + gamma(32) * g @ np.abs(w).T),
+            scale * (np.abs(x).T @ dg + gamma(32) * np.abs(x).T @ g))
+
+
+def assert_within(got, want, bound):
+    apart = np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64))
+    assert np.all(apart <= bound), f"{np.max(apart / bound):.3g} times the bound apart"
+
+
+def assert_grads_close(got, want, x, w, cotangent: float = 1.0):
+    for g, r, bound in zip(got, want, loss_grad_bounds(x, w, cotangent)):
+        assert_within(g, r, bound)
 
 
 @pytest.fixture
@@ -42,9 +81,7 @@ def mesh_runs(monkeypatch):
 def test_grad_runs_forward_and_backward_on_the_mesh(data, mesh_runs):
     x, w = data
     got = jax.grad(jax_trn2.jit(loss), argnums=(0, 1))(x, w)
-    want = jax.grad(loss, argnums=(0, 1))(x, w)
-    for g, r in zip(got, want):
-        np.testing.assert_allclose(g, r, rtol=RTOL, atol=1e-6)
+    assert_grads_close(got, jax.grad(loss, argnums=(0, 1))(x, w), x, w)
     assert len(mesh_runs) == 2  # the primal part and the transposed linear part
 
 
@@ -52,12 +89,11 @@ def test_value_and_grad_and_vjp(data):
     x, w = data
     value, grad = jax.value_and_grad(jax_trn2.jit(loss))(x, w)
     np.testing.assert_allclose(value, loss(x, w), rtol=RTOL)
-    np.testing.assert_allclose(grad, jax.grad(loss)(x, w), rtol=RTOL, atol=1e-6)
+    assert_within(grad, jax.grad(loss)(x, w), loss_grad_bounds(x, w)[0])
     out, pullback = jax.vjp(jax_trn2.jit(loss), x, w)
     np.testing.assert_allclose(out, loss(x, w), rtol=RTOL)
     got, want = pullback(jnp.float32(2.0)), jax.vjp(loss, x, w)[1](jnp.float32(2.0))
-    for g, r in zip(got, want):
-        np.testing.assert_allclose(g, r, rtol=RTOL, atol=1e-6)
+    assert_grads_close(got, want, x, w, cotangent=2.0)
 
 
 def test_jvp(data, mesh_runs):
@@ -108,8 +144,8 @@ def test_second_derivatives(data):
     got = jax.grad(jax.grad(lambda a: f(a * x, w)))(1.5)
     want = jax.grad(jax.grad(lambda a: loss(a * x, w)))(1.5)
     np.testing.assert_allclose(got, want, rtol=1e-4)  # two more levels of FP32 rounding
-    np.testing.assert_allclose(jax.jacfwd(f, argnums=1)(x, w),
-                               jax.jacfwd(loss, argnums=1)(x, w), rtol=RTOL, atol=1e-6)
+    assert_within(jax.jacfwd(f, argnums=1)(x, w), jax.jacfwd(loss, argnums=1)(x, w),
+                  loss_grad_bounds(x, w)[1])
 
 
 def test_jit_of_a_jitted_function_inlines_it(data, mesh_runs):
@@ -180,8 +216,7 @@ def test_grad_keeps_in_shardings_and_runs_partitioned(rng, mesh_runs):
     sim_shardings, cpu_shardings, x, w = sharded_loss_setup(rng)
     got = jax.grad(jax_trn2.jit(loss, in_shardings=sim_shardings), argnums=(0, 1))(x, w)
     want = jax.grad(jax.jit(loss, in_shardings=cpu_shardings), argnums=(0, 1))(x, w)
-    for g, r in zip(got, want):
-        np.testing.assert_allclose(g, r, rtol=RTOL, atol=1e-6)
+    assert_grads_close(got, want, x, w)
     assert len(mesh_runs) == 2
     for executable in mesh_runs:
         assert executable.program.mesh.axis_sizes == (2, 4)
