@@ -13,7 +13,7 @@ from jax_trn2.plugin import executable as plugin_executable, table
 from jax_trn2.plugin.client import Client
 from jax_trn2.plugin.handles import Handles
 from jax_trn2.core.options import ClientOptions
-from mesh.executor import EXACT_PRECISION
+from mesh.executor import EXECUTOR_COMPILER_OPTIONS
 from mesh.machine import get_topology
 from tests.e2e.e2e_reference import cpu_mesh, trn2_mesh
 from tests.e2e.test_remaining_ops import RAGGED_FORMS
@@ -322,7 +322,7 @@ def test_functions_computed_as_on_the_cpu_and_subnormal_constants_kept(devices):
                  lambda v: jnp.spacing(v.astype(jnp.bfloat16)))
     for f in functions:
         got = np.asarray(jax.jit(f)(jax.device_put(x, devices[0])))
-        want = np.asarray(jax.jit(f, compiler_options=EXACT_PRECISION)(x))
+        want = np.asarray(jax.jit(f, compiler_options=EXECUTOR_COMPILER_OPTIONS)(x))
         np.testing.assert_array_equal(got.view(f"u{got.itemsize}"),
                                       want.view(f"u{want.itemsize}"))
 
@@ -356,6 +356,30 @@ def test_ragged_dot_is_the_grouped_matmul_through_both_doors(form, devices, rng)
     # another order than CPU JAX's, |error| <= (K + 1) * 2**-24 * sum|a_k b_k|, K <= 10
     bound = 11 * 2.0 ** -24 * np.abs(args[0]).max() * np.abs(args[1]).max() * 10
     np.testing.assert_allclose(got, np.asarray(jax.jit(f)(*args)), rtol=0, atol=bound)
+
+
+def test_a_sharded_ragged_dot_runs_through_both_doors(mesh, rng):
+    """A grouped matmul with its experts' weights split over a mesh axis: XLA's SPMD
+    partitioner leaves it as mhlo.ragged_dot, which is the same grouped matmul."""
+    def f(lhs, rhs, group_sizes):
+        return jax.lax.ragged_dot(lhs, rhs, group_sizes)
+
+    lhs = rng.standard_normal((96, 8)).astype(np.float32)
+    rhs = rng.standard_normal((3, 8, 16)).astype(np.float32)
+    sizes = np.array([40, 30, 26], np.int32)
+    shardings = (NamedSharding(mesh, P()), NamedSharding(mesh, P(None, None, "b")),
+                 NamedSharding(mesh, P()))
+    simulated_mesh = jax_trn2.make_mesh((8, 8), ("a", "b"))
+    simulated = jax_trn2.jit(f, in_shardings=tuple(
+        NamedSharding(simulated_mesh, s.spec) for s in shardings))
+    assert "Tensor.RaggedMatmul(" in simulated.lower(lhs, rhs, sizes).compile().as_text()
+    plain = np.asarray(jax.jit(f, in_shardings=shardings)(lhs, rhs, sizes))
+    np.testing.assert_array_equal(plain, np.asarray(simulated(lhs, rhs, sizes)))
+    # FP32 products rounded to FP32 and summed over K = 8 in another order than CPU JAX's:
+    # |error| <= (K + 1) * 2**-24 * sum|a_k b_k|
+    bound = 9 * 2.0 ** -24 * np.abs(lhs).max() * np.abs(rhs).max() * 8
+    np.testing.assert_allclose(plain, np.asarray(jax.jit(f)(lhs, rhs, sizes)), rtol=0,
+                               atol=bound)
 
 
 def test_out_of_hbm_is_resource_exhausted(devices):

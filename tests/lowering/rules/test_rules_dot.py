@@ -48,3 +48,23 @@ def test_ragged_dot_over_free_dim_is_a_ragged_matmul_with_a_group_dim():
     assert (matmul.lhs_contract, matmul.rhs_contract) == ((1,), (1,))
     assert out_type(program, matmul).shape == (6, 5)
 
+
+
+def test_ragged_dot_as_the_spmd_partitioner_leaves_it():
+    """mhlo.ragged_dot (XLA's SPMD partitioner's output for a sharded ragged_dot), whose
+    dimension numbers reach the rule as the attribute's text, empty lists left out."""
+    program = lower_text("""func.func public @main(%a: tensor<6x4xf32>, %b: tensor<3x4x5xf32>,
+        %g: tensor<3xi32>) -> tensor<6x5xf32> {
+      %y = "mhlo.ragged_dot"(%a, %b, %g) <{precision_config = [#mhlo<precision DEFAULT>,
+          #mhlo<precision DEFAULT>], ragged_dot_dimension_numbers = #mhlo.ragged_dot<
+          dot_dimension_numbers = #mhlo.dot<lhs_contracting_dimensions = [1],
+          rhs_contracting_dimensions = [1]>, lhs_ragged_dimensions = [0],
+          rhs_group_dimensions = [0]>}>
+        : (tensor<6x4xf32>, tensor<3x4x5xf32>, tensor<3xi32>) -> tensor<6x5xf32>
+      return %y : tensor<6x5xf32>
+    }""")
+    matmul = only(program, isa.RaggedMatmul)
+    assert (matmul.lhs_ragged, matmul.rhs_group) == (0, 0)
+    assert (matmul.lhs_contract, matmul.rhs_contract) == ((1,), (1,))
+    assert (matmul.lhs_batch, matmul.rhs_batch) == ((), ())
+    assert out_type(program, matmul).shape == (6, 5)
