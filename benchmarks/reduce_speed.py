@@ -45,7 +45,7 @@ def time_case(tree: str, shape: tuple[int, ...], dims: tuple[int, ...], dtype: s
     import numpy as np
 
     from mesh import dtypes, isa
-    from mesh.executor import EXACT_PRECISION
+    from mesh.executor import EXECUTOR_COMPILER_OPTIONS
     from mesh.isa.kernels import kernel_for
     from mesh.isa.kernels.context import KernelContext
 
@@ -63,7 +63,7 @@ def time_case(tree: str, shape: tuple[int, ...], dims: tuple[int, ...], dtype: s
         x = jnp.asarray(x.astype(dtypes.numpy_dtype(dtype)))
         init = jnp.zeros((1,), x.dtype)
         kernel = jax.jit(lambda x, init: kernel_for(instr)(instr, [x, init], ctx)[0],
-                         compiler_options=EXACT_PRECISION)
+                         compiler_options=EXECUTOR_COMPILER_OPTIONS)
         out = kernel(x, init).block_until_ready()
         best = float("inf")
         for _ in range(calls):

@@ -89,9 +89,16 @@ def _to_layout(x: jnp.ndarray | PerChip, program: isa.Program, value: int,
     return x
 
 
-# XLA may otherwise drop a rounding to a narrow float between two ops (it "allows excess
-# precision"); the engines round every result to its type, so every rounding must stay.
-EXACT_PRECISION = {"xla_allow_excess_precision": False}
+# XLA's options for the executor's computations, which must give the same bits however
+# their chips are split over devices and processes:
+# - xla_allow_excess_precision: XLA may otherwise drop a rounding to a narrow float between
+#   two ops; the engines round every result to its type, so every rounding must stay.
+# - xla_cpu_experimental_ynn_fusion_type empty: XLA:CPU hands some fusions (reductions and
+#   the elementwise ops fused into them, dots) to YNNPACK, whose exp and sums are not
+#   XLA's own; whether it does depends on the shapes a device computes (measured: a
+#   softmax's exp differed by an ulp between 4 and 8 executor devices).
+EXECUTOR_COMPILER_OPTIONS = {"xla_allow_excess_precision": False,
+                             "xla_cpu_experimental_ynn_fusion_type": ""}
 
 
 # Matmul results of at least this many bytes (the largest block glibc's malloc recycles)
@@ -275,9 +282,12 @@ def compile_program(program: isa.Program,
         # StableHLO has 64-bit values even when the user's jax has no jax_enable_x64
         # (jax.random's u64 counters, RNG states): they keep their type in the executor.
         with jax.enable_x64(True):
-            return run_program(kept, values, rounding.rounder(), split_check=split_check,
-                               executor=executor, on_cpu=runs_on_cpu(devices),
-                               per_chip=per_chip)
+            results = run_program(kept, values, rounding.rounder(), split_check=split_check,
+                                  executor=executor, on_cpu=runs_on_cpu(devices),
+                                  per_chip=per_chip)
+            # computed as whole chips too (where the function leaves a result split along
+            # a chip's own dims, XLA's partitioner would split its arithmetic back to it)
+            return [_whole_chips(r, devices, program.mesh.rank) for r in results]
 
     def run(*args):
         with jax.enable_x64(True):
@@ -308,13 +318,13 @@ def compile_program(program: isa.Program,
         first = len(program.inputs)
         # keep_unused: jax would drop the workspace arguments (never read) and so their
         # donation
-        return jax.jit(fun, compiler_options=EXACT_PRECISION, keep_unused=True,
+        return jax.jit(fun, compiler_options=EXECUTOR_COMPILER_OPTIONS, keep_unused=True,
                        donate_argnums=tuple(range(first, first + len(workspace))), **pinned)
     if devices is None or len(devices) == 1:
-        return jax.jit(fun, compiler_options=EXACT_PRECISION, **pinned)
+        return jax.jit(fun, compiler_options=EXECUTOR_COMPILER_OPTIONS, **pinned)
     in_shardings = [read_sharding(program, i, devices) for i in range(len(program.inputs))] \
         if global_io else [split_over(devices, shape) for shape in input_shapes(program, False)]
-    return jax.jit(fun, compiler_options=EXACT_PRECISION, in_shardings=tuple(in_shardings),
+    return jax.jit(fun, compiler_options=EXECUTOR_COMPILER_OPTIONS, in_shardings=tuple(in_shardings),
                    out_shardings=list(out_shardings or  # (a list, as `fun` returns)
                                       (split_over(devices, shape) for shape in out_shapes)))
 

@@ -11,7 +11,7 @@ import numpy as np
 from jax.sharding import AxisType
 
 import jax_trn2
-from mesh.executor import EXACT_PRECISION
+from mesh.executor import EXECUTOR_COMPILER_OPTIONS
 from mesh.machine import device_order, get_topology, place_mesh
 
 # Tolerances, relative to the largest reference magnitude, where the two runs may add in a
@@ -61,7 +61,7 @@ def run_both(body, shape, names, in_specs, out_specs, *args, topology="trn2-ultr
     # simulator does (by default XLA on CPU may keep BF16 intermediates in FP32).
     ref = jax.jit(jax.shard_map(body, mesh=ref_mesh, in_specs=in_specs,
                                 out_specs=out_specs, check_vma=check_vma),
-                  compiler_options=EXACT_PRECISION)
+                  compiler_options=EXECUTOR_COMPILER_OPTIONS)
     got = sim(*args)
     assert_same_bits(run_plain(body, shape, names, in_specs, out_specs, *args,
                                topology=topology, check_vma=check_vma), got)

@@ -17,7 +17,7 @@ import pytest
 
 import jax_trn2
 from e2e_reference import assert_same_bits
-from mesh.executor import EXACT_PRECISION
+from mesh.executor import EXECUTOR_COMPILER_OPTIONS
 
 
 def moe_layer(x, router, w_in, w_out, *, top_k: int):
@@ -52,7 +52,7 @@ def on_trn2(args):
 # FP32: the simulator's FP32 dots round each product to FP32 and add in another order than
 # CPU JAX (a few ulps of a sum of K <= 48 terms: (K + 1) 2**-24 sum|a_k b_k|), gelu's tanh
 # and softmax's exp may differ in their last bits, and the second dot and the combine
-# carry those on: 16 ulps. BF16: both round every op's result to BF16 (EXACT_PRECISION on
+# carry those on: 16 ulps. BF16: both round every op's result to BF16 (EXECUTOR_COMPILER_OPTIONS on
 # the CPU); a dot's FP32 sums of exact products, added in another order, may round to the
 # neighbouring BF16 value: 2 ulps, as e2e_reference.FLOAT_RTOL.
 ULPS = {"float32": (2.0 ** -23, 16), "bfloat16": (2.0 ** -7, 2)}
@@ -63,7 +63,7 @@ def test_layer_matches_cpu_jax_through_both_doors(dtype, rng):
     tokens, d, f, experts, top_k = 64, 32, 48, 8, 2
     args = layer_arguments(rng, tokens, d, f, experts, jnp.dtype(dtype))
     layer = functools.partial(moe_layer, top_k=top_k)
-    want = np.asarray(jax.jit(layer, compiler_options=EXACT_PRECISION)(*args), np.float64)
+    want = np.asarray(jax.jit(layer, compiler_options=EXECUTOR_COMPILER_OPTIONS)(*args), np.float64)
     # the routing is not a near tie anywhere: a last-bit difference in a logit cannot
     # choose another expert (the k-th and next logits are far apart)
     logits = np.sort(np.asarray(args[0], np.float32) @ np.asarray(args[1], np.float32))

@@ -190,3 +190,28 @@ def test_a_chip_sums_in_the_same_order_however_many_chips_a_device_holds(chip_sh
     for devices in (2, 4, 8):
         split = np.asarray(jax_trn2.jit(f, executor_devices=jax.devices()[:devices])(x))
         assert np.array_equal(split.view(np.uint32), one.view(np.uint32)), devices
+
+
+@pytest.mark.parametrize("name", ["softmax", "cumsum"])
+def test_a_program_gives_the_same_bits_however_many_devices_compute_it(name):
+    """A (4, 2) mesh over 1, 2, 4 or 8 executor devices: over 8 the devices split no
+    result of the 4 chips along "data" whole, so each result is left split along a chip's
+    own dim. Before: the softmax's exp ran in XLA:CPU's YNNPACK fusion of the max on some
+    device counts and not others (an ulp apart), and the cumsum's scan was split along
+    its own axis by XLA's partitioner."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    import jax_trn2
+
+    f = {"softmax": lambda x: jax.nn.softmax(x, axis=-1),
+         "cumsum": lambda x: jnp.cumsum(x, axis=1)}[name]
+    mesh = jax_trn2.make_mesh((4, 2), ("data", "model"))
+    x = np.random.default_rng(1).standard_normal((16, 4608)).astype(np.float32)
+    results = [np.asarray(jax_trn2.jit(f, in_shardings=NamedSharding(mesh, P("data")),
+                                       executor_devices=jax.devices()[:n])(x))
+               for n in (1, 2, 4, 8)]
+    for n, result in zip((2, 4, 8), results[1:]):
+        assert np.array_equal(result.view(np.uint32), results[0].view(np.uint32)), n
