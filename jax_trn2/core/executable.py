@@ -88,9 +88,10 @@ def _executor_context():
     work), unseen by what the caller installed to watch jax's work (jax's test-event
     listener, a replacement of its lowering of jaxprs: jax_trn2.core.watchers), and
     compiled even under jax.disable_jit (which is for stepping through the user's Python;
-    the simulator's computations are not the user's and run only compiled), and moving their arrays to and from the executor's devices under a
-    jax.transfer_guard the caller set (which guards the user's transfers to the chips,
-    not the simulator's own on the host).
+    the simulator's computations are not the user's and run only compiled), and moving
+    their arrays to and from the executor's devices under a jax.transfer_guard the caller
+    set (which guards the user's transfers to the chips, not the simulator's own on the
+    host).
 
     Each setting is changed only where the caller's differs: entering one costs 1 to 17
     microseconds (the transfer guard's four settings most) on every run, where a small
