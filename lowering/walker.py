@@ -517,13 +517,14 @@ class Walker:
         return int(np.prod([self.mesh.axis_sizes[a] for a in axes], dtype=np.int64))
 
     def _shardings(self, attrs: tuple, count: int) -> tuple:
-        """dim_axes of each main argument/result from its sdy.sharding (None: replicated)."""
+        """dim_axes of each main argument/result from its sdy.sharding (None: replicated,
+        as is one that splits no dim: jax's on an array committed to one device)."""
         result = []
         for i in range(count):
             sharding = attrs[i].get("sdy.sharding") if i < len(attrs) and \
                 isinstance(attrs[i], dict) else None
-            result.append(None if sharding is None else
-                          partition.sdy_dim_axes(sharding, self.mesh))
+            dim_axes = None if sharding is None else partition.sdy_dim_axes(sharding, self.mesh)
+            result.append(dim_axes if dim_axes and any(dim_axes) else None)
         return tuple(result)
 
     def lower_block(self, block, args: Sequence[int], builder: ProgramBuilder,

@@ -6,7 +6,8 @@ import concurrent.futures
 import contextlib
 import os
 import threading
-from functools import cached_property
+import weakref
+from functools import cached_property, lru_cache
 from typing import Any, Iterable, Sequence
 
 import jax
@@ -14,11 +15,11 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from jax._src import config, core
-from jax._src import util as jax_util
 from jax._src import mesh as mesh_lib
 from jax.sharding import NamedSharding, SingleDeviceSharding
 
 import lowering
+from jax_trn2.core import watchers
 from jax_trn2.core.device import Buffer, Device
 from jax_trn2.core.machines import PROCESS_GRID_AXES, placement_for, topology_for
 from jax_trn2.core.processes import ProcessLostError, lost_processes, runtime_failure, \
@@ -28,6 +29,7 @@ from lowering.host import host_devices
 from lowering.plan import plan_program
 from mesh import dtypes, isa, numerics, sharding
 from mesh.isa import printer
+from mesh.isa.content import program_key
 from mesh.perf import trace
 from mesh.perf.estimate import ProgramEstimate, target_text
 from mesh.emulated_floats import host_to_storage, storage_to_host
@@ -83,13 +85,13 @@ def _executor_context():
     with 64-bit types (a module's 64-bit values keep their type), and on the executor's
     devices rather than over a mesh the caller set with jax.set_mesh (under which jax
     would compile and run them replicated on every device of that mesh, each doing all the
-    work), unseen by jax's test-event listener (jax's test_util counts device puts,
-    compilations and lowerings through it: the user's, which the simulator's are not),
-    and compiled even under jax.disable_jit (which is for stepping through the
-    user's Python; the simulator's computations are not the user's and run only
-    compiled), and moving their arrays to and from the executor's devices under a
-    jax.transfer_guard the caller set (which guards the user's transfers to the chips,
-    not the simulator's own on the host).
+    work), unseen by what the caller installed to watch jax's work (jax's test-event
+    listener, a replacement of its lowering of jaxprs: jax_trn2.core.watchers), and
+    compiled even under jax.disable_jit (which is for stepping through the user's Python;
+    the simulator's computations are not the user's and run only compiled), and moving
+    their arrays to and from the executor's devices under a jax.transfer_guard the caller
+    set (which guards the user's transfers to the chips, not the simulator's own on the
+    host).
 
     Each setting is changed only where the caller's differs: entering one costs 1 to 17
     microseconds (the transfer guard's four settings most) on every run, where a small
@@ -105,38 +107,9 @@ def _executor_context():
             stack.enter_context(jax.disable_jit(False))
         if any(guard.value not in (None, "allow") for guard in _TRANSFER_GUARDS):
             stack.enter_context(jax.transfer_guard("allow"))
-        if jax_util.test_event_listener is not None:
-            stack.enter_context(_test_events_hidden())
+        if watchers.installed():
+            stack.enter_context(watchers.unwatched())
         yield
-
-
-class _SimulatorEventFilter:
-    """jax's test-event listener, passed the events of every thread but those running
-    the simulator's own computations (inside `_test_events_hidden`)."""
-
-    def __init__(self, listener):
-        self.listener = listener
-        self.hidden = threading.local()
-
-    def __call__(self, name: str, *args: Any) -> None:
-        if not getattr(self.hidden, "on", False):
-            self.listener(name, *args)
-
-
-@contextlib.contextmanager
-def _test_events_hidden():
-    """The events jax fires on this thread (jax._src.util.test_event) kept from its
-    listener. The listener is wrapped in place once, so that other threads' events still
-    reach it while this one's simulator runs."""
-    listener = jax_util.test_event_listener
-    if not isinstance(listener, _SimulatorEventFilter):
-        listener = jax_util.test_event_listener = _SimulatorEventFilter(listener)
-    outer = getattr(listener.hidden, "on", False)
-    listener.hidden.on = True
-    try:
-        yield
-    finally:
-        listener.hidden.on = outer
 
 
 # The transfer guard's settings: all transfers', and each direction's (which override it);
@@ -195,6 +168,33 @@ def _global_input(array: Any, sharding: NamedSharding) -> Any:
     return jax.device_put(array, sharding)
 
 
+@lru_cache(maxsize=64)
+def _zeros_maker(types: tuple[jax.ShapeDtypeStruct, ...], device: jax.Device | None) -> Any:
+    """A function making zeroed arrays of `types` on `device` (None: jax's default device;
+    jnp.zeros would make them there and put them on `device`, as buffers XLA cannot take
+    over), one per workspace layout: an executable of a program compiled before (see
+    _COMPILED_RUNS) traces and lowers nothing for it either."""
+    on = dict(out_shardings=SingleDeviceSharding(device)) if device is not None else {}
+    return jax.jit(lambda: [jnp.zeros(t.shape, t.dtype) for t in types], **on)
+
+
+class _CompiledRun:
+    """A program's computation for the executor (a jax Compiled) and the checks traced
+    into it (mesh.isa.kernels.participation), which report on its runs."""
+
+    def __init__(self, compiled: jax.stages.Compiled, split_check: SplitGroupCheck):
+        self.compiled = compiled
+        self.split_check = split_check
+
+
+# The executor's computations by the content of their programs and how they run (see
+# LoadedExecutable._compile), while an executable holds them. jax compiles a program again
+# where only what the simulator does not see differs (mesh.isa.content): the simulator
+# builds nothing for it then (no tracing, lowering or XLA compile of its own).
+_COMPILED_RUNS: "weakref.WeakValueDictionary[tuple, _CompiledRun]" = \
+    weakref.WeakValueDictionary()
+
+
 class LoadedExecutable:
     """A Trn2 program compiled into one XLA computation over the whole simulated mesh.
 
@@ -221,11 +221,9 @@ class LoadedExecutable:
         self.module = module
         self.rounding = rounding
         self.executor_devices = tuple(executor_devices) if executor_devices else None
-        self._split_check = SplitGroupCheck()
         self._workspace: list[jax.Array] | None = None  # kept for the next execute
         self._workspace_made: concurrent.futures.Future | None = None  # the first one
         self._workspace_lock = threading.Lock()
-        self._split_lock = threading.Lock()  # see _checked_run
         self.placement = _placement(topology, program.mesh, device_assignment)
         # What runs is the planned program: matmuls tiled, collectives mapped on the torus.
         self.program = plan_program(program, topology, self.placement)
@@ -235,13 +233,13 @@ class LoadedExecutable:
         self._result_shardings: tuple[NamedSharding, ...] | None = None  # see place_results
 
     @cached_property
-    def _run(self):
+    def _run(self) -> _CompiledRun:
         """The program as one XLA computation over arrays in the executor layout (for
         `execute_sharded`), compiled on first use (listing and estimates do not need it)."""
         return self._compile(global_io=False)
 
     @cached_property
-    def _run_global(self):
+    def _run_global(self) -> _CompiledRun:
         """The program as one XLA computation of global arrays (for `execute`)."""
         return self._compile(global_io=True)
 
@@ -251,25 +249,37 @@ class LoadedExecutable:
         giving the outputs return_chip_pieces names as their chips' pieces."""
         return with_chip_outputs(self.program, self._chip_outputs)
 
-    def _compile(self, global_io: bool):
+    def _compile(self, global_io: bool) -> _CompiledRun:
+        """The program's computation for the executor: that of a program of the same
+        content compiled before, while some executable still holds it, else a new one."""
         values = self.program.values
         inputs = [jax.ShapeDtypeStruct(shape, input_dtype(values[v].type.dtype, self._on_cpu))
                   for shape, v in zip(input_shapes(self.program, global_io),
                                       self.program.inputs)]
         workspace = self._workspace_values if global_io else ()
         devices = self._devices
+        spread = global_io and devices is not None and len(devices) > 1
+        chip_outputs = self._chip_outputs if global_io else ()
+        result_shardings = tuple(self.result_shardings) if spread else None
         # A program without inputs or outputs has no sharding to place its computation
         # by: jax would compile it for its default device, which may be the trn2 plugin
         # (JAX_PLATFORMS=trn2), which refuses the executor's XLA options.
         on_device = jax.default_device(devices[0]) if devices is not None and \
             len(devices) == 1 else contextlib.nullcontext()
         with _executor_context(), on_device:
-            spread = global_io and devices is not None and len(devices) > 1
-            return compile_program(self.program, self.rounding, devices, global_io,
-                                   self._split_check, workspace,
-                                   self._chip_outputs if global_io else (),
-                                   self.result_shardings if spread else None).lower(
-                *inputs, *self._workspace_types(workspace)).compile()
+            # jax's configuration as it traces (config.trace_context), as jax keys its own
+            # caches by: the executor's computation is traced under it
+            key = (program_key(self.program), self.rounding, devices, global_io,
+                   tuple(workspace), chip_outputs, result_shardings, config.trace_context())
+            compiled = _COMPILED_RUNS.get(key)
+            if compiled is None:
+                split_check = SplitGroupCheck()
+                compiled = _CompiledRun(compile_program(
+                    self.program, self.rounding, devices, global_io, split_check, workspace,
+                    chip_outputs, result_shardings).lower(
+                        *inputs, *self._workspace_types(workspace)).compile(), split_check)
+                _COMPILED_RUNS[key] = compiled
+            return compiled
 
     @cached_property
     def _devices(self) -> tuple[jax.Device, ...] | None:
@@ -390,11 +400,9 @@ class LoadedExecutable:
 
     @cached_property
     def _new_workspace(self) -> Any:
-        """Zeroed workspace buffers, made on the executor's device (jnp.zeros would make
-        them on jax's default device and put them there, as buffers XLA cannot take over)."""
+        """Zeroed workspace buffers, made on the executor's device."""
         types = self._workspace_types(self._workspace_values)
-        on = dict(out_shardings=SingleDeviceSharding(self._devices[0])) if self._devices else {}
-        return jax.jit(lambda: [jnp.zeros(t.shape, t.dtype) for t in types], **on)
+        return _zeros_maker(tuple(types), self._devices[0] if self._devices else None)
 
     def _keep_workspace(self, results: list[jax.Array]) -> list[jax.Array]:
         """The program's outputs; the workspace arrays after them are kept."""
@@ -404,18 +412,20 @@ class LoadedExecutable:
                 self._workspace = list(results[n_outputs:])
         return results[:n_outputs]
 
+    @staticmethod
     @contextlib.contextmanager
-    def _checked_run(self):
-        """Around a run: SplitCollectiveError after it if it met a collective that only
-        some members of a group reached (possible only where control flow differs by chip).
-        Runs of such a program are serialised, so that each reports its own."""
-        if not self._split_check.armed:  # known once compiled: before the first run
+    def _checked_run(run: _CompiledRun):
+        """Around a run of `run`: SplitCollectiveError after it if it met a collective that
+        only some members of a group reached (possible only where control flow differs by
+        chip). Runs of such a program are serialised, so that each reports its own."""
+        split_check = run.split_check
+        if not split_check.armed:  # known once compiled: before the first run
             yield
             return
-        with self._split_lock:
+        with split_check.lock:
             yield
             jax.effects_barrier()  # the checks' host callbacks have all run
-            self._split_check.raise_if_split()
+            split_check.raise_if_split()
 
     def return_chip_pieces(self, positions: Sequence[int]) -> None:
         """Have `execute` return the outputs at `positions`, each assembled by an Unshard
@@ -459,8 +469,10 @@ class LoadedExecutable:
         callbacks, as jax's lowering keeps them. `module_name`: the file the module text
         came from, where an op without a debug location is (lowering.lower)."""
         module = lowering.parse_module(stablehlo)
-        program = lowering.lower(module, host_callbacks=host_callbacks,
-                                 module_name=module_name)
+        # the lowering's own jax computations (constant folding), as the executor's
+        with watchers.unwatched() if watchers.installed() else contextlib.nullcontext():
+            program = lowering.lower(module, host_callbacks=host_callbacks,
+                                     module_name=module_name)
         if not isinstance(topology, Topology):
             topology = topology_for(program.mesh.axis_sizes, program.mesh.axis_names, topology)
         if program.mesh.axis_names == PROCESS_GRID_AXES and \
@@ -548,10 +560,10 @@ class LoadedExecutable:
         arrays = self._check_args(args)
         run = self._run_global  # compiled first: a program's checks are known after
         with self._host_memory_named(), self._lost_processes_named():
-            with _executor_context(), self._checked_run():
+            with _executor_context(), self._checked_run(run):
                 # finished here: a failure of the run (XLA:CPU out of memory) is raised
                 # inside _host_memory_named, and never leaves a failed workspace kept
-                outs = run(*self._as_inputs(arrays), *self._take_workspace())
+                outs = run.compiled(*self._as_inputs(arrays), *self._take_workspace())
                 if self.spans_processes:  # a collective waiting on a stopped process
                     lost = wait_for_run(outs, self._owners)
                     if lost:
@@ -639,8 +651,8 @@ class LoadedExecutable:
             inputs = [self._device_input(i, [dev_args[i] for dev_args in per_device_args])
                       for i in range(len(self.program.inputs))]
             run = self._run  # compiled first: a program's checks are known after
-            with self._checked_run():
-                outs = run(*inputs)
+            with self._checked_run(run):
+                outs = run.compiled(*inputs)
             per_output = [self._device_results(i, o) for i, o in enumerate(outs)]
         return [[Buffer(pieces[d], device) for pieces in per_output]
                 for d, device in enumerate(devices)]

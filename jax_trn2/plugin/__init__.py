@@ -43,6 +43,8 @@ def initialize() -> None:
     from jax._src import xla_bridge
 
     from jax_trn2.core import lowerings
+    # keeps jax's own lowering of jaxprs before a caller's program replaces it
+    from jax_trn2.core import watchers  # noqa: F401
     from jax_trn2.plugin import table
     from jax_trn2.core.platform import PLATFORM_NAME, PLUGIN_NAME
 

@@ -34,7 +34,7 @@ def run(executable, *args) -> np.ndarray:
 
 def custom_calls(executable) -> list[str]:
     """The executor's custom calls (the native loop's), as lines of its optimized HLO."""
-    text = executable._run_global.as_text()
+    text = executable._run_global.compiled.as_text()
     return [line for line in text.splitlines() if "custom-call(" in line]
 
 
@@ -47,7 +47,7 @@ def copied(monkeypatch):
 
 def moves(executable) -> list[str]:
     """The executor's transposes and copies, as lines of its optimized HLO."""
-    text = executable._run_global.as_text()
+    text = executable._run_global.compiled.as_text()
     return [line for line in text.splitlines() if "transpose(" in line or "copy(" in line]
 
 

@@ -59,7 +59,7 @@ def test_each_device_takes_the_blocks_its_chips_read_and_gathers_none():
     # what a call runs: no device gathers the batch (XLA may still gather a conversion of
     # a weight it split the work of, which every device held whole anyway)
     gathered = [math.prod(map(int, shape.split(","))) for shape in re.findall(
-        r"= \w+\[([\d,]+)\]\S* all-gather\(", executable._run_global.as_text())]
+        r"= \w+\[([\d,]+)\]\S* all-gather\(", executable._run_global.compiled.as_text())]
     assert all(size < BATCH * 128 for size in gathered), gathered
     one = jax_trn2.jit(step, in_shardings=in_shardings, out_shardings=out_shardings)(*args)
     for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(spread(*args))):

@@ -81,7 +81,7 @@ def test_calls_with_a_kept_workspace_give_the_same_bits_and_leave_results_intact
 def test_a_workspace_is_donated_to_xla(small_workspace):
     x, g = (RNG.standard_normal((16, 32)).astype(np.float32) for _ in range(2))
     executable = weight_gradient_step().lower(x, g).compile().executable
-    compiled = executable._run_global
+    compiled = executable._run_global.compiled
     product = 4 * 32 * 32 * 4  # float32[4, 32, 32]: every chip's x^T g
     assert compiled.memory_analysis().alias_size_in_bytes == product
     with pytest.raises(ValueError, match="workspace"):

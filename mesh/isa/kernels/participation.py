@@ -11,6 +11,7 @@ SplitCollectiveError naming it, rather than with numbers no machine would produc
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 
 import jax
@@ -41,6 +42,9 @@ class SplitGroupCheck:
     def __init__(self) -> None:
         self.armed = False  # whether the program has any check (else runs need no wait)
         self._found: list[str] = []
+        # held around a run and its raise_if_split (when armed), so that each run of the
+        # program, from whichever thread or executable, reports its own
+        self.lock = threading.Lock()
 
     def check(self, instr: isa.Instruction, groups: np.ndarray, reached: jnp.ndarray,
               mesh: isa.MeshSpec) -> None:

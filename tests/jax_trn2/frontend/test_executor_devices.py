@@ -34,7 +34,7 @@ w = rng.standard_normal((512, 256)).astype(jnp.bfloat16)
 one = jax_trn2.jit(f)(x, w)
 split = jax_trn2.jit(f, executor_devices=jax.devices())
 many = split(x, w)
-run = split.lower(x, w).compile().executable._run_global  # what a call runs
+run = split.lower(x, w).compile().executable._run_global.compiled  # what a call runs
 used = {{d for s in run.input_shardings[0] for d in s.device_set}}
 assert len(used) == {devices}, used
 for a, b in zip(one, many):
@@ -45,7 +45,7 @@ print("bit-identical over", len(used), "devices")
 # By default the simulation runs on a CPU client of its own with one device (XLA:CPU runs
 # kernels faster there than on this client of several), and results come back laid out on
 # the mesh as jax.jit lays them out: by the shard_map's out_specs, committed.
-default_run = jax_trn2.jit(f).lower(x, w).compile().executable._run_global
+default_run = jax_trn2.jit(f).lower(x, w).compile().executable._run_global.compiled
 (own,) = {{d for s in default_run.input_shardings[0] for d in s.device_set}}
 assert own not in jax.devices() and own.client.device_count() == 1, own
 assert [r.sharding.spec for r in one] == [P(("x", "z")), P("x"), P("x"), P()], one
@@ -53,7 +53,7 @@ assert all(r.committed and r.sharding.mesh == mesh for r in one)
 # One named device: the simulation runs there.
 last = jax.devices()[-1]
 pinned = jax_trn2.jit(f, executor_devices=[last])
-run = pinned.lower(x, w).compile().executable._run_global
+run = pinned.lower(x, w).compile().executable._run_global.compiled
 assert {{d for s in run.input_shardings[0] for d in s.device_set}} == {{last}}
 for a, b in zip(one, pinned(x, w)):
     assert np.array_equal(np.atleast_1d(np.asarray(a)).view(np.uint8),
@@ -105,7 +105,7 @@ def batched(x, w):
     return jnp.einsum("bmk,bkn->bmn", x, w, preferred_element_type=jnp.float32)
 
 def native_result(jitted, x, w):  # the shape of the native loop's result on a device
-    text = jitted.lower(x, w).compile().executable._run_global.as_text()
+    text = jitted.lower(x, w).compile().executable._run_global.compiled.as_text()
     (shape,) = set(re.findall(r"= f32\\[([\\d,]+)\\][^\\n]*jax_trn2_pass_matmul", text))
     return tuple(map(int, shape.split(",")))
 

@@ -121,7 +121,8 @@ def test_the_simulation_runs_on_its_own_device_under_set_mesh():
     with jax.set_mesh(MESH):
         executable = jax_trn2.jit(dense).lower(params, X, scale=2.0).compile().executable
         executable.execute([params["b"], W, X, np.float32(2.0)])
-    compiled_for = {d for s in executable._run_global.input_shardings[0] for d in s.device_set}
+    compiled = executable._run_global.compiled
+    compiled_for = {d for s in compiled.input_shardings[0] for d in s.device_set}
     assert len(compiled_for) == 1 and not compiled_for & set(MESH.devices.flat), compiled_for
 
 
