@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from jax_trn2.plugin import abi
-from mesh import sharding
+from mesh import layouts, sharding
 
 T = TypeVar("T")
 
@@ -23,14 +23,15 @@ T = TypeVar("T")
 class Record(ctypes.Structure):
     """What a PJRT pointer handed to jaxlib points at (the C shim's trn2_record): the
     function table PJRT_Memory and PJRT_Error begin with (jaxlib reads it), then what the
-    shim's getters read without calling Python (a buffer's device, memory and deleted
-    flag; a memory's kind; an executable's replicas, partitions and outputs)."""
+    shim's getters read without calling Python (a buffer's device, memory, deleted
+    flag and layout (a plugin.layouts.LayoutRecord); a memory's kind; an executable's
+    replicas, partitions and outputs)."""
 
     _fields_ = [("vtable", ctypes.c_void_p), ("device", ctypes.c_void_p),
                 ("memory", ctypes.c_void_p), ("kind", ctypes.c_void_p),
                 ("kind_size", ctypes.c_size_t), ("deleted", ctypes.c_bool),
                 ("num_replicas", ctypes.c_size_t), ("num_partitions", ctypes.c_size_t),
-                ("num_outputs", ctypes.c_size_t)]
+                ("num_outputs", ctypes.c_size_t), ("layout", ctypes.c_void_p)]
 
 
 class Handles:
@@ -223,7 +224,9 @@ class Whole:
 
 
 class Buffer:
-    """A PJRT_Buffer: one device's array (a read-only numpy array on the host).
+    """A PJRT_Buffer: one device's array (a read-only numpy array on the host, its logical
+    value) and its layout, the order of its elements in the buffer's memory
+    (mesh.layouts; default row-major), which plugin.layouts gives its bytes in.
 
     `whole` is the global array this buffer is piece `index` of (an executable's result,
     or an argument assembled from its pieces once): the next execute that takes all its
@@ -232,18 +235,21 @@ class Buffer:
     shape (), as XLA's token buffers, which jax cannot read as an array."""
 
     def __init__(self, array: np.ndarray, device: Device, memory: Memory,
-                 whole: Whole | None = None, index: int = 0, token: bool = False):
+                 whole: Whole | None = None, index: int = 0, token: bool = False,
+                 layout: tuple[int, ...] | None = None):
         array.flags.writeable = False  # shared between buffers and with the executor
         self.array = array
         self.device = device
         self.memory = memory
         self.whole, self.index = whole, index
         self.deleted = False
-        self.record = Record()  # the table fills in its device and memory pointers
+        self.record = Record()  # the table fills in its device, memory and layout pointers
         self.owned = abi.Owned()
         self.dtype, self.shape, self.nbytes = array.dtype, array.shape, array.nbytes
         if token:
             self.dtype, self.shape = None, ()
+        self.layout = layouts.row_major(len(self.shape)) if layout is None else layout
+        self._in_memory: np.ndarray | None = None  # its bytes in its layout, once asked for
         self.hbm_bytes = self.nbytes if memory.is_hbm else 0  # host memory is not HBM
         device.allocated(self.hbm_bytes)
 
@@ -258,12 +264,19 @@ class Buffer:
         if not self.deleted:
             self.deleted = self.record.deleted = True
             self.device.freed(self.hbm_bytes)
-            self.array = self.whole = None
+            self.array = self.whole = self._in_memory = None
 
     def data(self) -> np.ndarray:
         if self.deleted:
             raise ValueError("the buffer was deleted (donated to a computation, or deleted)")
         return self.array
+
+    def in_memory(self) -> np.ndarray:
+        """The buffer's bytes as its layout orders them (a C-contiguous array), kept as long
+        as the buffer is (Buffer_UnsafePointer hands out their address)."""
+        if self._in_memory is None:
+            self._in_memory = layouts.in_memory(self.data(), self.layout)
+        return self._in_memory
 
     def __repr__(self) -> str:
         return f"Buffer({self.dtype}{list(self.shape)} on {self.device.to_string()})"
