@@ -44,7 +44,7 @@ typedef struct {
   size_t kind_size;
   bool deleted;      /* a buffer's */
   size_t num_replicas, num_partitions, num_outputs;  /* an executable's */
-  const void *layout;  /* a buffer's: its trn2_layout */
+  const void *memory_layout;  /* a buffer's: its trn2_layout */
 } trn2_record;
 
 /* PJRT_<Object>_<Getter>_Args: the header, the object, then its out-fields. */
@@ -264,7 +264,7 @@ void *trn2_Memory_Kind(trn2_args *args) {
   return 0;
 }
 
-/* PJRT's layouts extension (jax_trn2.plugin.layouts): a PJRT_Layouts_MemoryLayout is a
+/* PJRT's layouts extension (jax_trn2.plugin.memory_layouts): a PJRT_Layouts_MemoryLayout is a
    trn2_layout, one per layout, which lives as long as the process (nothing to destroy);
    serialized, it is XLA's text of the layout. */
 typedef struct {
@@ -273,7 +273,7 @@ typedef struct {
 } trn2_layout;
 
 void *trn2_Layouts_PJRT_Buffer_MemoryLayout(trn2_args *args) {
-  args->out[0] = (void *)args->object->layout;
+  args->out[0] = (void *)args->object->memory_layout;
   return 0;
 }
 

@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from jax_trn2.plugin import abi
-from mesh import layouts, sharding
+from mesh import sharding
+from mesh.memory_layout import in_memory, row_major
 
 T = TypeVar("T")
 
@@ -24,14 +25,14 @@ class Record(ctypes.Structure):
     """What a PJRT pointer handed to jaxlib points at (the C shim's trn2_record): the
     function table PJRT_Memory and PJRT_Error begin with (jaxlib reads it), then what the
     shim's getters read without calling Python (a buffer's device, memory, deleted
-    flag and layout (a plugin.layouts.LayoutRecord); a memory's kind; an executable's
-    replicas, partitions and outputs)."""
+    flag and memory layout (a plugin.memory_layouts.LayoutRecord); a memory's kind; an
+    executable's replicas, partitions and outputs)."""
 
     _fields_ = [("vtable", ctypes.c_void_p), ("device", ctypes.c_void_p),
                 ("memory", ctypes.c_void_p), ("kind", ctypes.c_void_p),
                 ("kind_size", ctypes.c_size_t), ("deleted", ctypes.c_bool),
                 ("num_replicas", ctypes.c_size_t), ("num_partitions", ctypes.c_size_t),
-                ("num_outputs", ctypes.c_size_t), ("layout", ctypes.c_void_p)]
+                ("num_outputs", ctypes.c_size_t), ("memory_layout", ctypes.c_void_p)]
 
 
 class Handles:
@@ -225,8 +226,8 @@ class Whole:
 
 class Buffer:
     """A PJRT_Buffer: one device's array (a read-only numpy array on the host, its logical
-    value) and its layout, the order of its elements in the buffer's memory
-    (mesh.layouts; default row-major), which plugin.layouts gives its bytes in.
+    value) and its memory layout, the order of its elements in the buffer's memory
+    (mesh.memory_layout; default row-major), which plugin.memory_layouts gives its bytes in.
 
     `whole` is the global array this buffer is piece `index` of (an executable's result,
     or an argument assembled from its pieces once): the next execute that takes all its
@@ -236,7 +237,7 @@ class Buffer:
 
     def __init__(self, array: np.ndarray, device: Device, memory: Memory,
                  whole: Whole | None = None, index: int = 0, token: bool = False,
-                 layout: tuple[int, ...] | None = None):
+                 memory_layout: tuple[int, ...] | None = None):
         array.flags.writeable = False  # shared between buffers and with the executor
         self.array = array
         self.device = device
@@ -248,7 +249,8 @@ class Buffer:
         self.dtype, self.shape, self.nbytes = array.dtype, array.shape, array.nbytes
         if token:
             self.dtype, self.shape = None, ()
-        self.layout = layouts.row_major(len(self.shape)) if layout is None else layout
+        self.memory_layout = row_major(len(self.shape)) if memory_layout is None else \
+            memory_layout
         self._in_memory: np.ndarray | None = None  # its bytes in its layout, once asked for
         self.hbm_bytes = self.nbytes if memory.is_hbm else 0  # host memory is not HBM
         device.allocated(self.hbm_bytes)
@@ -275,7 +277,7 @@ class Buffer:
         """The buffer's bytes as its layout orders them (a C-contiguous array), kept as long
         as the buffer is (Buffer_UnsafePointer hands out their address)."""
         if self._in_memory is None:
-            self._in_memory = layouts.in_memory(self.data(), self.layout)
+            self._in_memory = in_memory(self.data(), self.memory_layout)
         return self._in_memory
 
     def __repr__(self) -> str:

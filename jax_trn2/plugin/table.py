@@ -16,20 +16,18 @@ import ctypes
 import functools
 from typing import Any
 
-import numpy as np
-
-from jax_trn2.plugin import abi, layouts
+from jax_trn2.plugin import abi, memory_layouts
 from jax_trn2.plugin.abi import c
 from jax_trn2.plugin.errors import Errors, PjrtError
 from jax_trn2.plugin.handles import Buffer, Device, Handles, Memory, MemoryVtable, Record
-from mesh.layouts import in_memory, row_major
+from mesh.memory_layout import in_memory, row_major
 
 HANDLES = Handles()
 ERRORS = Errors(HANDLES)
 MEMORY_VTABLE = MemoryVtable()
 _PLUGIN = abi.Owned()  # the plugin's own C values (attributes)
 _SLOTS: dict[str, Any] = {}  # slot name -> its ctypes function (kept alive)
-_LAYOUT_SLOTS: dict[str, Any] = {}  # the layouts extension's Python slots, likewise
+_MEMORY_LAYOUT_SLOTS: dict[str, Any] = {}  # the layouts extension's Python slots, likewise
 _EXTENSIONS: list[Any] = []  # the extensions the table lists (kept alive)
 # Slots the C shim implements (_shim.c), reading the Records of buffers, memories and
 # executables.
@@ -55,8 +53,8 @@ def slot(function):
 
 
 def layouts_slot(function):
-    """A slot of PJRT's layouts extension (plugin.layouts), named as its args struct."""
-    _LAYOUT_SLOTS[f"PJRT_{function.__name__}"] = ERRORS.slot(function)
+    """A slot of PJRT's layouts extension (plugin.memory_layouts), named as its args struct."""
+    _MEMORY_LAYOUT_SLOTS[f"PJRT_{function.__name__}"] = ERRORS.slot(function)
     return function
 
 
@@ -233,7 +231,7 @@ def Client_BufferFromHostBuffer(args):
     buffer = client.buffer_from_host(args.data or 0, abi.dtype_of(args.type), dims, strides,
                                      memory)
     if args.device_layout:  # the bytes' order on the device (the host's is `strides`)
-        buffer.layout = layouts.read(args.device_layout, len(dims))
+        buffer.memory_layout = memory_layouts.read(args.device_layout, len(dims))
     args.buffer = _new_buffer(buffer)
     args.done_with_host_buffer = _READY  # copied: the host memory is free
 
@@ -431,7 +429,7 @@ def Buffer_ToHostBuffer(args):
     if args.dst_size < data.nbytes:
         raise ValueError(f"a host buffer of {args.dst_size} bytes cannot hold the "
                          f"{data.nbytes} bytes of {buffer}")
-    order = layouts.read(args.host_layout, data.ndim) if args.host_layout else buffer.layout
+    order = memory_layouts.read(args.host_layout, data.ndim) if args.host_layout else buffer.memory_layout
     # A piece that is a strided view of a larger result (or laid out otherwise) is copied
     # into a temporary here: it must stay bound until memmove has read it (freed, its
     # first bytes are malloc's free-list links)
@@ -444,13 +442,13 @@ def _new_buffer(buffer: Buffer) -> int:
     """The pointer of a new buffer, its Record telling the shim its device and memory."""
     buffer.record.device = HANDLES.pointer(buffer.device)
     buffer.record.memory = HANDLES.pointer(buffer.memory)
-    buffer.record.layout = layouts.pointer(buffer.layout)
+    buffer.record.memory_layout = memory_layouts.pointer(buffer.memory_layout)
     return HANDLES.add(buffer, buffer.record)
 
 
 def _copy(buffer: Buffer, memory: Memory) -> int:
     """A copy in `memory`, laid out as the original (PJRT keeps a buffer's layout)."""
-    return _new_buffer(Buffer(buffer.data(), memory.device, memory, layout=buffer.layout))
+    return _new_buffer(Buffer(buffer.data(), memory.device, memory, memory_layout=buffer.memory_layout))
 
 
 @slot
@@ -682,26 +680,28 @@ def LoadedExecutable_Execute(args):
         abi.write_pointers(args.device_complete_events, [_READY] * len(results))
 
 
-# --- PJRT's layouts extension (plugin.layouts; its other slots are the shim's) ------------
+# --- PJRT's layouts extension (plugin.memory_layouts; its other slots are the shim's) ------------
 
 @layouts_slot
 def Layouts_PJRT_Client_GetDefaultLayout(args):
     """Row-major, whatever the element type and dims."""
-    args.layout = layouts.pointer(row_major(args.num_dims))
+    args.layout = memory_layouts.pointer(row_major(args.num_dims))
 
 
 @layouts_slot
 def Layouts_PJRT_Executable_GetParameterLayouts(args):
     executable = _of(args.executable)
     args.layouts, args.num_parameters = executable.owned.array(
-        ctypes.c_void_p, [layouts.pointer(layout) for layout in executable.parameter_layouts])
+        ctypes.c_void_p, [memory_layouts.pointer(layout)
+                          for layout in executable.parameter_memory_layouts])
 
 
 @layouts_slot
 def Layouts_PJRT_Executable_GetOutputLayouts(args):
     executable = _of(args.executable)
     args.layouts, args.num_outputs = executable.owned.array(
-        ctypes.c_void_p, [layouts.pointer(layout) for layout in executable.output_layouts])
+        ctypes.c_void_p, [memory_layouts.pointer(layout)
+                          for layout in executable.output_memory_layouts])
 
 
 # --- the table ----------------------------------------------------------------------------
@@ -719,7 +719,7 @@ def build(shim: ctypes.CDLL) -> Any:
     api.pjrt_api_version.minor_version = abi.API_MINOR
     for name, function in _SLOTS.items():
         setattr(api, name, ctypes.cast(function, ctypes.c_void_p).value)
-    _EXTENSIONS.append(layouts.extension(_LAYOUT_SLOTS, shim))
+    _EXTENSIONS.append(memory_layouts.extension(_MEMORY_LAYOUT_SLOTS, shim))
     api.extension_start = ctypes.addressof(_EXTENSIONS[-1])
     for name in GUARDED_SLOTS:  # the shim calls the Python slot, its error state kept
         setter = getattr(shim, f"trn2_set_{name}")

@@ -33,7 +33,7 @@ def _emit_elementwise(ctx: LoweringContext, op: Op, /, **params) -> tuple[int, .
 MHLO = frozenset({"erf"})
 
 # The elementwise ops' names (with their dialects), those with the rule below and compare's:
-# what lowering.layouts keeps a value's memory order through.
+# what lowering.memory_layouts keeps a value's memory order through.
 OP_NAMES: set[str] = {"stablehlo.compare"}
 for _name in list(UNARY) + list(BINARY) + ["select", "clamp", "convert", "bitcast_convert"]:
     _dialects = ("chlo", "stablehlo") if _name == "tan" else \

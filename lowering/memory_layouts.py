@@ -1,4 +1,4 @@
-"""The layouts of a program's parameters and results (mesh.layouts: the order of an
+"""The layouts of a program's parameters and results (mesh.memory_layout: the order of an
 array's elements in its buffer's memory), as jax asks for them (`mhlo.layout_mode` on
 main's arguments and results) and as the compiler chooses them where jax leaves the choice
 (`auto`): an auto parameter is row-major (as XLA:CPU chooses), and an auto result keeps the
@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from jaxlib.mlir import ir
 
 from lowering import mlir
-from mesh.layouts import Layout, checked, parse, row_major
+from mesh.memory_layout import Layout, checked, parse, row_major
 
 LAYOUT_MODE_ATTR = "mhlo.layout_mode"
 LAYOUT_CONSTRAINT = "LayoutConstraint"  # jax's custom call of with_sharding_constraint(Format)
@@ -37,19 +37,22 @@ def main_layouts(module: ir.Module) -> tuple[list[Layout], list[Layout]]:
     returned = list(block.operations[-1].operands)
     arg_modes = _modes(attrs.get("arg_attrs", ()), len(arguments))
     res_modes = _modes(attrs.get("res_attrs", ()), len(returned))
-    arg_layouts = [row_major(_rank(a.type)) if mode in (None, "default", "auto") else
-                   parse(mode, _rank(a.type)) for a, mode in zip(arguments, arg_modes)]
+    arg_layouts = [_given(mode, _rank(a.type)) for a, mode in zip(arguments, arg_modes)]
+    arg_layouts = [row_major(_rank(a.type)) if layout is None else layout
+                   for a, layout in zip(arguments, arg_layouts)]
     known = _propagated(block, dict(zip(arguments, arg_layouts)))
-    res_layouts = []
-    for value, mode in zip(returned, res_modes):
-        rank = _rank(value.type)
-        if mode == "auto":
-            res_layouts.append(known.get(value, row_major(rank)))
-        elif mode in (None, "default"):
-            res_layouts.append(row_major(rank))
-        else:
-            res_layouts.append(parse(mode, rank))
+    res_layouts = [_given(mode, _rank(v.type)) for v, mode in zip(returned, res_modes)]
+    res_layouts = [known.get(v, row_major(_rank(v.type))) if layout is None else layout
+                   for v, layout in zip(returned, res_layouts)]
     return arg_layouts, res_layouts
+
+
+def _given(mode: str | None, rank: int) -> Layout | None:
+    """The layout a `mhlo.layout_mode` names for an array of `rank` dims: row-major for
+    `default` (or no mode), None for `auto` (the compiler's choice)."""
+    if mode == "auto":
+        return None
+    return row_major(rank) if mode in (None, "default") else parse(mode, rank)
 
 
 def _modes(entries: Sequence[Any], count: int) -> list[str | None]:

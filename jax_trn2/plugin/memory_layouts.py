@@ -1,7 +1,7 @@
 """Buffers' layouts across PJRT: PJRT's layouts extension, and the byte order of copies.
 
 A buffer holds its logical value (a numpy array in index order) and its layout, the order
-of the value's elements in the buffer's memory (mesh.layouts: a major_to_minor tuple).
+of the value's elements in the buffer's memory (mesh.memory_layout: a major_to_minor tuple).
 The layout shows where bytes cross PJRT: a copy to the host (Buffer_ToHostBuffer) writes
 them in the order the caller's host layout asks for, the buffer's own when it gives none;
 the pointer to a buffer's memory (Buffer_UnsafePointer) is to its bytes in its layout.
@@ -19,8 +19,8 @@ import ctypes
 from typing import Any
 
 from jax_trn2.plugin.abi import c
-from mesh import layouts as mesh_layouts
-from mesh.layouts import Layout
+from mesh import memory_layout
+from mesh.memory_layout import Layout
 
 
 class LayoutRecord(ctypes.Structure):
@@ -37,7 +37,7 @@ def pointer(layout: Layout) -> int:
     """The PJRT_Layouts_MemoryLayout of `layout`, made once."""
     record = _INTERNED.get(layout)
     if record is None:
-        data = mesh_layouts.text(layout).encode()
+        data = memory_layout.text(layout).encode()
         record = _INTERNED[layout] = LayoutRecord(data, len(data))
     return ctypes.addressof(record)
 
@@ -45,15 +45,15 @@ def pointer(layout: Layout) -> int:
 def read(address: int, rank: int) -> Layout:
     """A caller's PJRT_Buffer_MemoryLayout for an array of `rank` dims: a tiled layout
     without tiles (strides, or tiles, are refused: NotImplementedError)."""
-    memory_layout = c.PJRT_Buffer_MemoryLayout.from_address(address)
-    tiled = memory_layout._anon2.tiled
-    if memory_layout.type != c.PJRT_Buffer_MemoryLayout_Type_Tiled or tiled.num_tiles:
+    given = c.PJRT_Buffer_MemoryLayout.from_address(address)
+    tiled = given._anon2.tiled
+    if given.type != c.PJRT_Buffer_MemoryLayout_Type_Tiled or tiled.num_tiles:
         raise NotImplementedError("the trn2 plugin lays buffers out by a dim order alone "
                                   "(PJRT's tiled layout without tiles), not by strides or tiles")
     # (a scalar's minor_to_major is empty, its pointer NULL)
     minor_to_major = list((ctypes.c_int64 * tiled.minor_to_major_size).from_address(
         tiled.minor_to_major)) if tiled.minor_to_major_size else []
-    return mesh_layouts.checked(minor_to_major[::-1], rank)
+    return memory_layout.checked(minor_to_major[::-1], rank)
 
 
 def extension(python_slots: dict[str, Any], shim: ctypes.CDLL) -> Any:
