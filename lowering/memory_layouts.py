@@ -1,9 +1,9 @@
 """The layouts of a program's parameters and results (mesh.memory_layout: the order of an
 array's elements in its buffer's memory), as jax asks for them (`mhlo.layout_mode` on
 main's arguments and results) and as the compiler chooses them where jax leaves the choice
-(`auto`): an auto parameter is row-major (as XLA:CPU chooses), and an auto result keeps the
-memory order of the value it is computed from through transposes and elementwise ops (so
-that a transpose moves no bytes, as XLA's layout assignment makes it a bitcast), else
+(`auto`), as XLA:CPU chooses them: an auto parameter is row-major, and an auto result keeps
+the memory order of the value it is computed from through transposes and elementwise ops
+(so that a transpose moves no bytes, as XLA's layout assignment makes it a bitcast), else
 row-major.
 
 The program computes on logical values whatever their layouts (a LayoutConstraint custom
@@ -37,21 +37,19 @@ def main_layouts(module: ir.Module) -> tuple[list[Layout], list[Layout]]:
     returned = list(block.operations[-1].operands)
     arg_modes = _modes(attrs.get("arg_attrs", ()), len(arguments))
     res_modes = _modes(attrs.get("res_attrs", ()), len(returned))
-    arg_layouts = [_given(mode, _rank(a.type)) for a, mode in zip(arguments, arg_modes)]
-    arg_layouts = [row_major(_rank(a.type)) if layout is None else layout
-                   for a, layout in zip(arguments, arg_layouts)]
-    known = _propagated(block, dict(zip(arguments, arg_layouts)))
-    res_layouts = [_given(mode, _rank(v.type)) for v, mode in zip(returned, res_modes)]
-    res_layouts = [known.get(v, row_major(_rank(v.type))) if layout is None else layout
-                   for v, layout in zip(returned, res_layouts)]
+    known = _propagated(block)
+    arg_layouts = [_given(mode, rank, row_major(rank))
+                   for mode, rank in zip(arg_modes, (_rank(a.type) for a in arguments))]
+    res_layouts = [_given(mode, _rank(v.type), known.get(v, row_major(_rank(v.type))))
+                   for v, mode in zip(returned, res_modes)]
     return arg_layouts, res_layouts
 
 
-def _given(mode: str | None, rank: int) -> Layout | None:
+def _given(mode: str | None, rank: int, chosen: Layout) -> Layout:
     """The layout a `mhlo.layout_mode` names for an array of `rank` dims: row-major for
-    `default` (or no mode), None for `auto` (the compiler's choice)."""
+    `default` (or no mode), `chosen` for `auto` (the compiler's choice)."""
     if mode == "auto":
-        return None
+        return chosen
     return row_major(rank) if mode in (None, "default") else parse(mode, rank)
 
 
@@ -66,20 +64,25 @@ def _rank(value_type: ir.Type) -> int:
     return 1 if mlir.is_token(value_type) else ir.RankedTensorType(value_type).rank
 
 
-def _propagated(block: Any, known: dict) -> dict:
-    """`known` (value -> layout) extended through main's ops in order: a transpose's result
-    keeps its operand's memory order (its dims permuted), an elementwise op's or a layout
-    constraint's result keeps or takes its layout; other values are left out."""
+def _propagated(block: Any) -> dict:
+    """The layouts XLA:CPU's layout assignment gives main's values other than row-major
+    (value -> layout): a transpose's result keeps its operand's memory order (its dims
+    permuted: the transpose moves no bytes), an elementwise op's result its operand's, a
+    layout constraint's result the constraint's. Every other value is row-major, main's
+    arguments too whatever their layouts (XLA:CPU lays a parameter out in its default
+    layout inside the program)."""
     from lowering.rules.elementwise import OP_NAMES
+    known: dict = {}
     for op in block.operations:
         op = op.operation
         if len(op.results) != 1 or not op.operands:
             continue
         result, operand = op.results[0], op.operands[0]
-        if op.name == "stablehlo.transpose" and operand in known:
+        if op.name == "stablehlo.transpose" and not _folds_transposes(operand):
             permutation = list(mlir.Attributes(op)["permutation"])
             position = {dim: i for i, dim in enumerate(permutation)}  # operand dim -> result
-            known[result] = tuple(position[d] for d in known[operand])
+            order = known.get(operand, row_major(len(permutation)))
+            known[result] = tuple(position[d] for d in order)
         elif op.name == "stablehlo.custom_call" and \
                 mlir.Attributes(op).get("call_target_name") == LAYOUT_CONSTRAINT:
             known[result] = constrained(op)
@@ -89,6 +92,16 @@ def _propagated(block: Any, known: dict) -> dict:
             if laid_out:
                 known[result] = known[laid_out[0]]
     return known
+
+
+def _folds_transposes(value: ir.Value) -> bool:
+    """Whether XLA's simplifier folds a transpose of `value` into the op that makes it
+    (a broadcast, iota or constant then makes the transposed value itself, row-major)."""
+    owner = value.owner  # (a block, for a block's argument)
+    return not isinstance(owner, ir.Block) and owner.name in _TRANSPOSE_FOLDING
+
+_TRANSPOSE_FOLDING = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.iota",
+                                "stablehlo.constant"})
 
 
 def _shape(value_type: ir.Type) -> tuple[int, ...] | None:
