@@ -11,7 +11,8 @@ import pytest
 from jax.experimental.layout import Format, Layout
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
-from jax_trn2.plugin import executable as plugin_executable
+from jax_trn2.plugin import abi, executable as plugin_executable, table
+from jax_trn2.plugin.abi import c
 from jax_trn2.plugin.handles import Buffer
 
 COLUMN_MAJOR = Layout(major_to_minor=(1, 0))
@@ -119,3 +120,45 @@ def test_a_tiled_layout_is_refused_naming_it():
     with pytest.raises(jax.errors.JaxRuntimeError, match=r"UNIMPLEMENTED: .*the layout "
                                                         r"\{0,1:T\(8,128\)\} has tiles"):
         step.lower(jax.ShapeDtypeStruct((16, 128), np.float32)).compile()
+
+
+def call(slot: str, args) -> None:
+    """Call PJRT slot `slot` of the plugin's table, as jaxlib does, with `args`."""
+    from jax_trn2 import plugin
+    args.struct_size = ctypes.sizeof(args)
+    error = abi.SlotFunction(getattr(plugin._api, f"PJRT_{slot}"))(ctypes.addressof(args))
+    assert not error, slot
+
+
+def memory_layout(minor_to_major: tuple[int, ...]):
+    """A PJRT_Buffer_MemoryLayout of a dim order alone (and the array it points into)."""
+    order = (ctypes.c_int64 * len(minor_to_major))(*minor_to_major)
+    layout = c.PJRT_Buffer_MemoryLayout(struct_size=ctypes.sizeof(c.PJRT_Buffer_MemoryLayout),
+                                        type=c.PJRT_Buffer_MemoryLayout_Type_Tiled)
+    layout.tiled.minor_to_major = ctypes.addressof(order)
+    layout.tiled.minor_to_major_size = len(minor_to_major)
+    return layout, order
+
+
+def test_a_host_buffer_put_in_a_device_layout_comes_back_in_the_layout_asked_for(rng):
+    """PJRT's BufferFromHostBuffer with a device layout, then ToHostBuffer: in the buffer's
+    own layout without a host layout, else in the one given."""
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    s = SingleDeviceSharding(jax.devices("trn2")[0])
+    client = plugin_executable.of(jax.jit(lambda v: v).lower(
+        jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)).compile()).client
+    column_major, _column_order = memory_layout((0, 1))
+    dims = (ctypes.c_int64 * 2)(*x.shape)
+    put = c.PJRT_Client_BufferFromHostBuffer_Args(
+        client=table.HANDLES.pointer(client), data=x.ctypes.data, type=c.PJRT_Buffer_Type_F32,
+        dims=ctypes.addressof(dims), num_dims=2,
+        memory=table.HANDLES.pointer(client.devices[0].memories[0]),
+        device_layout=ctypes.addressof(column_major))
+    call("Client_BufferFromHostBuffer", put)
+    row_major, _row_order = memory_layout((1, 0))
+    for host_layout, expected in [(None, x.T), (ctypes.addressof(row_major), x)]:
+        out = np.zeros(x.size, np.float32)
+        call("Buffer_ToHostBuffer", c.PJRT_Buffer_ToHostBuffer_Args(
+            src=put.buffer, host_layout=host_layout, dst=out.ctypes.data, dst_size=out.nbytes))
+        np.testing.assert_array_equal(out, expected.reshape(-1))
+    call("Buffer_Destroy", c.PJRT_Buffer_Destroy_Args(buffer=put.buffer))
