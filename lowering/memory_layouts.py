@@ -22,6 +22,11 @@ from mesh.memory_layout import Layout, checked, parse, row_major
 
 LAYOUT_MODE_ATTR = "mhlo.layout_mode"
 LAYOUT_CONSTRAINT = "LayoutConstraint"  # jax's custom call of with_sharding_constraint(Format)
+# Ops that give their operand's value unchanged (sharding annotations).
+_IDENTITIES = frozenset({"sdy.sharding_constraint", "sdy.reshard"})
+# Ops XLA's simplifier folds a transpose of into themselves (they make the transposed value).
+_TRANSPOSE_FOLDING = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.iota",
+                                "stablehlo.constant"})
 
 
 def main_layouts(module: ir.Module) -> tuple[list[Layout], list[Layout]]:
@@ -85,7 +90,7 @@ def _propagated(block: Any) -> dict:
             known[result] = tuple(position[d] for d in order)
         elif op.name == "stablehlo.custom_call" and \
                 mlir.Attributes(op).get("call_target_name") == LAYOUT_CONSTRAINT:
-            known[result] = constrained(op)
+            known[result] = _constrained(op)
         elif op.name in OP_NAMES or op.name in _IDENTITIES:
             shape = _shape(result.type)
             laid_out = [v for v in op.operands if v in known and _shape(v.type) == shape]
@@ -100,9 +105,6 @@ def _folds_transposes(value: ir.Value) -> bool:
     owner = value.owner  # (a block, for a block's argument)
     return not isinstance(owner, ir.Block) and owner.name in _TRANSPOSE_FOLDING
 
-_TRANSPOSE_FOLDING = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.iota",
-                                "stablehlo.constant"})
-
 
 def _shape(value_type: ir.Type) -> tuple[int, ...] | None:
     """A ranked tensor's shape (None for other types)."""
@@ -110,11 +112,7 @@ def _shape(value_type: ir.Type) -> tuple[int, ...] | None:
         if isinstance(value_type, ir.RankedTensorType) else None
 
 
-# Ops that give their operand's value unchanged (sharding annotations).
-_IDENTITIES = frozenset({"sdy.sharding_constraint", "sdy.reshard"})
-
-
-def constrained(op: Any) -> Layout:
+def _constrained(op: Any) -> Layout:
     """The layout a LayoutConstraint custom call gives its result (its `result_layouts`,
     minor to major)."""
     rank = ir.RankedTensorType(op.results[0].type).rank

@@ -94,7 +94,8 @@ class Executable:
                                  for i in self.result_slots]
         donated = donation.donated_inputs(program)
         self.donated = [k for k, i in enumerate(self.arg_slots) if i in donated]
-        # the order of each parameter's and result's elements in its buffers (mesh.memory_layout)
+        # the order of each parameter's and result's elements in its buffers
+        # (mesh.memory_layout)
         self.parameter_memory_layouts, self.output_memory_layouts = \
             memory_layouts.main_layouts(module)
         self.name = _module_name(module)

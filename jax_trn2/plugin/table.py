@@ -429,7 +429,8 @@ def Buffer_ToHostBuffer(args):
     if args.dst_size < data.nbytes:
         raise ValueError(f"a host buffer of {args.dst_size} bytes cannot hold the "
                          f"{data.nbytes} bytes of {buffer}")
-    order = memory_layouts.read(args.host_layout, data.ndim) if args.host_layout else buffer.memory_layout
+    order = memory_layouts.read(args.host_layout, data.ndim) if args.host_layout else \
+        buffer.memory_layout
     # A piece that is a strided view of a larger result (or laid out otherwise) is copied
     # into a temporary here: it must stay bound until memmove has read it (freed, its
     # first bytes are malloc's free-list links)
@@ -439,7 +440,8 @@ def Buffer_ToHostBuffer(args):
 
 
 def _new_buffer(buffer: Buffer) -> int:
-    """The pointer of a new buffer, its Record telling the shim its device and memory."""
+    """The pointer of a new buffer, its Record telling the shim its device, memory and
+    memory layout."""
     buffer.record.device = HANDLES.pointer(buffer.device)
     buffer.record.memory = HANDLES.pointer(buffer.memory)
     buffer.record.memory_layout = memory_layouts.pointer(buffer.memory_layout)
@@ -448,7 +450,8 @@ def _new_buffer(buffer: Buffer) -> int:
 
 def _copy(buffer: Buffer, memory: Memory) -> int:
     """A copy in `memory`, laid out as the original (PJRT keeps a buffer's layout)."""
-    return _new_buffer(Buffer(buffer.data(), memory.device, memory, memory_layout=buffer.memory_layout))
+    return _new_buffer(Buffer(buffer.data(), memory.device, memory,
+                              memory_layout=buffer.memory_layout))
 
 
 @slot
@@ -680,7 +683,7 @@ def LoadedExecutable_Execute(args):
         abi.write_pointers(args.device_complete_events, [_READY] * len(results))
 
 
-# --- PJRT's layouts extension (plugin.memory_layouts; its other slots are the shim's) ------------
+# --- PJRT's layouts extension (plugin.memory_layouts; its other slots are the shim's) ----
 
 @layouts_slot
 def Layouts_PJRT_Client_GetDefaultLayout(args):

@@ -112,7 +112,8 @@ def layout_constraint(ctx: LoweringContext, op: Op):
 
 
 MEMORY_NEUTRAL.update(IDENTITY_OPS, ("stablehlo.tuple", "stablehlo.get_tuple_element",
-                                     "annotate_device_placement", memory_layouts.LAYOUT_CONSTRAINT))
+                                     "annotate_device_placement",
+                                     memory_layouts.LAYOUT_CONSTRAINT))
 
 # The frontend attribute of annotate_device_placement naming the memory kind its result is
 # placed in (jax.device_put to a memory kind inside jit, compute_on's results).

@@ -1,5 +1,5 @@
 """The layouts of a program's parameters and results: given by jax's mhlo.layout_mode, or
-chosen for `auto` as XLA:CPU chooses them (tests/jax_trn2/plugin/test_memory_layouts.py
+chosen for `auto` as XLA:CPU chooses them (tests/jax_trn2/plugin/test_buffer_layouts.py
 compares them with XLA:CPU's)."""
 
 import jax
