@@ -107,7 +107,7 @@ def test_an_argument_laid_out_otherwise_than_compiled_is_refused():
     executable = plugin_executable.of(compiled)
     row_major = Buffer(np.zeros((2, 3), np.float32), executable.addressable_devices[0],
                        executable.addressable_devices[0].memories[0])
-    with pytest.raises(ValueError, match=r"argument 0 of device 0 .* is laid out with "
+    with pytest.raises(ValueError, match=r"argument 0 .* is laid out with "
                                          r"major_to_minor=\(0, 1\), but the program was "
                                          r"compiled for major_to_minor=\(1, 0\)"):
         executable.execute([[row_major]], set())
