@@ -73,6 +73,18 @@ def test_auto_layouts_are_xla_cpus_and_the_program_runs(name, in_layout, where, 
     np.testing.assert_allclose(compiled["trn2"][2], compiled["cpu"][2], rtol=1e-6)
 
 
+def test_compiled_text_shows_the_layouts_as_xla_cpus_does():
+    def header(platform: str) -> str:
+        s = SingleDeviceSharding(jax.devices(platform)[0])
+        step = jax.jit(lambda x: (x.T, x * 2, x.sum()), in_shardings=Format(Layout.AUTO),
+                       out_shardings=Format(Layout.AUTO))
+        compiled = step.lower(jax.ShapeDtypeStruct((8, 4), np.float32, sharding=s)).compile()
+        return compiled.as_text().split("entry_computation_layout=")[1].split(", allow")[0]
+
+    assert header("trn2") == header("cpu") == \
+        "{(f32[8,4]{1,0})->(f32[4,8]{0,1}, f32[8,4]{1,0}, f32[])}"
+
+
 @WHERE
 def test_with_sharding_constraint_to_a_format_keeps_the_value(where, rng):
     x = rng.standard_normal((16, 128)).astype(np.float32)
