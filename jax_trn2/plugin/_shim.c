@@ -44,6 +44,7 @@ typedef struct {
   size_t kind_size;
   bool deleted;      /* a buffer's */
   size_t num_replicas, num_partitions, num_outputs;  /* an executable's */
+  const void *memory_layout;  /* a buffer's: its trn2_layout */
 } trn2_record;
 
 /* PJRT_<Object>_<Getter>_Args: the header, the object, then its out-fields. */
@@ -260,5 +261,41 @@ void *trn2_Error_Destroy(trn2_args *args) {
 void *trn2_Memory_Kind(trn2_args *args) {
   args->out[0] = (void *)args->object->kind;
   args->out[1] = (void *)args->object->kind_size;
+  return 0;
+}
+
+/* PJRT's layouts extension (jax_trn2.plugin.memory_layouts): a PJRT_Layouts_MemoryLayout is a
+   trn2_layout, one per layout, which lives as long as the process (nothing to destroy);
+   serialized, it is XLA's text of the layout. */
+typedef struct {
+  const char *text;
+  size_t size;
+} trn2_layout;
+
+void *trn2_Layouts_PJRT_Buffer_MemoryLayout(trn2_args *args) {
+  args->out[0] = (void *)args->object->memory_layout;
+  return 0;
+}
+
+void *trn2_Layouts_MemoryLayout_Destroy(trn2_args *args) { (void)args; return 0; }
+
+static void keep_serialized(void *serialized) { (void)serialized; }
+
+/* PJRT_Layouts_MemoryLayout_Serialize_Args: the header, the layout, then its out-fields. */
+typedef struct {
+  size_t struct_size;
+  void *extension_start;
+  const trn2_layout *layout;
+  const char *serialized_bytes;
+  size_t serialized_bytes_size;
+  const void *serialized_layout;
+  void (*serialized_layout_deleter)(void *);
+} trn2_serialize_args;
+
+void *trn2_Layouts_MemoryLayout_Serialize(trn2_serialize_args *args) {
+  args->serialized_bytes = args->layout->text;
+  args->serialized_bytes_size = args->layout->size;
+  args->serialized_layout = args->layout;
+  args->serialized_layout_deleter = keep_serialized;
   return 0;
 }

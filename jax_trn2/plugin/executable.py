@@ -34,7 +34,7 @@ from jax._src.lib import xla_client
 from jax_trn2.core import donation, lowerings, options
 from jax_trn2.plugin import abi, proto
 from jax_trn2.plugin.handles import Buffer, Device, Whole
-from lowering import protobuf
+from lowering import memory_layouts, protobuf
 from mesh import sharding
 from mesh.machine import Topology, device_order
 
@@ -94,6 +94,10 @@ class Executable:
                                  for i in self.result_slots]
         donated = donation.donated_inputs(program)
         self.donated = [k for k, i in enumerate(self.arg_slots) if i in donated]
+        # the order of each parameter's and result's elements in its buffers
+        # (mesh.memory_layout)
+        self.parameter_memory_layouts, self.output_memory_layouts = \
+            memory_layouts.main_layouts(module)
         self.name = _module_name(module)
         self.fingerprint = hashlib.sha256(self.code + self.compile_options).hexdigest()
         self._optimized: bytes | None = None
@@ -125,6 +129,7 @@ class Executable:
             if len(row) != count:
                 raise ValueError(f"device {d} got {len(row)} arguments; the program takes "
                                  f"{count}")
+        self._check_layouts(arguments[0])
         donated = [i for i in self.donated if i not in non_donatable]
         for d, row in enumerate(arguments):
             donation.check_used_once(row, donated,
@@ -132,7 +137,8 @@ class Executable:
         self.loaded.prefetch_workspace()  # a first call's: made while arguments assemble
         results = self.loaded.run(self._arguments(arguments))
         per_device: list[list[Buffer]] = [[] for _ in self.local]
-        for i, kind in zip(self.result_slots, self.out_memory_kinds, strict=True):
+        for i, kind, layout in zip(self.result_slots, self.out_memory_kinds,
+                                   self.output_memory_layouts, strict=True):
             if i is None:  # a token, as XLA gives (no data)
                 for row, device in zip(per_device, self.addressable_devices):
                     row.append(Buffer(_TOKEN, device, device.memory(kind), token=True))
@@ -142,10 +148,25 @@ class Executable:
             for row, d in zip(per_device, self.local):
                 device, piece = self.devices[d], pieces[d]
                 row.append(Buffer(piece.reshape(piece.shape[partials:]), device,
-                                  device.memory(kind), whole, d))
+                                  device.memory(kind), whole, d, memory_layout=layout))
         for row in arguments:
             donation.delete_donated(row, donated)
         return per_device
+
+    def _check_layouts(self, row: Sequence[Buffer]) -> None:
+        """ValueError naming the first of the first device's arguments (`row`) laid out
+        otherwise than the program was compiled for, as PJRT refuses it: the program would
+        read its bytes in another order (jax lays an argument out as the program takes it
+        before it calls; mesh.memory_layout). The other devices' buffers of an argument are
+        pieces of the same jax array, in its one layout, and are not checked: checking
+        each would cost a call on 64 devices about 100 us (8 arguments)."""
+        for k, (buffer, layout) in enumerate(zip(row, self.parameter_memory_layouts)):
+            if self.arg_slots[k] is not None and buffer.memory_layout != layout:
+                raise ValueError(
+                    f"argument {k} ({buffer}) is laid out with "
+                    f"major_to_minor={buffer.memory_layout}, but the program was compiled for "
+                    f"major_to_minor={layout}: put it in that layout first "
+                    "(jax.device_put(x, Format(Layout(major_to_minor=...), sharding)))")
 
     def _result_pieces(self, i: int, result: Any) -> tuple[Any, Whole | None]:
         """The pieces of output i (by device position: views of the simulator's result), and

@@ -16,6 +16,7 @@ import numpy as np
 
 from jax_trn2.plugin import abi
 from mesh import sharding
+from mesh.memory_layout import in_memory, row_major
 
 T = TypeVar("T")
 
@@ -23,14 +24,15 @@ T = TypeVar("T")
 class Record(ctypes.Structure):
     """What a PJRT pointer handed to jaxlib points at (the C shim's trn2_record): the
     function table PJRT_Memory and PJRT_Error begin with (jaxlib reads it), then what the
-    shim's getters read without calling Python (a buffer's device, memory and deleted
-    flag; a memory's kind; an executable's replicas, partitions and outputs)."""
+    shim's getters read without calling Python (a buffer's device, memory, deleted
+    flag and memory layout (a plugin.memory_layouts.LayoutRecord); a memory's kind; an
+    executable's replicas, partitions and outputs)."""
 
     _fields_ = [("vtable", ctypes.c_void_p), ("device", ctypes.c_void_p),
                 ("memory", ctypes.c_void_p), ("kind", ctypes.c_void_p),
                 ("kind_size", ctypes.c_size_t), ("deleted", ctypes.c_bool),
                 ("num_replicas", ctypes.c_size_t), ("num_partitions", ctypes.c_size_t),
-                ("num_outputs", ctypes.c_size_t)]
+                ("num_outputs", ctypes.c_size_t), ("memory_layout", ctypes.c_void_p)]
 
 
 class Handles:
@@ -223,7 +225,9 @@ class Whole:
 
 
 class Buffer:
-    """A PJRT_Buffer: one device's array (a read-only numpy array on the host).
+    """A PJRT_Buffer: one device's array (a read-only numpy array on the host, its logical
+    value) and its memory layout, the order of its elements in the buffer's memory
+    (mesh.memory_layout; default row-major), which plugin.memory_layouts gives its bytes in.
 
     `whole` is the global array this buffer is piece `index` of (an executable's result,
     or an argument assembled from its pieces once): the next execute that takes all its
@@ -232,18 +236,22 @@ class Buffer:
     shape (), as XLA's token buffers, which jax cannot read as an array."""
 
     def __init__(self, array: np.ndarray, device: Device, memory: Memory,
-                 whole: Whole | None = None, index: int = 0, token: bool = False):
+                 whole: Whole | None = None, index: int = 0, token: bool = False,
+                 memory_layout: tuple[int, ...] | None = None):
         array.flags.writeable = False  # shared between buffers and with the executor
         self.array = array
         self.device = device
         self.memory = memory
         self.whole, self.index = whole, index
         self.deleted = False
-        self.record = Record()  # the table fills in its device and memory pointers
+        self.record = Record()  # the table fills in its device, memory and layout pointers
         self.owned = abi.Owned()
         self.dtype, self.shape, self.nbytes = array.dtype, array.shape, array.nbytes
         if token:
             self.dtype, self.shape = None, ()
+        self.memory_layout = row_major(len(self.shape)) if memory_layout is None else \
+            memory_layout
+        self._in_memory: np.ndarray | None = None  # its bytes in its layout, once asked for
         self.hbm_bytes = self.nbytes if memory.is_hbm else 0  # host memory is not HBM
         device.allocated(self.hbm_bytes)
 
@@ -258,12 +266,19 @@ class Buffer:
         if not self.deleted:
             self.deleted = self.record.deleted = True
             self.device.freed(self.hbm_bytes)
-            self.array = self.whole = None
+            self.array = self.whole = self._in_memory = None
 
     def data(self) -> np.ndarray:
         if self.deleted:
             raise ValueError("the buffer was deleted (donated to a computation, or deleted)")
         return self.array
+
+    def in_memory(self) -> np.ndarray:
+        """The buffer's bytes as its layout orders them (a C-contiguous array), kept as long
+        as the buffer is (Buffer_UnsafePointer hands out their address)."""
+        if self._in_memory is None:
+            self._in_memory = in_memory(self.data(), self.memory_layout)
+        return self._in_memory
 
     def __repr__(self) -> str:
         return f"Buffer({self.dtype}{list(self.shape)} on {self.device.to_string()})"

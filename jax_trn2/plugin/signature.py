@@ -76,7 +76,9 @@ def signature_module(executable: Any, module: ir.Module,
         _hlo(jax_mlir.module_to_bytecode(partitioned), return_tuple)
     return proto.hlo_module_with_config(
         hlo, names, [_op_sharding(s) for s in arg_shardings],
-        [_op_sharding(s) for s in res_shardings])
+        [_op_sharding(s) for s in res_shardings],
+        [layout[::-1] for layout in executable.parameter_memory_layouts],
+        [layout[::-1] for layout in executable.output_memory_layouts])
 
 
 def _hlo(source: str | bytes, return_tuple: bool) -> bytes:

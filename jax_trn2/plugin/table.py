@@ -16,18 +16,19 @@ import ctypes
 import functools
 from typing import Any
 
-import numpy as np
-
-from jax_trn2.plugin import abi
+from jax_trn2.plugin import abi, memory_layouts
 from jax_trn2.plugin.abi import c
 from jax_trn2.plugin.errors import Errors, PjrtError
 from jax_trn2.plugin.handles import Buffer, Device, Handles, Memory, MemoryVtable, Record
+from mesh.memory_layout import in_memory, row_major
 
 HANDLES = Handles()
 ERRORS = Errors(HANDLES)
 MEMORY_VTABLE = MemoryVtable()
 _PLUGIN = abi.Owned()  # the plugin's own C values (attributes)
 _SLOTS: dict[str, Any] = {}  # slot name -> its ctypes function (kept alive)
+_MEMORY_LAYOUT_SLOTS: dict[str, Any] = {}  # the layouts extension's Python slots, likewise
+_EXTENSIONS: list[Any] = []  # the extensions the table lists (kept alive)
 # Slots the C shim implements (_shim.c), reading the Records of buffers, memories and
 # executables.
 FAST_SLOTS = ("Event_Destroy", "Event_IsReady", "Event_Error", "Event_Await",
@@ -48,6 +49,12 @@ _READY = 0  # the one event, ready (the shim's trn2_ready_event), set by build()
 
 def slot(function):
     _SLOTS[f"PJRT_{function.__name__}"] = ERRORS.slot(function)
+    return function
+
+
+def layouts_slot(function):
+    """A slot of PJRT's layouts extension (plugin.memory_layouts), named as its args struct."""
+    _MEMORY_LAYOUT_SLOTS[f"PJRT_{function.__name__}"] = ERRORS.slot(function)
     return function
 
 
@@ -223,6 +230,8 @@ def Client_BufferFromHostBuffer(args):
         if args.byte_strides and args.num_byte_strides else None
     buffer = client.buffer_from_host(args.data or 0, abi.dtype_of(args.type), dims, strides,
                                      memory)
+    if args.device_layout:  # the bytes' order on the device (the host's is `strides`)
+        buffer.memory_layout = memory_layouts.read(args.device_layout, len(dims))
     args.buffer = _new_buffer(buffer)
     args.done_with_host_buffer = _READY  # copied: the host memory is free
 
@@ -401,51 +410,48 @@ def Buffer_IsOnCpu(args):
 
 @slot
 def Buffer_UnsafePointer(args):
-    """The address of the host memory holding the buffer's bytes (jax.Array's
+    """The address of the host memory holding the buffer's bytes, in its layout (jax.Array's
     unsafe_buffer_pointer). jaxlib calls this slot without checking it is set: left NULL,
     it crashed the process."""
-    args.buffer_pointer = _get(args.buffer, Buffer).data().ctypes.data
+    args.buffer_pointer = _get(args.buffer, Buffer).in_memory().ctypes.data
 
 
 @slot
 def Buffer_ToHostBuffer(args):
-    """Copy to the caller's host memory (dense, row-major); with no destination, say how
-    many bytes it needs."""
+    """Copy to the caller's host memory, dense, in the order of the caller's host layout
+    (PJRT: the buffer's own when none is given); with no destination, say how many bytes
+    it needs."""
     buffer = _get(args.src, Buffer)
     data = buffer.data()
-    if args.host_layout:
-        layout = c.PJRT_Buffer_MemoryLayout.from_address(args.host_layout)
-        tiled = layout._anon2.tiled
-        # (a scalar's minor_to_major is empty, its pointer NULL)
-        order = list((ctypes.c_int64 * tiled.minor_to_major_size).from_address(
-            tiled.minor_to_major)) if tiled.minor_to_major_size else []
-        if layout.type != c.PJRT_Buffer_MemoryLayout_Type_Tiled or \
-                order != list(range(data.ndim))[::-1]:
-            raise NotImplementedError("the trn2 plugin copies to the host in row-major order "
-                                      "only")
     if not args.dst:
         args.dst_size = data.nbytes
         return
     if args.dst_size < data.nbytes:
         raise ValueError(f"a host buffer of {args.dst_size} bytes cannot hold the "
                          f"{data.nbytes} bytes of {buffer}")
-    # np.require, not np.ascontiguousarray: that makes a 0-d array 1-d. A piece that is a
-    # strided view of a larger result is copied into a temporary here: it must stay bound
-    # until memmove has read it (freed, its first bytes are malloc's free-list links)
-    dense = np.require(data, requirements="C")
+    order = memory_layouts.read(args.host_layout, data.ndim) if args.host_layout else \
+        buffer.memory_layout
+    # A piece that is a strided view of a larger result (or laid out otherwise) is copied
+    # into a temporary here: it must stay bound until memmove has read it (freed, its
+    # first bytes are malloc's free-list links)
+    dense = in_memory(data, order)
     ctypes.memmove(args.dst, dense.ctypes.data, data.nbytes)
     args.event = _READY
 
 
 def _new_buffer(buffer: Buffer) -> int:
-    """The pointer of a new buffer, its Record telling the shim its device and memory."""
+    """The pointer of a new buffer, its Record telling the shim its device, memory and
+    memory layout."""
     buffer.record.device = HANDLES.pointer(buffer.device)
     buffer.record.memory = HANDLES.pointer(buffer.memory)
+    buffer.record.memory_layout = memory_layouts.pointer(buffer.memory_layout)
     return HANDLES.add(buffer, buffer.record)
 
 
 def _copy(buffer: Buffer, memory: Memory) -> int:
-    return _new_buffer(Buffer(buffer.data(), memory.device, memory))
+    """A copy in `memory`, laid out as the original (PJRT keeps a buffer's layout)."""
+    return _new_buffer(Buffer(buffer.data(), memory.device, memory,
+                              memory_layout=buffer.memory_layout))
 
 
 @slot
@@ -677,6 +683,30 @@ def LoadedExecutable_Execute(args):
         abi.write_pointers(args.device_complete_events, [_READY] * len(results))
 
 
+# --- PJRT's layouts extension (plugin.memory_layouts; its other slots are the shim's) ----
+
+@layouts_slot
+def Layouts_PJRT_Client_GetDefaultLayout(args):
+    """Row-major, whatever the element type and dims."""
+    args.layout = memory_layouts.pointer(row_major(args.num_dims))
+
+
+@layouts_slot
+def Layouts_PJRT_Executable_GetParameterLayouts(args):
+    executable = _of(args.executable)
+    args.layouts, args.num_parameters = executable.owned.array(
+        ctypes.c_void_p, [memory_layouts.pointer(layout)
+                          for layout in executable.parameter_memory_layouts])
+
+
+@layouts_slot
+def Layouts_PJRT_Executable_GetOutputLayouts(args):
+    executable = _of(args.executable)
+    args.layouts, args.num_outputs = executable.owned.array(
+        ctypes.c_void_p, [memory_layouts.pointer(layout)
+                          for layout in executable.output_memory_layouts])
+
+
 # --- the table ----------------------------------------------------------------------------
 
 def build(shim: ctypes.CDLL) -> Any:
@@ -692,6 +722,8 @@ def build(shim: ctypes.CDLL) -> Any:
     api.pjrt_api_version.minor_version = abi.API_MINOR
     for name, function in _SLOTS.items():
         setattr(api, name, ctypes.cast(function, ctypes.c_void_p).value)
+    _EXTENSIONS.append(memory_layouts.extension(_MEMORY_LAYOUT_SLOTS, shim))
+    api.extension_start = ctypes.addressof(_EXTENSIONS[-1])
     for name in GUARDED_SLOTS:  # the shim calls the Python slot, its error state kept
         setter = getattr(shim, f"trn2_set_{name}")
         setter.argtypes = [ctypes.c_void_p]

@@ -32,10 +32,14 @@ def _emit_elementwise(ctx: LoweringContext, op: Op, /, **params) -> tuple[int, .
 # HLO) spells chlo.erf mhlo.erf.
 MHLO = frozenset({"erf"})
 
+# The elementwise ops' names (with their dialects), those with the rule below and compare's:
+# what lowering.memory_layouts keeps a value's memory order through.
+OP_NAMES: set[str] = {"stablehlo.compare"}
 for _name in list(UNARY) + list(BINARY) + ["select", "clamp", "convert", "bitcast_convert"]:
     _dialects = ("chlo", "stablehlo") if _name == "tan" else \
         ("chlo",) if _name in CHLO else ("stablehlo",)
     _dialects += ("mhlo",) if _name in MHLO else ()
+    OP_NAMES.update(f"{d}.{_name}" for d in _dialects)
     rule(*(f"{d}.{_name}" for d in _dialects))(_elementwise)
 
 

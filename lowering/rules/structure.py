@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from lowering import mlir, partition
+from lowering import memory_layouts, mlir, partition
 from lowering.registry import CUSTOM_CALL_RULES, MEMORY_NEUTRAL, RULES, custom_call_rule, rule
 from lowering.walker import LoweringContext, Op, values_of
 from mesh import isa
@@ -101,8 +101,19 @@ def identity(ctx: LoweringContext, op: Op):
     return op.operands
 
 
+@custom_call_rule(memory_layouts.LAYOUT_CONSTRAINT)
+def layout_constraint(ctx: LoweringContext, op: Op):
+    """jax's with_sharding_constraint to a Format: the value is unchanged; only the order
+    of its bytes in memory is constrained (lowering.memory_layouts), which the simulator's
+    logical values do not have."""
+    if op.operand_types != op.result_types:
+        raise ValueError("a LayoutConstraint custom call that changes its operand's type")
+    return op.operands
+
+
 MEMORY_NEUTRAL.update(IDENTITY_OPS, ("stablehlo.tuple", "stablehlo.get_tuple_element",
-                                     "annotate_device_placement"))
+                                     "annotate_device_placement",
+                                     memory_layouts.LAYOUT_CONSTRAINT))
 
 # The frontend attribute of annotate_device_placement naming the memory kind its result is
 # placed in (jax.device_put to a memory kind inside jit, compute_on's results).

@@ -65,8 +65,24 @@ def test_the_shims_getters_write_where_jaxlib_reads():
     from jax_trn2.plugin.handles import Record
     assert [getattr(Record, f).offset for f in ("vtable", "device", "memory", "kind",
                                                 "kind_size", "deleted", "num_replicas",
-                                                "num_partitions", "num_outputs")] == \
-        [0, 8, 16, 24, 32, 40, 48, 56, 64]
+                                                "num_partitions", "num_outputs",
+                                                "memory_layout")] == \
+        [0, 8, 16, 24, 32, 40, 48, 56, 64, 72]
+
+
+def test_the_shims_layout_slots_write_where_jaxlib_reads():
+    """_shim.c's slots of the layouts extension: Buffer_MemoryLayout as the getters above,
+    MemoryLayout_Serialize by its own struct (trn2_serialize_args), reading a
+    plugin.memory_layouts.LayoutRecord (trn2_layout)."""
+    from jax_trn2.plugin.memory_layouts import LayoutRecord
+    args = c.PJRT_Layouts_PJRT_Buffer_MemoryLayout_Args
+    assert (args.buffer.offset, args.layout.offset) == (16, 24)
+    args = c.PJRT_Layouts_MemoryLayout_Serialize_Args
+    assert [getattr(args, f).offset for f in ("layout", "serialized_bytes",
+                                              "serialized_bytes_size", "serialized_layout",
+                                              "serialized_layout_deleter")] == \
+        [16, 24, 32, 40, 48]
+    assert (LayoutRecord.text.offset, LayoutRecord.size.offset) == (0, 8)
 
 
 def destroy_on_a_native_thread() -> tuple[list[int], int]:
