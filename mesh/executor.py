@@ -377,9 +377,10 @@ def as_input(array, name: str, device: jax.Device | None = None, on_cpu: bool = 
     is (bitcast there to its bits) when the executor runs on accelerators, else it is
     fetched (a trn2 plugin buffer's value, say)."""
     want = input_dtype(name, on_cpu)
-    # XLA:CPU holds a sub-byte array put on it unpacked (a byte an element) while its
-    # computations take them packed: jax refuses the one as the other ("compiled for input
-    # layouts that disagree"), so such an array goes in as its values, packed by the call.
+    # An XLA:CPU array of a sub-byte type reports a layout without the packing its
+    # computations' parameters have (sub_byte_element_size_in_bits 0, not 4), and jax
+    # refuses it as an argument ("compiled for input layouts that disagree"): such an
+    # array goes in as its values, which the call packs.
     sub_byte = dtypes.bit_width(dtypes.storage_name(name)) < 8
     if isinstance(array, jax.Array):
         if not on_cpu and any(d.platform != "cpu" for d in array.sharding.device_set):
