@@ -387,19 +387,23 @@ def as_input(array, name: str, device: jax.Device | None = None, on_cpu: bool = 
     is (bitcast there to its bits) when the executor runs on accelerators, else it is
     fetched (a trn2 plugin buffer's value, say)."""
     want = input_dtype(name, on_cpu)
+    # An XLA:CPU array of a sub-byte type reports a layout without the packing its
+    # computations' parameters have (sub_byte_element_size_in_bits 0, not 4), and jax
+    # refuses it as an argument ("compiled for input layouts that disagree"): such an
+    # array goes in as its values, which the call packs.
+    sub_byte = dtypes.bit_width(dtypes.storage_name(name)) < 8
     if isinstance(array, jax.Array):
         if not on_cpu and any(d.platform != "cpu" for d in array.sharding.device_set):
             return array if array.dtype == want else jax.lax.bitcast_convert_type(array, want)
-        if array.dtype == want and (device is None or array.sharding.device_set == {device}
-                                    or array.nbytes < ZERO_COPY_MIN_BYTES
-                                    and not array.committed):
+        if array.dtype == want and not sub_byte and (
+                device is None or array.sharding.device_set == {device}
+                or array.nbytes < ZERO_COPY_MIN_BYTES and not array.committed):
             return array  # (jax moves an uncommitted array; a committed one must be moved)
     view = np.asarray(array)  # of a jax array on a CPU: a view of its buffer
     if not view.dtype.isnative:  # a view of its bits would read the bytes the wrong way
         view = view.astype(view.dtype.newbyteorder("="))
     view = view if view.dtype == want else view.view(want)
-    if device is None or view.nbytes < ZERO_COPY_MIN_BYTES or \
-            dtypes.bit_width(dtypes.storage_name(name)) < 8:
+    if device is None or view.nbytes < ZERO_COPY_MIN_BYTES or sub_byte:
         return view  # (the jitted function packs sub-byte types as it copies them in)
     return jax.device_put(view, device)
 

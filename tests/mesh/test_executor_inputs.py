@@ -90,3 +90,16 @@ def test_bits_and_floats_give_the_same_results():
                                # result's, and its sum's in another order), each at most
                                # half an ulp: one ulp, at most 2^-7 relative
                                rtol=2 ** -7)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int4, jnp.uint4])
+def test_sub_byte_results_go_back_in_as_arguments(dtype):
+    """A trn2 result of a 4-bit type is an XLA:CPU array whose layout is not the one the
+    executor's computation takes (jax refused it); it goes in as its values, as on the CPU."""
+    values = np.array([0, 1, 2, 3, 5, 6], dtype=dtype)  # +1 stays in range
+    device = jax.devices("trn2")[0]
+    added = jax.jit(lambda x: x + 1)(jax.device_put(values, device))
+    widened = jax.jit(lambda x: x.astype(jnp.int8))(added)
+    expected = jax.jit(lambda x: (x + 1).astype(jnp.int8))(values)  # on the CPU
+    np.testing.assert_array_equal(np.asarray(widened), np.asarray(expected))
+    assert widened.devices() == {device}
