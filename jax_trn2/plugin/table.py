@@ -691,20 +691,24 @@ def Layouts_PJRT_Client_GetDefaultLayout(args):
     args.layout = memory_layouts.pointer(row_major(args.num_dims))
 
 
+def _owned_layouts(executable, layouts) -> tuple[Any, int]:
+    """An array of the PJRT layouts of `layouts` that `executable` keeps, and its length."""
+    return executable.owned.array(ctypes.c_void_p,
+                                  [memory_layouts.pointer(layout) for layout in layouts])
+
+
 @layouts_slot
 def Layouts_PJRT_Executable_GetParameterLayouts(args):
     executable = _of(args.executable)
-    args.layouts, args.num_parameters = executable.owned.array(
-        ctypes.c_void_p, [memory_layouts.pointer(layout)
-                          for layout in executable.parameter_memory_layouts])
+    args.layouts, args.num_parameters = _owned_layouts(
+        executable, executable.parameter_memory_layouts)
 
 
 @layouts_slot
 def Layouts_PJRT_Executable_GetOutputLayouts(args):
     executable = _of(args.executable)
-    args.layouts, args.num_outputs = executable.owned.array(
-        ctypes.c_void_p, [memory_layouts.pointer(layout)
-                          for layout in executable.output_memory_layouts])
+    args.layouts, args.num_outputs = _owned_layouts(executable,
+                                                    executable.output_memory_layouts)
 
 
 # --- the table ----------------------------------------------------------------------------
