@@ -4,12 +4,14 @@
         python benchmarks/first_call.py [REPEATS]
 
 Small programs typical of jax's own tests (elementwise, a reduction, a dot, a scan, a
-gather; on one device and on a 2x4 mesh with NamedSharding) are each made new REPEATS times
-(default 5, at least 2: each round's function has its own constant, so that jax and
-the simulator compile it anew; the first round is a warm-up) and timed from jax's lowering to the first result. The
-plugin's stages are timed by wrapping the functions that do them; a stage's time includes
-the stages it calls (the lowering walk includes partitioning). Prints, per program, the
-fastest round's stages in ms, and then those of the XLA:CPU backend for the same program.
+gather; on one device and on a 2x4 mesh with NamedSharding) are each made new REPEATS
+times (default 5, at least 2: each round's function has its own constant, so that jax and
+the simulator compile it anew; the first round is a warm-up) and timed from jax's lowering
+to the first result. The plugin's stages are timed by wrapping the functions that do them
+(`install`, which a pytest run of jax's tests can call too); a stage's time includes the
+stages it calls (the lowering walk includes partitioning, the plugin's compile all but
+the optimized program). Prints, per program, the fastest round's stages in ms and XLA:CPU's
+whole time for the same program, then the means over the programs.
 """
 
 from __future__ import annotations
