@@ -15,6 +15,7 @@ from jax._src.interpreters import mlir as jax_mlir
 from jax._src.lib import _jax
 from jaxlib.mlir import ir
 
+from lowering import mlir
 from lowering.errors import LoweringError
 
 # Ops whose result shape comes from an operand's value: operand index -> what it is.
@@ -55,7 +56,7 @@ def refine(module: ir.Module) -> ir.Module:
     except Exception as e:  # jaxlib reports a failed refinement as a plain error
         raise LoweringError(f"the module's dynamic shapes could not be made static: "
                             f"{e}") from None
-    return ir.Module.parse(refined, jax_mlir.make_ir_context())
+    return mlir.parse(refined)
 
 
 def _is_dynamic(t: ir.Type) -> bool:

@@ -176,7 +176,7 @@ def _read_kept(entry: str) -> tuple[ir.Module, list[str]] | None:
         fields = list(protobuf.fields(kept))
         (partitioned,) = (value for number, value in fields if number == 1)
         log = [line.decode() for number, line in fields if number == 2]
-        return ir.Module.parse(partitioned, jax_mlir.make_ir_context()), log
+        return mlir.parse(partitioned), log
     except Exception:  # (a damaged entry fails in the wire format, the unpacking or MLIR)
         return None
 
@@ -222,7 +222,7 @@ def _partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exceptio
         with open(dumps[0][:-len(".hlo.pb")] + ".txt") as f:
             mesh_groups = _mesh_replica_groups(f.read())
     stablehlo = _jax.mlir.hlo_to_stablehlo(_hlo_module_proto(hlo_proto))
-    partitioned = ir.Module.parse(stablehlo, jax_mlir.make_ir_context())
+    partitioned = mlir.parse(stablehlo)
     _remove_stop(partitioned)
     _set_replica_groups(partitioned, mesh_groups)
     _carry_marks(module, partitioned)

@@ -16,6 +16,7 @@ import ml_dtypes
 import numpy as np
 from jax._src import config, core
 from jax._src import mesh as mesh_lib
+from jax._src.interpreters import mlir as jax_mlir
 from jax.sharding import NamedSharding, SingleDeviceSharding
 
 import lowering
@@ -24,11 +25,12 @@ from jax_trn2.core.device import Buffer, Device
 from jax_trn2.core.machines import PROCESS_GRID_AXES, placement_for, topology_for
 from jax_trn2.core.processes import ProcessLostError, lost_processes, runtime_failure, \
     stacked_over_processes, wait_for_run
-from lowering import partition
+from lowering import mlir, partition
 from lowering.host import host_devices
 from lowering.plan import plan_program
 from mesh import dtypes, isa, numerics, sharding
 from mesh.isa import printer
+from mesh.isa.control import ControlFlow
 from mesh.isa.content import program_key
 from mesh.perf import trace
 from mesh.perf.estimate import ProgramEstimate, target_text
@@ -117,6 +119,46 @@ def _executor_context():
 _TRANSFER_GUARDS = (config._transfer_guard, config.transfer_guard_host_to_device,
                     config.transfer_guard_device_to_device,
                     config.transfer_guard_device_to_host)
+
+
+# jax's maker of the MLIR context of each module it lowers (a new one each time), and
+# which threads lower the executor's computation in lowering.mlir's shared context
+# instead: .size, the bytes of the program's constants (None: jax's own).
+_JAX_MAKE_IR_CONTEXT = jax_mlir.make_ir_context
+_SHARED_CONTEXT = threading.local()
+
+
+def _make_ir_context() -> Any:
+    size = getattr(_SHARED_CONTEXT, "size", None)
+    return _JAX_MAKE_IR_CONTEXT() if size is None else mlir.shared_context(size)
+
+
+@contextlib.contextmanager
+def _lowered_in_shared_context(program: isa.Program):
+    """jax's lowering of the executor's computation of `program` in this thread, in the MLIR
+    context lowering.mlir shares between modules (about 3 ms a program, a third of a small
+    program's trace and lowering, is jax making a new one). jax has no API for the context
+    jit lowers in: its maker is replaced in place (once), and makes jax's own context
+    outside the block and in other threads; where someone else replaced it, it is left
+    alone."""
+    if jax_mlir.make_ir_context is _JAX_MAKE_IR_CONTEXT:
+        jax_mlir.make_ir_context = _make_ir_context
+    if jax_mlir.make_ir_context is not _make_ir_context:
+        yield
+        return
+    _SHARED_CONTEXT.size = _constant_bytes(program)  # what its module interns, at least
+    try:
+        yield
+    finally:
+        _SHARED_CONTEXT.size = None
+
+
+def _constant_bytes(program: isa.Program) -> int:
+    """The bytes of the constants of `program` and its sub-programs."""
+    return sum(instr.value.nbytes if isinstance(instr, isa.Constant) else
+               sum(_constant_bytes(sub) for _, sub in instr.regions())
+               if isinstance(instr, ControlFlow) else 0
+               for instr in program.instructions)
 
 
 @contextlib.contextmanager
@@ -274,10 +316,12 @@ class LoadedExecutable:
             compiled = _COMPILED_RUNS.get(key)
             if compiled is None:
                 split_check = SplitGroupCheck()
-                compiled = _CompiledRun(compile_program(
-                    self.program, self.rounding, devices, global_io, split_check, workspace,
-                    chip_outputs, result_shardings).lower(
-                        *inputs, *self._workspace_types(workspace)).compile(), split_check)
+                with _lowered_in_shared_context(self.program):
+                    lowered = compile_program(
+                        self.program, self.rounding, devices, global_io, split_check,
+                        workspace, chip_outputs, result_shardings).lower(
+                            *inputs, *self._workspace_types(workspace))
+                compiled = _CompiledRun(lowered.compile(), split_check)
                 _COMPILED_RUNS[key] = compiled
             return compiled
 
