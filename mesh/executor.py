@@ -324,7 +324,8 @@ def compile_program(program: isa.Program,
         return jax.jit(fun, compiler_options=EXECUTOR_COMPILER_OPTIONS, **pinned)
     in_shardings = [read_sharding(program, i, devices) for i in range(len(program.inputs))] \
         if global_io else [split_over(devices, shape) for shape in input_shapes(program, False)]
-    return jax.jit(fun, compiler_options=EXECUTOR_COMPILER_OPTIONS, in_shardings=tuple(in_shardings),
+    return jax.jit(fun, compiler_options=EXECUTOR_COMPILER_OPTIONS,
+                   in_shardings=tuple(in_shardings),
                    out_shardings=list(out_shardings or  # (a list, as `fun` returns)
                                       (split_over(devices, shape) for shape in out_shapes)))
 

@@ -64,7 +64,8 @@ def signature_module(executable: Any, module: ir.Module,
     returned = ", ".join(f"%r{i}" for i in range(len(res_types)))
     text = "\n".join([
         f"module @{_symbol(executable.name)} attributes {{mhlo.num_partitions = "
-        f"{executable.num_partitions} : i32, mhlo.num_replicas = {executable.num_replicas} : i32}} {{",
+        f"{executable.num_partitions} : i32, mhlo.num_replicas = "
+        f"{executable.num_replicas} : i32}} {{",
         f"  func.func public @main({args}) -> ({results}) {{",
         *body,
         f"    return {returned} : {', '.join(res_types)}" if res_types else "    return",

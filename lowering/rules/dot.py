@@ -29,8 +29,9 @@ def dot(ctx: LoweringContext, op: Op):
 @rule("chlo.ragged_dot", "mhlo.ragged_dot")
 def ragged_dot(ctx: LoweringContext, op: Op):
     """ragged_dot (jax.lax.ragged_dot: grouped matmuls of a mixture of experts) as one
-    matmul per group (mhlo.ragged_dot: as XLA's SPMD partitioner leaves it). A ragged batch dim groups whole batch elements, each already a matmul
-    of its own: that is dot_general (as XLA computes it on CPU)."""
+    matmul per group (mhlo.ragged_dot: as XLA's SPMD partitioner leaves it). A ragged
+    batch dim groups whole batch elements, each already a matmul of its own: that is
+    dot_general (as XLA computes it on CPU)."""
     dims = _ragged_dot_dims(op.attrs["ragged_dot_dimension_numbers"])
     if len(dims.lhs_ragged) != 1:
         raise NotImplementedError(f"ragged_dot with lhs ragged dims {list(dims.lhs_ragged)} "
