@@ -168,7 +168,8 @@ def test_offsets_outside_a_buffer_are_an_error(operand):
     a, b = np.ones((1, 4, 200), np.float32), np.ones((1, 200, 3), np.float32)
     at = {"lhs": tables(a.shape, [0], [1]), "rhs": tables(b.shape, [0], [1], [2]),
           "result": tables((1, 4, 3), [0], [1], [2])}
-    at[operand][-1] = at[operand][-1] + 1  # the last row (lhs) or column one element on
+    last = at[operand][-1]  # rows (lhs) or columns: each one element further than the last
+    at[operand][-1] = last._replace(strides=(last.strides[0] + 1,))
     with pytest.raises(Exception, match=f"{operand}'s offsets reach outside"):
         run(a, b, 128, at["lhs"], at["rhs"], at["result"], (1, 4, 3))
 
@@ -230,6 +231,26 @@ def test_a_bf16_result_is_its_sums_rounded_as_xla_rounds_them(rng, dtype, portab
         assert rounded.dtype == jnp.bfloat16
         want = np.asarray(jax.jit(lambda v: v.astype(jnp.bfloat16))(sums))
         np.testing.assert_array_equal(bits(rounded), bits(want))
+
+
+def test_the_offsets_are_no_arrays_of_the_program():
+    """The loop makes its offset tables from the dims' sizes and strides: XLA compiles an
+    array argument that is a constant of the program into kernels of its own (an iota
+    each), which cost more to compile than the loop takes to make the tables."""
+    a, b = np.ones((2, 40, 300), np.float32), np.ones((2, 300, 64), np.float32)
+    device = host_devices(1)[0]
+    fn = jax.jit(lambda l, r: native.pass_matmul(
+        l, r, 128, tables(a.shape, [0], [1]), tables(b.shape, [0], [1], [2]),
+        tables((64, 2, 40), [1], [2], [0]), (64, 2, 40)))
+    text = fn.lower(*(jax.device_put(x, device) for x in (a, b))).compile().as_text()
+    assert native.TARGET in text and "s64[" not in text
+
+
+def test_offsets_of_other_than_eight_tables_are_an_error():
+    a, b = np.ones((1, 4, 200), np.float32), np.ones((1, 200, 3), np.float32)
+    with pytest.raises(ValueError, match="not 2, 2 and 3"):
+        run(a, b, 128, tables(a.shape, [0], [1]), tables(b.shape, [0], [1]),
+            tables((1, 4, 3), [0], [1], [2]), (1, 4, 3))
 
 
 def test_a_result_of_another_type_is_an_error():

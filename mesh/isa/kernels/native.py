@@ -122,20 +122,35 @@ def row_major(shape: Sequence[int]) -> tuple[int, ...]:
                  np.cumprod((tuple(shape[1:]) + (1,))[::-1], dtype=np.int64)[::-1])
 
 
+class Offsets(NamedTuple):
+    """Where the elements along some dims of an array are, in elements from its first: one
+    offset per index of those dims (of `sizes`), enumerated row-major, index i at
+    sum(i[j] * strides[j]). The native loop makes its tables of offsets from these when it
+    runs (an array of them would be a constant of the program, which XLA compiles into
+    kernels of its own)."""
+
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+
+
 def offsets(shape: Sequence[int], dims: Sequence[int],
-            strides: Sequence[int] | None = None) -> np.ndarray:
-    """Where the elements along `dims` of an array of `shape` are, in elements from its
-    first, dim d stepping `strides[d]` elements (default: row-major): one offset per index
-    of those dims, enumerated row-major in the order given (a dim not given is at index 0)."""
+            strides: Sequence[int] | None = None) -> Offsets:
+    """Where the elements along `dims` of an array of `shape` are, dim d stepping
+    `strides[d]` elements (default: row-major), enumerated row-major in the order given (a
+    dim not given is at index 0)."""
     strides = row_major(shape) if strides is None else strides
-    at = np.zeros(1, np.int64)
-    for d in dims:
-        at = (at[:, None] + np.arange(shape[d], dtype=np.int64) * strides[d]).reshape(-1)
-    return at
+    return Offsets(tuple(int(shape[d]) for d in dims), tuple(int(strides[d]) for d in dims))
 
 
-def pass_matmul(lhs: jax.Array, rhs: jax.Array, pass_size: int, lhs_at: Sequence[np.ndarray],
-                rhs_at: Sequence[np.ndarray], out_at: Sequence[np.ndarray],
+def _offsets_attribute(tables: Sequence[Offsets]) -> np.ndarray:
+    """The tables as pass_matmul.cc's `offsets` attribute: each table's count of dims, then
+    each dim's size and stride."""
+    return np.array([x for at in tables for x in (len(at.sizes), *(
+        v for dim in zip(at.sizes, at.strides) for v in dim))], np.int64)
+
+
+def pass_matmul(lhs: jax.Array, rhs: jax.Array, pass_size: int, lhs_at: Sequence[Offsets],
+                rhs_at: Sequence[Offsets], out_at: Sequence[Offsets],
                 out_shape: Sequence[int], portable: bool = False,
                 parts: int = 1, out_dtype=jnp.float32) -> list[jax.Array]:
     """The array of `out_shape` whose element (b, m, n) is the sum over k of
@@ -144,13 +159,13 @@ def pass_matmul(lhs: jax.Array, rhs: jax.Array, pass_size: int, lhs_at: Sequence
     BF16) those sums rounded to nearest even as XLA:CPU converts them (no FP32 array made
     for it), as `parts` arrays of its leading dims' blocks (out_shape[:d] of `parts`
     elements; each of shape out_shape[d:]), each a buffer of its own. Operands of one host
-    type, BF16 or FP32, in any layout the offset tables (`offsets`) describe: lhs(b, m, k)
-    is lhs's element lhs_at[0][b] + lhs_at[1][m] + k (its contraction contiguous),
-    rhs(b, k, n) is rhs_at[0][b] + rhs_at[1][k] + rhs_at[2][n], and the result's (b, m, n)
-    out_at[0][b] + out_at[1][m] + out_at[2][n] of the whole array, where each row of a
-    result tile (TILE_COLUMNS consecutive entries of the column table) must lie in one part
-    (else the call fails). `portable` runs the portable path even where the AVX-512 code
-    would run (for tests: the same bits)."""
+    type, BF16 or FP32, in any layout the offsets (`offsets`) describe: lhs(b, m, k)
+    is lhs's element lhs_at[0][b] + lhs_at[1][m] + k (its contraction contiguous; at[i]
+    the offset of index i), rhs(b, k, n) is rhs_at[0][b] + rhs_at[1][k] + rhs_at[2][n],
+    and the result's (b, m, n) out_at[0][b] + out_at[1][m] + out_at[2][n] of the whole
+    array, where each row of a result tile (TILE_COLUMNS consecutive column offsets) must
+    lie in one part (else the call fails). `portable` runs the portable path even where
+    the AVX-512 code would run (for tests: the same bits)."""
     lead = next((d for d in range(len(out_shape) + 1)
                  if int(np.prod(out_shape[:d], dtype=np.int64)) == parts), None)
     if lead is None:
@@ -158,11 +173,14 @@ def pass_matmul(lhs: jax.Array, rhs: jax.Array, pass_size: int, lhs_at: Sequence
                          f"{tuple(out_shape)}")
     if jnp.dtype(out_dtype) not in OUT_DTYPES:
         raise ValueError(f"pass_matmul: a result of FP32 or BF16, not {jnp.dtype(out_dtype)}")
+    if (len(lhs_at), len(rhs_at), len(out_at)) != (2, 3, 3):
+        raise ValueError("pass_matmul: offsets of lhs's batch and rows, of rhs's batch, "
+                         "contraction and columns, and of the result's batch, rows and "
+                         f"columns, not {len(lhs_at)}, {len(rhs_at)} and {len(out_at)}")
     part = jax.ShapeDtypeStruct(tuple(out_shape[lead:]), out_dtype)
     call = jax.ffi.ffi_call(TARGET, [part] * parts)
-    with jax.enable_x64(True):  # offsets of arrays of 2^31 elements or more
-        tables = [jnp.asarray(t, jnp.int64) for t in (*lhs_at, *rhs_at, *out_at)]
-    return call(lhs, rhs, *tables, pass_size=np.int64(pass_size), portable=bool(portable))
+    return call(lhs, rhs, offsets=_offsets_attribute((*lhs_at, *rhs_at, *out_at)),
+                pass_size=np.int64(pass_size), portable=bool(portable))
 
 
 def reduces(dtype) -> bool:

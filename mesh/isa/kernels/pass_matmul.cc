@@ -3,10 +3,11 @@
 // each pass summed in FP32 and the passes added in order into an FP32 accumulator.
 //
 // One XLA FFI handler, PassMatmul, called from the executor's jitted program, reading the
-// operands and writing the result where the executor holds them (offset tables), in one
-// array or in parts (one per chip: each chip's piece a buffer of its own), as its FP32
-// sums or as those rounded to BF16 (as XLA:CPU rounds them, each tile once its passes are
-// done, as PSUM is copied out: no FP32 result goes through memory). A pass of
+// operands and writing the result where the executor holds them (offset tables, made from
+// the sizes and strides of the dims it is given), in one array or in parts (one per chip:
+// each chip's piece a buffer of its own), as its FP32 sums or as those rounded to BF16 (as
+// XLA:CPU rounds them, each tile once its passes are done, as PSUM is copied out: no FP32
+// result goes through memory). A pass of
 // BF16 operands is a chain of VDPBF16PS from +0.0 over the pass's pairs of contraction
 // elements: exactly the sums of the executor's XLA loop (one host GEMM per pass, XLA:CPU's
 // YNNPACK BF16 kernel, then an FP32 add) on a CPU with AVX-512 BF16. A pass of FP32 operands
@@ -583,15 +584,45 @@ ffi::Error Run(ffi::ThreadPool& pool, const Problem<T>& p, int64_t panel_elems, 
     default: call(8); break;                                    \
   }
 
-using Table = ffi::Buffer<ffi::S64, 1>;
+using Table = std::vector<int64_t>;
+
+// The offset tables, in the order PassMatmul's `offsets` attribute gives them.
+enum { kLhsBatch, kLhsRow, kRhsBatch, kRhsK, kRhsCol, kOutBatch, kOutRow, kOutCol, kTables };
+
+// The tables the attribute `offsets` describes (native.py's Offsets): for each table in
+// turn, the number of dims it runs over, then each dim's size and stride (in elements). A
+// table's offsets are the sums of one index of each dim times its stride, enumerated
+// row-major. They are made here, at each call, rather than passed as arrays: XLA turns a
+// constant array argument into kernels of its own, which cost more to compile than the
+// tables cost to make. False where the attribute is not such a description.
+bool MakeTables(ffi::Span<const int64_t> offsets, Table (&tables)[kTables]) {
+  const int64_t length = static_cast<int64_t>(offsets.size());
+  int64_t i = 0;
+  for (Table& table : tables) {
+    if (i >= length) return false;
+    const int64_t dims = offsets[i++];
+    if (dims < 0 || length - i < 2 * dims) return false;
+    table.assign(1, 0);
+    for (int64_t d = 0; d < dims; ++d, i += 2) {
+      const int64_t size = offsets[i], stride = offsets[i + 1];
+      if (size < 0) return false;
+      Table stepped;
+      stepped.reserve(table.size() * size);
+      for (int64_t at : table) {
+        for (int64_t j = 0; j < size; ++j) stepped.push_back(at + j * stride);
+      }
+      table.swap(stepped);
+    }
+  }
+  return i == length;
+}
 
 // Whether every sum of one offset from each table (and at most `last` in all) is in
 // [0, last]: each table's offsets are at least 0, and their largest add up to at most
 // `last`. The tables are not empty.
 bool Inside(std::initializer_list<const Table*> tables, int64_t last) {
   for (const Table* table : tables) {
-    const int64_t* at = table->typed_data();
-    const auto [low, high] = std::minmax_element(at, at + table->element_count());
+    const auto [low, high] = std::minmax_element(table->begin(), table->end());
     if (*low < 0 || *high > last) return false;
     last -= *high;  // what the tables after it may still add
   }
@@ -599,11 +630,15 @@ bool Inside(std::initializer_list<const Table*> tables, int64_t last) {
 }
 
 ffi::Error PassMatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
-                          Table lhs_batch, Table lhs_row, Table rhs_batch, Table rhs_k,
-                          Table rhs_col, Table out_batch, Table out_row, Table out_col,
-                          ffi::RemainingRets results, int64_t pass_size, bool portable) {
-  const int64_t batch = lhs_batch.element_count(), m = lhs_row.element_count(),
-                k = rhs_k.element_count(), n = rhs_col.element_count();
+                          ffi::RemainingRets results, ffi::Span<const int64_t> offsets,
+                          int64_t pass_size, bool portable) {
+  Table t[kTables];
+  if (!MakeTables(offsets, t)) {
+    return ffi::Error::InvalidArgument("PassMatmul: offsets of 8 tables, each its dims' "
+                                       "count then their sizes and strides");
+  }
+  const int64_t batch = t[kLhsBatch].size(), m = t[kLhsRow].size(), k = t[kRhsK].size(),
+                n = t[kRhsCol].size();
   Out out{{}, 0, false};
   for (size_t i = 0; i < results.size(); ++i) {
     auto part = results.get<ffi::AnyBuffer>(i);
@@ -620,10 +655,10 @@ ffi::Error PassMatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer lhs, ffi::AnyBuff
     out.parts.push_back(static_cast<char*>((*part)->untyped_data()));
   }
   if (lhs.element_type() != rhs.element_type() || out.parts.empty() ||
-      static_cast<int64_t>(rhs_batch.element_count()) != batch ||
-      static_cast<int64_t>(out_batch.element_count()) != batch ||
-      static_cast<int64_t>(out_row.element_count()) != m ||
-      static_cast<int64_t>(out_col.element_count()) != n ||
+      static_cast<int64_t>(t[kRhsBatch].size()) != batch ||
+      static_cast<int64_t>(t[kOutBatch].size()) != batch ||
+      static_cast<int64_t>(t[kOutRow].size()) != m ||
+      static_cast<int64_t>(t[kOutCol].size()) != n ||
       static_cast<int64_t>(out.parts.size()) * out.part != batch * m * n) {
     return ffi::Error::InvalidArgument("PassMatmul: operands of one type, results, and "
                                        "offset tables of matching sizes");
@@ -633,18 +668,19 @@ ffi::Error PassMatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer lhs, ffi::AnyBuff
   }
   if (batch * m * n == 0) return ffi::Error::Success();  // an empty result
   // The last element each operand's tables reach, in elements: lhs's rows run k long
-  if (!Inside({&lhs_batch, &lhs_row}, static_cast<int64_t>(lhs.element_count()) - k)) {
+  if (!Inside({&t[kLhsBatch], &t[kLhsRow]}, static_cast<int64_t>(lhs.element_count()) - k)) {
     return ffi::Error::InvalidArgument("PassMatmul: lhs's offsets reach outside lhs");
   }
-  if (!Inside({&rhs_batch, &rhs_k, &rhs_col}, static_cast<int64_t>(rhs.element_count()) - 1)) {
+  if (!Inside({&t[kRhsBatch], &t[kRhsK], &t[kRhsCol]},
+              static_cast<int64_t>(rhs.element_count()) - 1)) {
     return ffi::Error::InvalidArgument("PassMatmul: rhs's offsets reach outside rhs");
   }
-  if (!Inside({&out_batch, &out_row, &out_col}, batch * m * n - 1)) {
+  if (!Inside({&t[kOutBatch], &t[kOutRow], &t[kOutCol]}, batch * m * n - 1)) {
     return ffi::Error::InvalidArgument("PassMatmul: the result's offsets reach outside it");
   }
-  const Offsets lhs_at{lhs_batch.typed_data(), lhs_row.typed_data(), nullptr},
-      rhs_at{rhs_batch.typed_data(), rhs_k.typed_data(), rhs_col.typed_data()},
-      out_at{out_batch.typed_data(), out_row.typed_data(), out_col.typed_data()};
+  const Offsets lhs_at{t[kLhsBatch].data(), t[kLhsRow].data(), nullptr},
+      rhs_at{t[kRhsBatch].data(), t[kRhsK].data(), t[kRhsCol].data()},
+      out_at{t[kOutBatch].data(), t[kOutRow].data(), t[kOutCol].data()};
   for (char* part : out.parts) AdviseHugePages(part, out.part * out.ElementBytes());
   if (lhs.element_type() == ffi::BF16) {
     const Problem<uint16_t> p{static_cast<const uint16_t*>(lhs.untyped_data()),
@@ -711,15 +747,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PassMatmul, PassMatmulImpl,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()  // lhs
                                   .Arg<ffi::AnyBuffer>()  // rhs
-                                  .Arg<Table>()           // lhs batch offsets
-                                  .Arg<Table>()           // lhs row offsets
-                                  .Arg<Table>()           // rhs batch offsets
-                                  .Arg<Table>()           // rhs contraction offsets
-                                  .Arg<Table>()           // rhs column offsets
-                                  .Arg<Table>()           // result batch offsets
-                                  .Arg<Table>()           // result row offsets
-                                  .Arg<Table>()           // result column offsets
                                   .RemainingRets()        // the result, or its parts
+                                  .Attr<ffi::Span<const int64_t>>("offsets")  // MakeTables
                                   .Attr<int64_t>("pass_size")
                                   .Attr<bool>("portable"));  // the portable path, here too
 
