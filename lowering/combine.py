@@ -2,25 +2,28 @@
 
 XLA's compilers combine the all-reduces the SPMD partitioner inserts (one per gradient, say)
 when none depends on another: one collective launch instead of several, each launch paying
-the collective's fixed cost (synchronisation, DMA set-up). XLA:CPU and XLA:GPU run
-AllReduceCombiner (pass `cpu-all-reduce-combiner` on CPU), and Neuron's compiler, which
-receives XLA's HLO, coalesces collectives the same way (its release notes: "coalesced
-ordered reduce-scatter"). jax-trn2 takes XLA's module right after partitioning
-(lowering.partition), before that pass: XLA:CPU runs its combiner after layout assignment,
-algebraic simplification and fusion, whose module is no longer the partitioner's (fusions,
-changed layouts and numerics), so the combining is done here, on the StableHLO module,
-with XLA's rules:
+the collective's fixed cost (synchronisation, DMA set-up). XLA:CPU runs AllReduceCombiner
+as its pass `cpu-all-reduce-combiner`, XLA:GPU as `all-reduce-combiner`; Neuron's compiler,
+which receives XLA's HLO after such passes, also coalesces collectives of a group into one
+(its 2.30 release notes: grouped reduce-scatters handled as one). jax-trn2 takes XLA's
+module right after partitioning (lowering.partition), before that pass: XLA:CPU runs its
+combiner after layout assignment, algebraic simplification and fusion, whose module is no
+longer the partitioner's (fusions, changed layouts, other numerics), and jaxlib has no way
+to run one XLA pass alone. So the combining is done here, on the StableHLO module, with
+XLA's rules:
 
 - all-reduces of one block (XLA: one computation) with the same replica groups, channel
-  kind, use_global_device_ids, reduction and element type are combined;
+  kind, use_global_device_ids and reduction are combined; also the same element type (XLA
+  combines f32 with bf16, but a StableHLO all-reduce has one reduction body, of one type);
 - none of a combined set depends on another (nor on what another's result feeds);
-- a combined all-reduce moves at most COMBINE_THRESHOLD_BYTES of operands, and
-  COMBINE_THRESHOLD_COUNT operands (XLA:GPU's defaults: xla_gpu_all_reduce_combine_threshold_bytes,
-  and the count every XLA backend uses).
+- a combined all-reduce moves at most COMBINE_THRESHOLD_BYTES, COMBINE_THRESHOLD_COUNT
+  operands (XLA:GPU's default xla_gpu_all_reduce_combine_threshold_bytes, and the count
+  every XLA backend passes its combiner).
 
 The combined all-reduce takes the place of the last one of its set; the ops between that
-read an earlier one's result move after it, in their order. An op with side effects (a
-host callback, a token) that reads a result is not moved: the set ends before it.
+read an earlier one's result move after it, in their order. An op that reads a result and
+may not move (another all-reduce, an op with side effects: a host callback, a token) ends
+the set before it. Each operand is reduced as it was alone: the values do not change.
 """
 
 from __future__ import annotations
@@ -54,15 +57,17 @@ class _Set:
         self.members = [first]
         self.readers: list = []  # ops reading a member's result (or a reader's), in order
         self.tainted = set(first.results)  # values computed from a member's result
+        self.count = len(first.operands)
         self.nbytes = _operand_bytes(first)
 
     def admits(self, op) -> bool:
-        return len(self.members) + len(op.operands) <= COMBINE_THRESHOLD_COUNT and \
+        return self.count + len(op.operands) <= COMBINE_THRESHOLD_COUNT and \
             self.nbytes + _operand_bytes(op) <= COMBINE_THRESHOLD_BYTES
 
     def add(self, op) -> None:
         self.members.append(op)
         self.tainted.update(op.results)
+        self.count += len(op.operands)
         self.nbytes += _operand_bytes(op)
 
 
@@ -146,15 +151,16 @@ def _key(op) -> tuple:
 
 def _reduction_text(region) -> tuple:
     """The reduction body, independent of value names: each op's name, attributes,
-    result types and operands (as block argument or op positions)."""
+    result types and operands (block argument or op positions; a value from outside the
+    body as itself)."""
     (block,) = region.blocks
     positions = {a: ("arg", i) for i, a in enumerate(block.arguments)}
     text = []
     for n, op in enumerate(block.operations):
         op = op.operation
-        text.append((op.name, tuple(sorted((name, str(op.attributes[name])) for name in op.attributes)),
-                     tuple(str(r.type) for r in op.results),
-                     tuple(positions.get(v, ("outer", str(v.type))) for v in op.operands)))
+        attributes = tuple(sorted((name, str(op.attributes[name])) for name in op.attributes))
+        text.append((op.name, attributes, tuple(str(r.type) for r in op.results),
+                     tuple(positions.get(v, v) for v in op.operands)))
         positions.update({r: ("op", n, i) for i, r in enumerate(op.results)})
     return tuple(text)
 
