@@ -17,6 +17,7 @@ jax_trn2.jit caches the result per signature as it caches the program.
 from __future__ import annotations
 
 import glob
+import itertools
 import os
 import re
 import tempfile
@@ -31,7 +32,8 @@ from jaxlib.mlir import ir, passmanager
 from jaxlib.mlir.dialects import func, sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 
-from lowering import hlo_sharding, mlir, partition_cache, protobuf, replica_groups, xla_log
+from lowering import (combine, hlo_sharding, mlir, partition_cache, protobuf, replica_groups,
+                      xla_log)
 from lowering.errors import LoweringError
 from lowering.host import host_client
 from mesh import isa
@@ -41,6 +43,10 @@ from mesh.fused_kernels import FUSED_KERNELS
 PARAMETER_SHARDINGS_ATTR = "mhlo.spmd_parameters_shardings"
 OUTPUT_SHARDING_ATTR = "mhlo.spmd_output_sharding"
 _DUMP_PASS = "spmd-partitioning"
+# The pass XLA runs next in its partitioner pipeline, inlining the calls the partitioner
+# left (shard_map bodies, resharding), not fused kernels' ("inlineable" = "false"): its
+# module is the one XLA's later passes, and lowering.combine, see.
+_INLINER_PASS = "call-inliner"
 # A composite that names a fused kernel (mesh.fused_kernels.FUSED_KERNELS: flash attention)
 # crosses XLA as a call its inliner must keep ("inlineable" = "false", XLA's frontend
 # attribute for that), with the composite's name and attributes in these frontend
@@ -199,7 +205,7 @@ def _partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exceptio
         np.arange(num_devices).reshape(1, num_devices))
     with tempfile.TemporaryDirectory(prefix="jax_trn2_partition_") as dump:
         options.env_option_overrides = [
-            ("xla_dump_to", dump), ("xla_dump_hlo_pass_re", _DUMP_PASS),
+            ("xla_dump_to", dump), ("xla_dump_hlo_pass_re", f"{_DUMP_PASS}|{_INLINER_PASS}"),
             ("xla_dump_hlo_as_proto", True), ("xla_dump_hlo_as_text", True),
             ("xla_backend_optimization_level", 0),
         ]
@@ -211,22 +217,42 @@ def _partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exceptio
             # after partitioning, XLA:CPU stops at the stop op, or fails on an op of its
             # own before it
             failure = None if _STOP_TARGET in str(e) else e
-        dumps = sorted(glob.glob(os.path.join(dump, f"*after_{_DUMP_PASS}*.hlo.pb")))
-        if not dumps:
+        partitioned_dump = _partitioned_dump(dump)
+        if partitioned_dump is None:
             raise LoweringError(
                 f"XLA's SPMD partitioner rejected the program: {failure}" if failure else
                 f"XLA's SPMD partitioner left no partitioned module (no *after_{_DUMP_PASS}* "
                 "dump)")
-        with open(dumps[0], "rb") as f:
+        with open(partitioned_dump, "rb") as f:
             hlo_proto = f.read()
-        with open(dumps[0][:-len(".hlo.pb")] + ".txt") as f:
+        with open(partitioned_dump[:-len(".hlo.pb")] + ".txt") as f:
             mesh_groups = _mesh_replica_groups(f.read())
     stablehlo = _jax.mlir.hlo_to_stablehlo(_hlo_module_proto(hlo_proto))
     partitioned = mlir.parse(stablehlo)
     _remove_stop(partitioned)
     _set_replica_groups(partitioned, mesh_groups)
     _carry_marks(module, partitioned)
+    combine.combine_all_reduces(partitioned)
     return partitioned, failure
+
+
+def _partitioned_dump(directory: str) -> str | None:
+    """The HloProto dump of the partitioned module, its calls inlined: the dump after the
+    call inliner that follows the partitioner in its pipeline, else (no calls to inline)
+    the partitioner's. Dumps are numbered in pass order, named by pipeline and the passes
+    before and after (the regex matches either); the inliner also runs before
+    partitioning, and in later pipelines."""
+    dumps = sorted(glob.glob(os.path.join(directory, "*.hlo.pb")))
+    names = [re.search(r"\.([^.]+)\.after_([^.]+)\.", os.path.basename(d)) for d in dumps]
+    passes = [(m.group(1), m.group(2)) if m else (None, None) for m in names]
+    for i, (pipeline, pass_name) in enumerate(passes):
+        if pass_name != _DUMP_PASS:
+            continue
+        same_pipeline = itertools.takewhile(lambda j: passes[j][0] == pipeline,
+                                            range(i + 1, len(dumps)))
+        inlined = [j for j in same_pipeline if passes[j][1] == _INLINER_PASS]
+        return dumps[inlined[-1] if inlined else i]
+    return None
 
 
 def composite_attributes_text(attributes: dict) -> str:

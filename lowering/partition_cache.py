@@ -23,7 +23,7 @@ import jaxlib
 SUBDIRECTORY = "jax_trn2_partitioned"
 # Changes when what an entry holds changes: its fields, or what lowering.partition does to
 # XLA's module before keeping it
-_FORMAT = b"jax-trn2 partitioned module 1"
+_FORMAT = b"jax-trn2 partitioned module 2"
 
 
 def key(module_bytecode: bytes, num_devices: int) -> str:

@@ -65,10 +65,10 @@ def all_reduce(ctx: LoweringContext, op: Op):
     groups, reduction = _groups(ctx, op), _reduction(ctx, op)
     if groups.group_size == 1:  # every device alone: nothing to combine
         return op.operands
-    return tuple(ctx.emit(isa.AllReduce, op, ins=(v,), out_types=(t,),
-                          varying=_same_within_groups(ctx, v, groups),
-                          groups=groups, reduction=reduction)[0]
-                 for v, t in zip(op.operands, op.result_types))
+    # a variadic all-reduce (lowering.combine) is one collective launch of all its operands
+    return ctx.emit(isa.AllReduce, op,
+                    out_layouts=[_same_within_groups(ctx, v, groups) for v in op.operands],
+                    groups=groups, reduction=reduction)
 
 
 @rule("stablehlo.all_gather")

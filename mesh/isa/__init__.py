@@ -402,6 +402,8 @@ REDUCTIONS = ("add", "multiply", "maximum", "minimum", "and", "or", "xor")
 
 @dataclass(frozen=True, eq=False)
 class AllReduce(Instruction):
+    """Each input reduced over its group; several inputs (a combined all-reduce,
+    lowering.combine) are one collective launch moving them all."""
     groups: Groups
     reduction: str  # one of REDUCTIONS
     plan: Plan | None = None  # mesh.perf.collectives.CollectivePlan, set by planning

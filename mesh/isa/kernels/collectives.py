@@ -135,8 +135,12 @@ def _member_axis(view) -> int:
 
 @kernel(isa.AllReduce)
 def all_reduce(instr: isa.AllReduce, args, ctx: KernelContext):
-    view, reduced = _reduce_members(args[0], instr.groups, instr.reduction, ctx)
-    return [view.replicated(reduced)]
+    """Each operand reduced on its own (a combined all-reduce moves them in one launch)."""
+    results = []
+    for x in args:
+        view, reduced = _reduce_members(x, instr.groups, instr.reduction, ctx)
+        results.append(view.replicated(reduced))
+    return results
 
 
 @kernel(isa.ReduceScatter)

@@ -105,3 +105,39 @@ def test_results_replicated_by_out_specs_keep_each_devices_own_value():
     assert ours == _each_devices_own(jax.devices("cpu"))
     assert ours[0] == [[0, 1, 2, 3], [0, 1, 2, 3], [4, 5, 6, 7], [4, 5, 6, 7]]
 
+
+
+def _accumulated_gradients(devices):
+    """jax's minibatch loop: the gradients of three weights accumulated unreduced over a
+    scan, then reduced once; the step and its result."""
+    mesh = jax.make_mesh((2,), ("x",), devices=devices[:2], axis_types=(AxisType.Explicit,))
+    with jax.set_mesh(mesh):
+        def model(ws, xs):
+            for w in ws:
+                xs = jnp.tanh(xs @ w)
+            return xs.sum()
+
+        @jax.jit
+        def step(ws, xs):
+            def body(acc, batch):
+                return jax.tree.map(jnp.add, acc, jax.grad(model)(ws, batch)), None
+            acc = jax.reshard(jax.tree.map(jnp.zeros_like, ws), P(unreduced={"x"}))
+            acc, _ = jax.lax.scan(body, acc, xs)
+            return jax.tree.map(lambda w, g: w - 0.01 * g, jax.reshard(ws, P()),
+                                jax.reshard(acc, P()))
+
+        rng = np.random.default_rng(0)
+        ws = tuple(jax.device_put(rng.standard_normal((4, 4), np.float32), P(reduced={"x"}))
+                   for _ in range(3))
+        xs = jax.device_put(rng.standard_normal((2, 2, 4), np.float32), P(None, "x", None))
+        return step.lower(ws, xs).compile(), step(ws, xs)
+
+
+def test_the_gradients_all_reduces_are_combined_into_one():
+    """The partitioner's all-reduce per gradient is one all-reduce of them all, as XLA's
+    combiner makes on XLA:CPU, with the same values."""
+    compiled, ours = _accumulated_gradients(jax.devices("trn2"))
+    _, want = _accumulated_gradients(jax.devices("cpu"))
+    assert compiled.as_text().count("all-reduce(") == 1
+    for got, expected in zip(ours, want):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-6)
