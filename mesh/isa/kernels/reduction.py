@@ -75,9 +75,11 @@ def in_fixed_order(x: jnp.ndarray, axes: tuple[int, ...], op: str,
     reduced dim after another, lowest first, each as `_along_lanes` says. The order does not
     depend on the sizes of the other dims, so neither on how many chips an executor device
     computes. In the native kernel on CPU executor devices (`ctx.on_cpu`) where it takes
-    the operand (BF16 as it is, other narrow floats widened to FP32), else in XLA."""
+    the operand (BF16 as it is, other narrow floats widened to FP32) and there is a dim to
+    reduce, else in XLA."""
     operand = x if native.reduces(x.dtype) else numerics.widen(x)
-    if ctx.on_cpu and native.reduces(operand.dtype):
+    # Over no dims the native kernel would make no pass, leaving BF16 in BF16.
+    if ctx.on_cpu and native.reduces(operand.dtype) and axes:
         def along_each(x):  # (each pass drops its dim: the later ones move down by one)
             for done, axis in enumerate(sorted(axes)):
                 x = native.fixed_order_reduce(x, axis - done, product=op == "multiply")

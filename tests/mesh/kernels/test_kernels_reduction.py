@@ -145,3 +145,13 @@ def test_a_bf16_sum_makes_no_fp32_copy_of_its_operand():
             compiled = jax.jit(lambda x, init: kernel_for(instr)(instr, [x, init], ctx)[0]
                                ).lower(jnp.asarray(x), jnp.asarray(init)).compile()
         assert compiled.memory_analysis().temp_size_in_bytes < x.nbytes, dim
+
+
+@pytest.mark.parametrize("path_on_cpu", [True, False])
+def test_a_bf16_reduce_over_no_dims_combines_each_element_with_the_init(path_on_cpu):
+    """A reduce over no dims (a pad's or a scalar sum's transpose) is each element combined
+    with the init value: it does not reach the native kernel, which takes BF16 as it is
+    and would leave it BF16 next to the FP32 init."""
+    x = np.array([[1.5, 2.0, -0.0]], ml_dtypes.bfloat16)
+    out = reduce_on(path_on_cpu, (), "add", x, "bfloat16")
+    np.testing.assert_array_equal(bits(out), bits(np.array([[1.5, 2.0, 0.0]], ml_dtypes.bfloat16)))
