@@ -16,6 +16,8 @@ import ctypes
 import functools
 from typing import Any
 
+import jax
+
 from jax_trn2.plugin import abi, memory_layouts
 from jax_trn2.plugin.abi import c
 from jax_trn2.plugin.errors import Errors, PjrtError
@@ -742,9 +744,17 @@ def build(shim: ctypes.CDLL) -> Any:
 
 
 def _retire(api: Any, noop: int, shim: ctypes.CDLL) -> None:
-    """Point every slot at the shim's no-op, and have the shim drop the destroys it
-    deferred (see the module docstring and _shim.c)."""
-    shim.trn2_retire()
+    """Wait for jax's runtime tokens, then point every slot at the shim's no-op, and have
+    the shim drop the destroys it deferred (see the module docstring and _shim.c).
+
+    jax's own exit handlers, registered before the plugin's and so run after it, wait for
+    the runtime tokens of ordered effects (`jax.debug.print(..., ordered=True)`): on the
+    no-op slots a trn2 token would read as a deleted buffer, or hang. Waiting here first
+    leaves them none."""
+    try:
+        jax.effects_barrier()
+    finally:
+        shim.trn2_retire()
     for name in abi.SLOTS:
         if getattr(api, name):
             setattr(api, name, noop)

@@ -106,3 +106,15 @@ def test_package_names_survive_importing_their_submodules_first(tmp_path):
               ROOT)
     assert "True True jax_trn2.reports.numerics jax_trn2.planner.plan " \
            "jax_trn2.planner.serving" in out
+
+
+def test_exit_after_an_ordered_effect_is_clean(tmp_path):
+    """jax waits at exit for an ordered effect's runtime token (after the plugin's own exit
+    handler): it must find the token ready, not a deleted buffer, and print nothing."""
+    code = ("import jax, jax.numpy as jnp\n"
+            "def f(x):\n"
+            "    jax.debug.print('x={x}', x=x, ordered=True)\n"
+            "    return x + 1\n"
+            "print('result', jax.jit(f)(jnp.ones(2)).tolist())\n")
+    out = run(code, tmp_path, JAX_PLATFORMS="trn2,cpu")
+    assert out == "x=[1. 1.]\nresult [2.0, 2.0]\n", out
