@@ -51,7 +51,10 @@ def test_large_arrays_go_to_the_executors_device_as_the_same_memory():
     assert moved.devices() == {device} and moved.dtype == np.uint16
     assert moved.unsafe_buffer_pointer() == np.asarray(values).ctypes.data
     small = np.ones(4, np.float32)
-    assert executor.as_input(small, "float32", device) is small  # copied in by the call
+    copied = executor.as_input(small, "float32", device)  # a copy there, not the memory
+    assert copied.devices() == {device}
+    assert copied.unsafe_buffer_pointer() != small.ctypes.data
+    np.testing.assert_array_equal(np.asarray(copied), small)
 
 
 @pytest.mark.parametrize("dtype", [">f4", ">f2", ">i4"])

@@ -16,3 +16,16 @@ def test_a_call_counts_only_the_callers_device_puts():
         np.testing.assert_array_equal(np.asarray(add_two(0, x)), 3)
     assert count() == 1  # the caller's one device_put; the simulator's on the host unseen
 
+
+
+def test_a_cached_call_counts_only_the_callers_internal_device_put():
+    """jaxlib's own count of device puts (jtu.count_internal_device_puts): a NumPy argument
+    of a cached call is one put onto the trn2 device; the simulator's copy of it onto its
+    host device is not the caller's."""
+    add_one = jax.jit(lambda x: x + 1)
+    with jax.default_device(jax.devices("trn2")[0]):
+        add_one(np.arange(8))
+        with jtu.count_internal_device_puts() as counts:
+            result = add_one(np.arange(8))
+    np.testing.assert_array_equal(np.asarray(result), np.arange(1, 9))
+    assert counts() == {"device_put_with_device": 1}
