@@ -5,8 +5,9 @@ compiler produced: the entry's parameter and root shardings and its entry layout
 simulator compiles no HLO, so the plugin hands jaxlib a module of main's signature, each
 parameter and result with its sharding over the devices (how XLA lays them out,
 lowering.partition.layouts): of a program XLA's partitioner partitioned, the per-chip
-module the simulator runs; of any other, a module of the signature alone, its results
-computed as zeros. Like the module an SPMD compiler leaves (and `compiled.as_text()`
+module the simulator runs; of a program on one device, that program (about 2 ms a
+program for jaxlib's converter); of any other (an SPMD module of several processes, or
+one with tokens), a module of the signature alone, its results computed as zeros. Like the module an SPMD compiler leaves (and `compiled.as_text()`
 shows), it is one device's program: its parameters and results have the per-device shapes,
 and the shardings say how they make the global values. It is made from StableHLO by
 jaxlib's own converter.
@@ -23,7 +24,7 @@ from jax._src.lib import _jax, xla_client
 from jaxlib.mlir import ir
 
 from jax_trn2.plugin import proto
-from lowering import hlo_sharding, mlir
+from lowering import dynamic_shapes, hlo_sharding, mlir
 from mesh import sharding
 
 
@@ -73,8 +74,12 @@ def signature_module(executable: Any, module: ir.Module,
         "}"])
     has_tokens = _TOKEN_TYPE in arg_types + res_types
     return_tuple = len(res_types) != 1
-    hlo = _signature_hlo(text, return_tuple) if partitioned is None or has_tokens else \
-        _hlo(jax_mlir.module_to_bytecode(partitioned), return_tuple)
+    # a program on one device is its own per-device program (once its shapes are static)
+    body = partitioned if partitioned is not None else module \
+        if executable.num_partitions * executable.num_replicas == 1 and \
+        not dynamic_shapes.needs_refinement(module) else None
+    hlo = _signature_hlo(text, return_tuple) if body is None or has_tokens else \
+        _hlo(jax_mlir.module_to_bytecode(body), return_tuple)
     return proto.hlo_module_with_config(
         hlo, names, [_op_sharding(s) for s in arg_shardings],
         [_op_sharding(s) for s in res_shardings],

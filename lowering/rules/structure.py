@@ -111,8 +111,24 @@ def layout_constraint(ctx: LoweringContext, op: Op):
     return op.operands
 
 
+# jax.lax.dce_sink's custom call target (with prevent_mlir_dce=True)
+DCE_SINK = "dce_sink"
+
+
+@custom_call_rule(DCE_SINK)
+def dce_sink(ctx: LoweringContext, op: Op):
+    """jax.lax.dce_sink(x, prevent_mlir_dce=True): a use of its operands that keeps jax's
+    and XLA's dead-code elimination from removing their computation (the module and
+    `compiled.as_text()` show it); it computes nothing and has no results (XLA's own
+    handler does nothing). The Trn2 program, which computes only what its outputs and
+    effects need, leaves out what only the sink reads."""
+    if op.result_types:
+        raise ValueError(f"a {DCE_SINK} custom call with results {op.result_types}")
+    return ()
+
+
 MEMORY_NEUTRAL.update(IDENTITY_OPS, ("stablehlo.tuple", "stablehlo.get_tuple_element",
-                                     "annotate_device_placement",
+                                     "annotate_device_placement", DCE_SINK,
                                      memory_layouts.LAYOUT_CONSTRAINT))
 
 # The frontend attribute of annotate_device_placement naming the memory kind its result is

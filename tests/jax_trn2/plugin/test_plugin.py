@@ -493,3 +493,16 @@ def test_a_program_xla_cpu_aborts_on_after_partitioning_runs():
     w = jax.device_put(jnp.ones((16, 16), jnp.bfloat16), NamedSharding(mesh, P("a")))
     grad = jax.jit(jax.grad(loss))(w)
     np.testing.assert_array_equal(np.asarray(grad, np.float32), np.full((16, 16), 2.0))
+
+
+def test_a_one_device_programs_text_is_its_computation():
+    """compiled.as_text() of a program on one device shows its computation, as XLA's
+    optimized module does (a dce_sink kept by jax shows there too)."""
+    def f(x):
+        jax.lax.dce_sink(jnp.sin(x) + 1, prevent_mlir_dce=True)
+        return x * 2
+    x = jax.device_put(np.ones(3, np.float32), jax.devices("trn2")[0])
+    compiled = jax.jit(f).lower(x).compile()
+    text = compiled.as_text()
+    assert all(op in text for op in ("sine(", "add(", "multiply(", "dce_sink"))
+    np.testing.assert_array_equal(np.asarray(compiled(x)), np.full(3, 2.0, np.float32))

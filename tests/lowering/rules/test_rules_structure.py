@@ -78,3 +78,14 @@ def test_custom_call_without_a_rule_is_unsupported(target, message):
           %y = stablehlo.custom_call @{target}(%x) : (tensor<3xf32>) -> tensor<3xf32>
           return %y : tensor<3xf32>
         }}""")
+
+
+def test_dce_sink_computes_nothing():
+    """jax.lax.dce_sink(prevent_mlir_dce=True) is a custom call without results; the
+    program returns its input and leaves out what only the sink reads."""
+    def f(x):
+        jax.lax.dce_sink(x + 1, prevent_mlir_dce=True)
+        return x
+    program = lower_jax(f, np.ones(3, np.float32))
+    assert program.instructions == ()
+    assert program.outputs == program.inputs
