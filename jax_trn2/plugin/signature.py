@@ -7,9 +7,10 @@ parameter and result with its sharding over the devices (how XLA lays them out,
 lowering.partition.layouts): of a program XLA's partitioner partitioned, the per-chip
 module the simulator runs; of a program on one device, that program (about 2 ms a
 program for jaxlib's converter); of any other (an SPMD module of several processes, or
-one with tokens), a module of the signature alone, its results computed as zeros. Like the module an SPMD compiler leaves (and `compiled.as_text()`
-shows), it is one device's program: its parameters and results have the per-device shapes,
-and the shardings say how they make the global values. It is made from StableHLO by
+one with tokens), a module of the signature alone, its results computed as zeros. Like
+the module an SPMD compiler leaves (and `compiled.as_text()` shows), it is one device's
+program: its parameters and results have the per-device shapes, and the shardings say
+how they make the global values. It is made from StableHLO by
 jaxlib's own converter.
 """
 
