@@ -414,13 +414,15 @@ def as_input(array, name: str, device: jax.Device | None = None, on_cpu: bool = 
 
 def _copied_to(view: np.ndarray, device: jax.Device):
     """A small host array as a copy on `device`, made through DLPack (3 us, where
-    jax.device_put takes 40; NumPy exports neither a read-only nor a strided array, which
-    are copied first) where NumPy exports its dtype, else the array itself, which the
-    jitted function copies in. That copy would count in jaxlib as one of the caller's
+    jax.device_put takes 40) where NumPy exports its dtype, else the array itself, which
+    the jitted function copies in. That copy would count in jaxlib as one of the caller's
     device puts, which jax's tests count (jax._src.test_util.count_internal_device_puts):
-    the simulator's own are not the caller's."""
-    if not (view.flags.writeable and view.flags.c_contiguous):
-        view = np.array(view, order="C")
+    the simulator's own are not the caller's.
+
+    The array is copied here first: jaxlib imports an aligned array's memory rather than
+    copying it (whatever DLPack's copy flag says), and the caller may write to theirs
+    while the program runs; NumPy also exports neither a read-only nor a strided array."""
+    view = np.array(view, order="C")
     try:
         capsule = view.__dlpack__()
     except BufferError:  # a dtype DLPack has no code for (ml_dtypes' narrow floats)

@@ -50,11 +50,19 @@ def test_large_arrays_go_to_the_executors_device_as_the_same_memory():
     moved = executor.as_input(values, "bfloat16", device, on_cpu=False)
     assert moved.devices() == {device} and moved.dtype == np.uint16
     assert moved.unsafe_buffer_pointer() == np.asarray(values).ctypes.data
-    small = np.ones(4, np.float32)
+    small = _aligned_ones(4, alignment=64)  # jaxlib would import this memory as it is
     copied = executor.as_input(small, "float32", device)  # a copy there, not the memory
     assert copied.devices() == {device}
     assert copied.unsafe_buffer_pointer() != small.ctypes.data
-    np.testing.assert_array_equal(np.asarray(copied), small)
+    small[:] = 2  # the caller's writes after the call do not reach the program's input
+    np.testing.assert_array_equal(np.asarray(copied), np.ones(4, np.float32))
+
+
+def _aligned_ones(size: int, alignment: int) -> np.ndarray:
+    """FP32 ones whose memory starts at a multiple of `alignment` bytes."""
+    storage = np.ones(size + alignment // 4, np.float32)
+    skip = (-storage.ctypes.data % alignment) // 4
+    return storage[skip:skip + size]
 
 
 @pytest.mark.parametrize("dtype", [">f4", ">f2", ">i4"])
