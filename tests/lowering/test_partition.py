@@ -58,3 +58,23 @@ def test_a_programs_inspected_shardings_are_the_partitioners():
     np.testing.assert_array_equal(whole(x), x + 1)
     assert [s.spec for s in seen] == [P(), P()]
     assert all(s.mesh == mesh for s in seen)
+
+
+def test_the_options_that_cut_the_compile_leave_the_partitioned_module_as_it_is(monkeypatch):
+    """The compile stops after the partitioner with options that make XLA:CPU's later work
+    cheaper (partition._UNTIL_THE_STOP); the partitioned module is the one XLA's default
+    options give: a gradient on a 2x4 mesh, with a shard_map and a scan."""
+    mesh = jax.make_mesh((2, 4), ("x", "y"), devices=jax.devices("cpu")[:8])
+
+    def loss(w, a):
+        h = jax.shard_map(lambda v: jax.lax.psum(jnp.tanh(v), "y"), mesh=mesh,
+                          in_specs=P("x", "y"), out_specs=P("x"))(a @ w)
+        return jax.lax.scan(lambda c, r: (c + jnp.sum(r * r), None), 0.0, h.T)[0]
+
+    w = jax.ShapeDtypeStruct((16, 32), jnp.float32, sharding=NamedSharding(mesh, P(None, "y")))
+    a = jax.ShapeDtypeStruct((8, 16), jnp.float32, sharding=NamedSharding(mesh, P("x")))
+    module = lowering.mlir.parse(jax.jit(jax.grad(loss)).lower(w, a).as_text())
+    cut, _ = partition._partition(module, 8)
+    monkeypatch.setattr(partition, "_UNTIL_THE_STOP", ())
+    default, _ = partition._partition(module, 8)
+    assert "stablehlo.all_reduce" in str(cut) and str(cut) == str(default)
