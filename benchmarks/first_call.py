@@ -9,8 +9,8 @@ times (default 5, at least 2: each round's function has its own constant, so tha
 the simulator compile it anew; the first round is a warm-up) and timed from jax's lowering
 to the first result. The plugin's stages are timed by wrapping the functions that do them
 (`install`, which a pytest run of jax's tests can call too); a stage's time includes the
-stages it calls (the lowering walk includes partitioning, the plugin's compile all but
-the optimized program). Prints, per program, the fastest round's stages in ms and XLA:CPU's
+stages it calls (the lowering walk includes partitioning, the plugin's compile all of
+them). Prints, per program, the fastest round's stages in ms and XLA:CPU's
 whole time for the same program, then the means over the programs.
 """
 
@@ -30,6 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import lowering
 from jax_trn2.core import executable as core_executable
 from jax_trn2.plugin import executable as plugin_executable
+from jax_trn2.plugin import signature
 from lowering import partition
 
 # stage name -> seconds spent in it during the current round
@@ -74,7 +75,7 @@ def install() -> None:
     """Wrap the plugin's stages with timers."""
     _wrap(plugin_executable.Executable, "__init__", "plugin compile (all)")
     _wrap(plugin_executable.Executable, "execute", "first execute")
-    _wrap(plugin_executable.Executable, "optimized_program", "optimized program")
+    _wrap(signature, "signature_module", "optimized program (as_text)")
     _wrap(lowering, "parse_module", "MLIR parse")
     _wrap(lowering, "lower", "lowering walk (with partition)")
     _wrap(partition, "partition", "partition")

@@ -125,7 +125,7 @@ def partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exception
     after partitioning, if it did before the stop (_STOP_TARGET) (it lacks some ops that
     the simulator has; if lowering the partitioned program fails too, XLA's reason belongs
     in that error). The last few are remembered (the trn2 plugin asks again for the
-    program it lowered: its optimized program, which jax reads at every compile), and kept
+    program it lowered: for the shardings jaxlib reads at every compile), and kept
     beside jax's persistent compilation cache when that is on (lowering.partition_cache),
     for another process to read."""
     bytecode = jax_mlir.module_to_bytecode(module)

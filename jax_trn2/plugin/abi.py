@@ -33,6 +33,20 @@ def args(struct_name: str, address: int) -> Any:
     return getattr(c, f"PJRT_{struct_name}").from_address(address)
 
 
+def extension(kind: str, slots: dict[str, Any], next_extension: Any = None) -> Any:
+    """A `PJRT_<kind>_Extension` (its type PJRT_Extension_Type_<kind>) with `slots` (its
+    fields by name: ctypes functions), linked to `next_extension` (a ctypes structure the
+    caller keeps alive, as this one)."""
+    ext = getattr(c, f"PJRT_{kind}_Extension")()
+    ext.base.struct_size = getattr(c, f"PJRT_{kind}_Extension_STRUCT_SIZE")
+    ext.base.type = getattr(c, f"PJRT_Extension_Type_{kind}")
+    if next_extension is not None:
+        ext.base.next = ctypes.addressof(next_extension)
+    for name, function in slots.items():
+        setattr(ext, name, ctypes.cast(function, ctypes.c_void_p).value)
+    return ext
+
+
 def has_field(arguments: Any, field: str) -> bool:
     """Whether the caller's struct (its `struct_size`) reaches to the end of `field`: a
     caller built against an older header passes a shorter struct."""

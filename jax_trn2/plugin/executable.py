@@ -24,6 +24,7 @@ it whole: a replicated result), of which their buffers are views.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import weakref
 from typing import Any, Sequence
@@ -100,7 +101,6 @@ class Executable:
             memory_layouts.main_layouts(module)
         self.name = _module_name(module)
         self.fingerprint = hashlib.sha256(self.code + self.compile_options).hexdigest()
-        self._optimized: bytes | None = None
         self.owned = abi.Owned()
         self.deleted = False
         _LIVE[self.fingerprint] = self
@@ -417,16 +417,30 @@ class Executable:
             out.append((dtypes.numpy_dtype(t.dtype), local[_at(self.out_partials, i):]))
         return out
 
+    @functools.cached_property
+    def shardings(self) -> tuple[list[str], list[str]]:
+        """The HloShardings (XLA's text) of the parameters and results over the devices."""
+        from jax_trn2.plugin.signature import shardings
+        from lowering import partitioned_module
+        return shardings(self, partitioned_module(self.loaded.module))
+
+    @functools.cached_property
+    def op_shardings(self) -> tuple[list[bytes], list[bytes]]:
+        """`shardings` as serialized OpShardings, what PJRT's shardings extension gives
+        jaxlib (which then needs no optimized program to learn them)."""
+        from jax_trn2.plugin.signature import op_sharding
+        return tuple([op_sharding(s) for s in kind] for kind in self.shardings)
+
+    @functools.cached_property
     def optimized_program(self) -> bytes:
         """An HloModuleProtoWithConfig of one device's program, with the layouts of its
-        arguments and results over the devices (jax reads the output shardings from it):
-        the per-chip module XLA's partitioner made, for a program it partitioned."""
-        if self._optimized is None:
-            from jax_trn2.plugin.signature import signature_module
-            from lowering import partitioned_module
-            self._optimized = signature_module(self, self.loaded.module,
-                                               partitioned_module(self.loaded.module))
-        return self._optimized
+        arguments and results over the devices: the per-chip module XLA's partitioner
+        made, for a program it partitioned (`compiled.as_text()` shows it). Made when
+        first asked for: it takes jaxlib's converter milliseconds a program."""
+        from jax_trn2.plugin.signature import signature_module
+        from lowering import partitioned_module
+        return signature_module(self, self.loaded.module,
+                                partitioned_module(self.loaded.module))
 
     def cost_analysis(self) -> dict[str, Any]:
         """The estimate's cost_analysis, its nested entries flattened to 'trn2.key.subkey'

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+from jax_trn2.plugin import abi
 from jax_trn2.plugin.abi import c
 from mesh import memory_layout
 from mesh.memory_layout import Layout
@@ -56,15 +57,11 @@ def read(address: int, rank: int) -> Layout:
     return memory_layout.checked(minor_to_major[::-1], rank)
 
 
-def extension(python_slots: dict[str, Any], shim: ctypes.CDLL) -> Any:
+def extension(python_slots: dict[str, Any], shim: ctypes.CDLL,
+              next_extension: Any = None) -> Any:
     """PJRT_Layouts_Extension: its slots the shim's and `python_slots` (by slot name, the
-    table's: the client's default layout and an executable's)."""
-    ext = c.PJRT_Layouts_Extension()
-    ext.base.struct_size = c.PJRT_Layouts_Extension_STRUCT_SIZE
-    ext.base.type = c.PJRT_Extension_Type_Layouts
-    for name in ("MemoryLayout_Destroy", "MemoryLayout_Serialize", "PJRT_Buffer_MemoryLayout"):
-        setattr(ext, f"PJRT_Layouts_{name}",
-                ctypes.cast(getattr(shim, f"trn2_Layouts_{name}"), ctypes.c_void_p).value)
-    for name, function in python_slots.items():
-        setattr(ext, name, ctypes.cast(function, ctypes.c_void_p).value)
-    return ext
+    table's: the client's default layout and an executable's); see abi.extension."""
+    shim_slots = {f"PJRT_Layouts_{name}": getattr(shim, f"trn2_Layouts_{name}")
+                  for name in ("MemoryLayout_Destroy", "MemoryLayout_Serialize",
+                               "PJRT_Buffer_MemoryLayout")}
+    return abi.extension("Layouts", shim_slots | python_slots, next_extension)

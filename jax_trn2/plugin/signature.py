@@ -1,22 +1,20 @@
-"""The optimized program jaxlib reads a compiled program's layouts from.
+"""A compiled program's shardings and its optimized program, as jaxlib reads them.
 
-jax learns the shardings of what a program returns (and takes) from the HloModule its
-compiler produced: the entry's parameter and root shardings and its entry layout. The
-simulator compiles no HLO, so the plugin hands jaxlib a module of main's signature, each
-parameter and result with its sharding over the devices (how XLA lays them out,
-lowering.partition.layouts): of a program XLA's partitioner partitioned, the per-chip
-module the simulator runs; of a program on one device, that program (about 2 ms a
-program for jaxlib's converter); of any other (an SPMD module of several processes, or
-one with tokens), a module of the signature alone, its results computed as zeros. Like
-the module an SPMD compiler leaves (and `compiled.as_text()` shows), it is one device's
-program: its parameters and results have the per-device shapes, and the shardings say
-how they make the global values. It is made from StableHLO by
-jaxlib's own converter.
+jax learns the shardings of what a program takes and returns from its compiler: here from
+PJRT's shardings extension (`shardings`: each parameter's and result's HloSharding over the
+devices, how XLA lays them out, lowering.partition.layouts), asked for at every compile.
+The optimized program, which `compiled.as_text()` shows, is made only when asked for: a
+module of main's signature with those shardings and the executable's layouts, whose body
+is, of a program XLA's partitioner partitioned, the per-chip module the simulator runs; of
+a program on one device, that program; of any other (an SPMD module of several processes,
+or one with tokens), none: its results computed as zeros. Like the module an SPMD compiler
+leaves, it is one device's program: its parameters and results have the per-device
+shapes, and the shardings say how they make the global values. It is made from StableHLO
+by jaxlib's own converter (about 2 ms a program).
 """
 
 from __future__ import annotations
 
-import functools
 import re
 from typing import Any
 
@@ -27,6 +25,24 @@ from jaxlib.mlir import ir
 from jax_trn2.plugin import proto
 from lowering import dynamic_shapes, hlo_sharding, mlir
 from mesh import sharding
+
+
+def shardings(executable: Any,
+              partitioned: ir.Module | None = None) -> tuple[list[str], list[str]]:
+    """The HloShardings (XLA's text) of the executable's parameters and results over its
+    devices: of its layouts, but XLA's own (the partitioner's, on `partitioned`) for those
+    whose devices are not in the mesh's order. What jaxlib reads as the executable's
+    parameter and output shardings (PJRT's shardings extension), and what the optimized
+    program says."""
+    sizes = executable._mesh_sizes()
+    arg_shardings = [str(hlo_sharding.of_layout(layout, sizes, partial))
+                     for layout, partial in _arg_layouts(executable)]
+    res_shardings = [str(hlo_sharding.of_layout(layout, sizes, partial))
+                     for layout, partial in _result_layouts(executable)]
+    if partitioned is not None:
+        arg_shardings, res_shardings = _with_reordered_devices(
+            partitioned, executable.loaded.program.mesh, arg_shardings, res_shardings)
+    return arg_shardings, res_shardings
 
 
 def signature_module(executable: Any, module: ir.Module,
@@ -40,23 +56,13 @@ def signature_module(executable: Any, module: ir.Module,
     main = main_function(module)
     block = main.regions[0].blocks[0]
     sizes = executable._mesh_sizes()
-    arg_layouts = [_split(executable.in_layouts, executable.in_partials, i)
-                   for i in executable.arg_slots]
-    res_layouts = [_split(executable.out_layouts, executable.out_partials, i)
-                   for i in executable.result_slots]
     arg_types = [_type(a.type, layout, sizes)
-                 for a, (layout, _) in zip(block.arguments, arg_layouts)]
+                 for a, (layout, _) in zip(block.arguments, _arg_layouts(executable))]
     returned_values = list(block.operations[-1].operands)
     res_types = [_type(v.type, layout, sizes)
-                 for v, (layout, _) in zip(returned_values, res_layouts)]
+                 for v, (layout, _) in zip(returned_values, _result_layouts(executable))]
     names = [f"arg{i}" for i in range(len(arg_types))]
-    arg_shardings = [str(hlo_sharding.of_layout(layout, sizes, partial))
-                     for layout, partial in arg_layouts]
-    res_shardings = [str(hlo_sharding.of_layout(layout, sizes, partial))
-                     for layout, partial in res_layouts]
-    if partitioned is not None:
-        arg_shardings, res_shardings = _with_reordered_devices(
-            partitioned, executable.loaded.program.mesh, arg_shardings, res_shardings)
+    arg_shardings, res_shardings = executable.shardings
     args = ", ".join(f"%{name}: {t} {{mhlo.sharding = \"{sharding}\"}}"
                      for name, t, sharding in zip(names, arg_types, arg_shardings))
     results = ", ".join(f"{t} {{mhlo.sharding = \"{sharding}\"}}"
@@ -79,11 +85,10 @@ def signature_module(executable: Any, module: ir.Module,
     body = partitioned if partitioned is not None else module \
         if executable.num_partitions * executable.num_replicas == 1 and \
         not dynamic_shapes.needs_refinement(module) else None
-    hlo = _signature_hlo(text, return_tuple) if body is None or has_tokens else \
-        _hlo(jax_mlir.module_to_bytecode(body), return_tuple)
+    hlo = _hlo(text if body is None or has_tokens else jax_mlir.module_to_bytecode(body),
+               return_tuple)
     return proto.hlo_module_with_config(
-        hlo, names, [_op_sharding(s) for s in arg_shardings],
-        [_op_sharding(s) for s in res_shardings],
+        hlo, names, *executable.op_shardings,
         [layout[::-1] for layout in executable.parameter_memory_layouts],
         [layout[::-1] for layout in executable.output_memory_layouts])
 
@@ -94,13 +99,6 @@ def _hlo(source: str | bytes, return_tuple: bool) -> bytes:
     computation = _jax.mlir.mlir_module_to_xla_computation(source, use_tuple_args=False,
                                                            return_tuple=return_tuple)
     return computation.as_serialized_hlo_module_proto()
-
-
-@functools.lru_cache(maxsize=256)
-def _signature_hlo(text: str, return_tuple: bool) -> bytes:
-    """_hlo of a signature module's text, remembered: the converter takes milliseconds a
-    program, and many programs have one signature (a notebook's, jax's tests')."""
-    return _hlo(text, return_tuple)
 
 
 def _symbol(name: str) -> str:
@@ -114,7 +112,8 @@ def _symbol(name: str) -> str:
 _BARE_ID = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*")  # MLIR's bare-id
 
 
-def _op_sharding(text: str) -> bytes:
+def op_sharding(text: str) -> bytes:
+    """A serialized OpSharding of an HloSharding's text."""
     return xla_client.HloSharding.from_string(text).to_proto().SerializeToString()
 
 
@@ -137,6 +136,18 @@ def _with_reordered_devices(partitioned: ir.Module, mesh: Any, arg_shardings: li
                 for mine, theirs in zip(ours, xla)]
 
     return chosen(arg_shardings, xla_args), chosen(res_shardings, xla_results)
+
+
+def _arg_layouts(executable: Any) -> list[tuple[tuple | None, tuple[int, ...]]]:
+    """Each parameter's layout and unreduced axes (_split)."""
+    return [_split(executable.in_layouts, executable.in_partials, i)
+            for i in executable.arg_slots]
+
+
+def _result_layouts(executable: Any) -> list[tuple[tuple | None, tuple[int, ...]]]:
+    """Each result's layout and unreduced axes (_split)."""
+    return [_split(executable.out_layouts, executable.out_partials, i)
+            for i in executable.result_slots]
 
 
 def _split(layouts: tuple, partials: tuple, i: int | None) -> tuple[tuple | None,

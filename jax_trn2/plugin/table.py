@@ -29,7 +29,8 @@ ERRORS = Errors(HANDLES)
 MEMORY_VTABLE = MemoryVtable()
 _PLUGIN = abi.Owned()  # the plugin's own C values (attributes)
 _SLOTS: dict[str, Any] = {}  # slot name -> its ctypes function (kept alive)
-_MEMORY_LAYOUT_SLOTS: dict[str, Any] = {}  # the layouts extension's Python slots, likewise
+# the Python slots of PJRT's extensions the table lists, likewise, by extension
+_EXTENSION_SLOTS: dict[str, dict[str, Any]] = {"Layouts": {}, "Shardings": {}}
 _EXTENSIONS: list[Any] = []  # the extensions the table lists (kept alive)
 # Slots the C shim implements (_shim.c), reading the Records of buffers, memories and
 # executables.
@@ -54,9 +55,11 @@ def slot(function):
     return function
 
 
-def layouts_slot(function):
-    """A slot of PJRT's layouts extension (plugin.memory_layouts), named as its args struct."""
-    _MEMORY_LAYOUT_SLOTS[f"PJRT_{function.__name__}"] = ERRORS.slot(function)
+def extension_slot(function):
+    """A slot of one of PJRT's extensions, named as its args struct: `Layouts_...` of the
+    layouts extension (plugin.memory_layouts), `Shardings_...` of the shardings one."""
+    extension = function.__name__.split("_")[0]
+    _EXTENSION_SLOTS[extension][f"PJRT_{function.__name__}"] = ERRORS.slot(function)
     return function
 
 
@@ -571,7 +574,7 @@ def Executable_OptimizedProgram(args):
     """Format "hlo_with_config": jaxlib asks for the size first (code NULL), then fills."""
     executable = _of(args.executable)
     program = c.PJRT_Program.from_address(args.program)
-    data = executable.optimized_program()
+    data = executable.optimized_program
     program.format, program.format_size = executable.owned.string("hlo_with_config")
     if program.code:
         if program.code_size < len(data):
@@ -687,7 +690,7 @@ def LoadedExecutable_Execute(args):
 
 # --- PJRT's layouts extension (plugin.memory_layouts; its other slots are the shim's) ----
 
-@layouts_slot
+@extension_slot
 def Layouts_PJRT_Client_GetDefaultLayout(args):
     """Row-major, whatever the element type and dims."""
     args.layout = memory_layouts.pointer(row_major(args.num_dims))
@@ -699,18 +702,43 @@ def _owned_layouts(executable, layouts) -> tuple[Any, int]:
                                   [memory_layouts.pointer(layout) for layout in layouts])
 
 
-@layouts_slot
+@extension_slot
 def Layouts_PJRT_Executable_GetParameterLayouts(args):
     executable = _of(args.executable)
     args.layouts, args.num_parameters = _owned_layouts(
         executable, executable.parameter_memory_layouts)
 
 
-@layouts_slot
+@extension_slot
 def Layouts_PJRT_Executable_GetOutputLayouts(args):
     executable = _of(args.executable)
     args.layouts, args.num_outputs = _owned_layouts(executable,
                                                     executable.output_memory_layouts)
+
+
+@extension_slot
+def Shardings_PJRT_Executable_ParameterShardings(args):
+    """The parameters' shardings: jaxlib asks for them (and the outputs') as it compiles,
+    through the optimized program when a plugin has no shardings extension."""
+    executable = _of(args.executable)
+    args.shardings, args.sharding_sizes, args.num_parameters = _owned_shardings(
+        executable, executable.op_shardings[0])
+
+
+@extension_slot
+def Shardings_PJRT_Executable_OutputShardings(args):
+    executable = _of(args.executable)
+    args.shardings, args.sharding_sizes, args.num_outputs = _owned_shardings(
+        executable, executable.op_shardings[1])
+
+
+def _owned_shardings(executable, shardings: list[bytes]) -> tuple[int, int, int]:
+    """C arrays of the serialized OpShardings `shardings` and of their sizes, which
+    `executable` keeps, and their count."""
+    pointers = [executable.owned.string(data)[0] for data in shardings]
+    return (executable.owned.array(ctypes.c_void_p, pointers)[0],
+            executable.owned.array(ctypes.c_size_t, [len(d) for d in shardings])[0],
+            len(shardings))
 
 
 # --- the table ----------------------------------------------------------------------------
@@ -728,7 +756,9 @@ def build(shim: ctypes.CDLL) -> Any:
     api.pjrt_api_version.minor_version = abi.API_MINOR
     for name, function in _SLOTS.items():
         setattr(api, name, ctypes.cast(function, ctypes.c_void_p).value)
-    _EXTENSIONS.append(memory_layouts.extension(_MEMORY_LAYOUT_SLOTS, shim))
+    _EXTENSIONS.append(abi.extension("Shardings", _EXTENSION_SLOTS["Shardings"]))
+    _EXTENSIONS.append(memory_layouts.extension(_EXTENSION_SLOTS["Layouts"], shim,
+                                                next_extension=_EXTENSIONS[-1]))
     api.extension_start = ctypes.addressof(_EXTENSIONS[-1])
     for name in GUARDED_SLOTS:  # the shim calls the Python slot, its error state kept
         setter = getattr(shim, f"trn2_set_{name}")
