@@ -33,14 +33,15 @@ def lower(program: Any, mesh: isa.MeshSpec | None = None,
     the module text came from, naming the source position of an op without a debug
     location (its line of the module text, `prog.mlir:5:12`; default '<module>')."""
     module = _refined(parse_module(program))
-    xla_error = None
+    xla_failure = None
     if partition.needs_partitioning(module):
         mesh = partition.global_mesh(module)
-        module, xla_error = partition.partition(module, mesh.num_devices)
+        module, xla_failure = partition.partition(module, mesh.num_devices)
     try:
         with _cyclic_gc_paused():
             return simplify(Walker(module, mesh, host_callbacks, module_name).lower())
     except (NotImplementedError, ValueError) as e:  # LoweringError is a ValueError
+        xla_error = xla_failure() if xla_failure is not None else None
         if xla_error is None and isinstance(e, LoweringError):
             raise
         error_class = type(e) if isinstance(e, LoweringError) else \

@@ -10,19 +10,17 @@ the parameter shardings (`mhlo.sharding`), the inserted collectives and the user
 locations, and it is lowered like any SPMD module.
 
 Costs (XLA's compile up to the partitioned module's dump, then stopped, see _STOP_TARGET):
-about 0.02 s for a small MLP, 0.7 s of CPU time for a Llama-3 70B training step;
-jax_trn2.jit caches the result per signature as it caches the program.
+about 0.02 s for a small MLP, 0.7 s of CPU time for a Llama-3 70B training step, of
+which the part after the dump runs on a thread of its own while the program is lowered
+(lowering.stopped_compile); jax_trn2.jit caches the result per signature as it caches
+the program.
 """
 
 from __future__ import annotations
 
-import glob
-import itertools
-import os
 import re
-import tempfile
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from jax._src.interpreters import mlir as jax_mlir
@@ -33,7 +31,7 @@ from jaxlib.mlir.dialects import func, sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 
 from lowering import (combine, hlo_sharding, mlir, partition_cache, protobuf, replica_groups,
-                      xla_log)
+                      stopped_compile, xla_log)
 from lowering.errors import LoweringError
 from lowering.host import host_client
 from mesh import isa
@@ -119,13 +117,23 @@ def global_mesh(module: ir.Module) -> isa.MeshSpec:
     return mesh
 
 
-def partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exception | None]:
+# A function giving XLA's error after partitioning, if any (see `partition`)
+XlaFailure = Callable[[], Exception | None]
+
+
+def _no_failure() -> None:
+    return None
+
+
+def partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, XlaFailure]:
     """The per-chip program XLA's SPMD partitioner makes of `module` for `num_devices`
-    chips (device i = partition i), as a StableHLO module; and the error XLA:CPU raised
-    after partitioning, if it did before the stop (_STOP_TARGET) (it lacks some ops that
-    the simulator has; if lowering the partitioned program fails too, XLA's reason belongs
-    in that error). The last few are remembered (the trn2 plugin asks again for the
-    program it lowered: for the shardings jaxlib reads at every compile), and kept
+    chips (device i = partition i), as a StableHLO module; and a function giving the error
+    XLA:CPU raised after partitioning, if it did before the stop (_STOP_TARGET) (it lacks
+    some ops that the simulator has; if lowering the partitioned program fails too, XLA's
+    reason belongs in that error), which waits for XLA's compile to end: it goes on after
+    the partitioned module is read (lowering.stopped_compile). The last few are remembered
+    (the trn2 plugin asks again for the program it lowered: for the shardings jaxlib reads
+    at every compile), and kept
     beside jax's persistent compilation cache when that is on (lowering.partition_cache),
     for another process to read."""
     bytecode = jax_mlir.module_to_bytecode(module)
@@ -143,32 +151,34 @@ def partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exception
 
 
 # partition's memory: (module bytecode, devices) -> its result, least recent first
-_PARTITIONED: dict[tuple[bytes, int], tuple[ir.Module, Exception | None]] = {}
+_PARTITIONED: dict[tuple[bytes, int], tuple[ir.Module, XlaFailure]] = {}
 _PARTITIONED_KEPT = 4
 _PARTITIONED_LOCK = threading.Lock()
 
 
 def _kept_or_partitioned(module: ir.Module, bytecode: bytes,
-                         num_devices: int) -> tuple[ir.Module, Exception | None]:
+                         num_devices: int) -> tuple[ir.Module, XlaFailure]:
     """`partition`'s result as lowering.partition_cache keeps it (with XLA's log, reported
-    again), else XLA's (then kept there)."""
+    again), else XLA's (then kept there, once XLA's compile has ended without an error)."""
     entry = partition_cache.key(bytecode, num_devices)
     kept = _read_kept(entry)
     if kept is not None:
         xla_log.report(kept[1])
-        return kept[0], None
+        return kept[0], _no_failure
     log: list[str] = []
     try:
         # one partitioning at a time: the capture redirects the process's stderr
         with _XLA_LOCK, xla_log.captured_stderr() as log:  # XLA's warnings, said below
-            partitioned, failure = _partition(module, num_devices)
+            partitioned, xla_compile = _partition(module, num_devices)
     finally:
         xla_log.report(log)
-    if failure is None:
-        partition_cache.write(entry, protobuf.field_bytes(
-            1, jax_mlir.module_to_bytecode(partitioned)) + b"".join(
-            protobuf.field_bytes(2, line.encode()) for line in log))
-    return partitioned, failure
+    where = partition_cache.directory()
+    if where is not None:
+        data = protobuf.field_bytes(1, jax_mlir.module_to_bytecode(partitioned)) + \
+            b"".join(protobuf.field_bytes(2, line.encode()) for line in log)
+        xla_compile.when_ended(lambda failure: partition_cache.write(entry, data, where)
+                               if failure is None else None)
+    return partitioned, xla_compile.failure
 
 
 def _read_kept(entry: str) -> tuple[ir.Module, list[str]] | None:
@@ -190,8 +200,9 @@ def _read_kept(entry: str) -> tuple[ir.Module, list[str]] | None:
 _XLA_LOCK = threading.Lock()
 
 
-def _partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exception | None]:
-    """`partition`, by XLA (its log going to stderr)."""
+def _partition(module: ir.Module,
+               num_devices: int) -> tuple[ir.Module, stopped_compile.StoppedCompile]:
+    """`partition`, by XLA (its log going to stderr), and XLA's compile, which goes on."""
     client = host_client(num_devices)
     options = xla_client.CompileOptions()
     build = options.executable_build_options
@@ -203,22 +214,28 @@ def _partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exceptio
         build.allow_spmd_sharding_propagation_to_output = _unsharded_results(module)
     build.device_assignment = xla_client.DeviceAssignment.create(
         np.arange(num_devices).reshape(1, num_devices))
-    with tempfile.TemporaryDirectory(prefix="jax_trn2_partition_") as dump:
+    code = _for_xla(module)
+
+    def run_to_the_stop(dump: str) -> Exception | None:
         options.env_option_overrides = [
             ("xla_dump_to", dump), ("xla_dump_hlo_pass_re", f"{_DUMP_PASS}|{_INLINER_PASS}"),
             ("xla_dump_hlo_as_proto", True), ("xla_dump_hlo_as_text", True),
             *_UNTIL_THE_STOP,
         ]
-        failure = None
         try:
-            client.compile_and_load(_for_xla(module),
-                                    xla_client.DeviceList(tuple(client.devices())), options)
+            client.compile_and_load(code, xla_client.DeviceList(tuple(client.devices())),
+                                    options)
         except Exception as e:  # jaxlib raises its own XlaRuntimeError
             # after partitioning, XLA:CPU stops at the stop op, or fails on an op of its
             # own before it
-            failure = None if _STOP_TARGET in str(e) else e
-        partitioned_dump = _partitioned_dump(dump)
+            return None if _STOP_TARGET in str(e) else e
+        return None
+
+    compile_run = stopped_compile.StoppedCompile(run_to_the_stop)
+    try:
+        partitioned_dump = compile_run.partitioned_dump(_DUMP_PASS, _INLINER_PASS)
         if partitioned_dump is None:
+            failure = compile_run.failure()
             raise LoweringError(
                 f"XLA's SPMD partitioner rejected the program: {failure}" if failure else
                 f"XLA's SPMD partitioner left no partitioned module (no *after_{_DUMP_PASS}* "
@@ -227,32 +244,15 @@ def _partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, Exceptio
             hlo_proto = f.read()
         with open(partitioned_dump[:-len(".hlo.pb")] + ".txt") as f:
             mesh_groups = _mesh_replica_groups(f.read())
+    finally:
+        compile_run.release()
     stablehlo = _jax.mlir.hlo_to_stablehlo(_hlo_module_proto(hlo_proto))
     partitioned = mlir.parse(stablehlo)
     _remove_stop(partitioned)
     _set_replica_groups(partitioned, mesh_groups)
     _carry_marks(module, partitioned)
     combine.combine_all_reduces(partitioned)
-    return partitioned, failure
-
-
-def _partitioned_dump(directory: str) -> str | None:
-    """The HloProto dump of the partitioned module, its calls inlined: the dump after the
-    call inliner that follows the partitioner in its pipeline, else (no calls to inline)
-    the partitioner's. Dumps are numbered in pass order, named by pipeline and the passes
-    before and after (the regex matches either); the inliner also runs before
-    partitioning, and in later pipelines."""
-    dumps = sorted(glob.glob(os.path.join(directory, "*.hlo.pb")))
-    names = [re.search(r"\.([^.]+)\.after_([^.]+)\.", os.path.basename(d)) for d in dumps]
-    passes = [(m.group(1), m.group(2)) if m else (None, None) for m in names]
-    for i, (pipeline, pass_name) in enumerate(passes):
-        if pass_name != _DUMP_PASS:
-            continue
-        same_pipeline = itertools.takewhile(lambda j: passes[j][0] == pipeline,
-                                            range(i + 1, len(dumps)))
-        inlined = [j for j in same_pipeline if passes[j][1] == _INLINER_PASS]
-        return dumps[inlined[-1] if inlined else i]
-    return None
+    return partitioned, compile_run
 
 
 def composite_attributes_text(attributes: dict) -> str:

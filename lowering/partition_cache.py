@@ -57,11 +57,11 @@ def read(name: str) -> bytes | None:
         return None
 
 
-def write(name: str, data: bytes) -> None:
-    """Keep `data` as entry `name` (whole or not at all: written aside, then renamed). A
-    directory that cannot be written to is warned of, not an error: the program compiles
-    all the same."""
-    where = directory()
+def write(name: str, data: bytes, where: str | None = None) -> None:
+    """Keep `data` as entry `name` in `where` (default: `directory()`; whole or not at all:
+    written aside, then renamed). A directory that cannot be written to is warned of, not
+    an error: the program compiles all the same."""
+    where = where or directory()
     if where is None:
         return
     aside = None

@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import lowering
-from lowering import partition, partition_cache, xla_log
+from lowering import partition, partition_cache, stopped_compile, xla_log
 from mesh.isa.printer import program_text
 
 
@@ -42,6 +42,7 @@ def sharded_program(rows: int = 16) -> str:
 def test_a_kept_partitioning_is_read_instead_of_running_xla(kept_in, monkeypatch):
     text = sharded_program()
     first = lowering.lower(text)
+    stopped_compile.wait_for_running()  # (an entry is written once XLA's compile ends)
     assert len(os.listdir(kept_in)) == 1
     reported = []
     monkeypatch.setattr(partition, "_partition", lambda *a: pytest.fail("XLA ran again"))
@@ -70,6 +71,7 @@ def test_the_log_is_kept_with_the_module(kept_in, monkeypatch):
     reported = []
     monkeypatch.setattr(xla_log, "report", reported.append)
     lowering.lower(text)
+    stopped_compile.wait_for_running()
     monkeypatch.setattr(partition, "_partition", lambda *a: pytest.fail("XLA ran again"))
     in_another_process()
     lowering.lower(text)
@@ -79,6 +81,7 @@ def test_the_log_is_kept_with_the_module(kept_in, monkeypatch):
 def test_another_program_or_chip_count_is_another_entry(kept_in):
     for rows in (16, 32):
         partition.partition(lowering.parse_module(sharded_program(rows)), 8)
+    stopped_compile.wait_for_running()  # (an entry is written once XLA's compile ends)
     assert len(os.listdir(kept_in)) == 2
     assert partition_cache.key(b"a", 8) != partition_cache.key(b"a", 16)
 
@@ -120,8 +123,10 @@ def test_a_directory_that_cannot_be_written_is_a_warning(tmp_path, monkeypatch):
 def test_a_damaged_entry_is_partitioned_again_and_rewritten(kept_in, damage):
     text = sharded_program()
     first = program_text(lowering.lower(text))
+    stopped_compile.wait_for_running()
     (name,) = os.listdir(kept_in)
     (kept_in / name).write_bytes(damage)
     in_another_process()
     assert program_text(lowering.lower(text)) == first
+    stopped_compile.wait_for_running()
     assert (kept_in / name).read_bytes() != damage  # written anew
