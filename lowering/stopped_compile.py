@@ -40,24 +40,24 @@ _RUNNING_LOCK = threading.Lock()
 class StoppedCompile:
     """XLA's compile of one module, dumping into a directory of its own, on a thread.
 
-    `compile(dump_directory)` runs the compile and returns XLA's error, or None when it
-    ended where it was meant to (the caller's `expected` error). The directory is removed
-    once the compile has ended and the caller has called `release`."""
+    `run(dump_directory)` compiles and returns XLA's error, or None when the compile
+    ended where it was meant to (at the caller's stop op). The directory is removed once
+    the compile has ended and the caller has called `release`."""
 
-    def __init__(self, compile: Callable[[str], Exception | None]):
+    def __init__(self, run: Callable[[str], Exception | None]):
         self.directory = tempfile.mkdtemp(prefix="jax_trn2_partition_")
         self._failure: concurrent.futures.Future = concurrent.futures.Future()
         self._holders = 2  # the compile's thread and the caller
         self._lock = threading.Lock()
-        thread = threading.Thread(target=self._run, args=(compile,),
+        thread = threading.Thread(target=self._run, args=(run,),
                                   name="jax-trn2 XLA partitioning", daemon=True)
-        with _RUNNING_LOCK:
+        with _RUNNING_LOCK:  # (wait_for_running joins only started threads)
             _RUNNING.add(thread)
-        thread.start()
+            thread.start()
 
-    def _run(self, compile: Callable[[str], Exception | None]) -> None:
+    def _run(self, run: Callable[[str], Exception | None]) -> None:
         try:
-            self._failure.set_result(compile(self.directory))
+            self._failure.set_result(run(self.directory))
         except BaseException as error:  # noqa: BLE001 - the caller gets it from `failure`
             self._failure.set_exception(error)
         finally:
@@ -81,8 +81,9 @@ class StoppedCompile:
         return self._failure.result()
 
     def when_ended(self, callback: Callable[[Exception | None], None]) -> None:
-        """Call `callback` with XLA's error (or None) when the compile ends (at once if it
-        has), on the compile's thread; not if the compile itself raised."""
+        """Call `callback` with XLA's error (or None) when the compile ends, on the
+        compile's thread (at once, on the caller's, if it has ended); not if the compile
+        itself raised."""
         def ended(done: concurrent.futures.Future) -> None:
             if done.exception() is None:
                 callback(done.result())

@@ -716,6 +716,8 @@ def Layouts_PJRT_Executable_GetOutputLayouts(args):
                                                     executable.output_memory_layouts)
 
 
+# --- PJRT's shardings extension ---------------------------------------------------------
+
 @extension_slot
 def Shardings_PJRT_Executable_ParameterShardings(args):
     """The parameters' shardings: jaxlib asks for them (and the outputs') as it compiles,
