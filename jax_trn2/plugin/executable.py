@@ -418,11 +418,17 @@ class Executable:
         return out
 
     @functools.cached_property
+    def partitioned(self) -> Any:
+        """The per-chip module XLA's partitioner made of the program (None for a program
+        it did not partition), as lowering remembers it."""
+        from lowering import partitioned_module
+        return partitioned_module(self.loaded.module)
+
+    @functools.cached_property
     def shardings(self) -> tuple[list[str], list[str]]:
         """The HloShardings (XLA's text) of the parameters and results over the devices."""
         from jax_trn2.plugin.signature import shardings
-        from lowering import partitioned_module
-        return shardings(self, partitioned_module(self.loaded.module))
+        return shardings(self, self.partitioned)
 
     @functools.cached_property
     def op_shardings(self) -> tuple[list[bytes], list[bytes]]:
@@ -438,9 +444,7 @@ class Executable:
         made, for a program it partitioned (`compiled.as_text()` shows it). Made when
         first asked for: it takes jaxlib's converter milliseconds a program."""
         from jax_trn2.plugin.signature import signature_module
-        from lowering import partitioned_module
-        return signature_module(self, self.loaded.module,
-                                partitioned_module(self.loaded.module))
+        return signature_module(self, self.loaded.module, self.partitioned)
 
     def cost_analysis(self) -> dict[str, Any]:
         """The estimate's cost_analysis, its nested entries flattened to 'trn2.key.subkey'
