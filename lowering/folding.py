@@ -64,9 +64,51 @@ def _foldable(type_: isa.TensorType, elements: int) -> bool:
     return not dtypes.is_float(type_.dtype) and elements <= FOLD_LIMIT
 
 
+# Integer and boolean elementwise ops whose NumPy function on operands of one dtype gives
+# StableHLO's result bit for bit (two's-complement wrap-around; a boolean add is an or, a
+# multiply an and). Division, remainder, shifts and powers differ at their edges (a
+# division by zero, a shift by the width): the executor's kernel computes those.
+_HOST_OPS = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply,
+             "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor,
+             "not": np.invert, "negate": np.negative, "maximum": np.maximum,
+             "minimum": np.minimum, "select": np.where}
+_HOST_COMPARISONS = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal,
+                     "GT": np.greater, "GE": np.greater_equal}
+
+
+def _on_host(instr: isa.Instruction, args: list[np.ndarray], shape: tuple[int, ...],
+             dtype: np.dtype) -> np.ndarray | None:
+    """`instr` computed by NumPy where it gives the executor's result (an eager jax
+    computation per fold costs more than the rest of a small program's lowering); None
+    where it might not."""
+    if not isinstance(instr, isa.Elementwise) or len({a.ndim for a in args}) != 1:
+        return None  # (a scalar predicate of a select broadcasts from the left)
+    if instr.op == "compare":
+        function = _HOST_COMPARISONS.get(instr.direction) \
+            if instr.compare_type != "TOTALORDER" else None
+    else:
+        function = _HOST_OPS.get(instr.op)
+    operands = args[1:] if instr.op == "select" else args
+    if function is None or len({a.dtype for a in operands}) != 1:
+        return None
+    try:
+        with np.errstate(all="ignore"):  # (integers wrap around, as in XLA)
+            result = np.asarray(function(*args))
+    except TypeError:  # an op NumPy does not define on booleans (subtract, negate)
+        return None
+    if result.dtype != dtype:
+        return None
+    return np.broadcast_to(result, shape)
+
+
 def _evaluate(ctx: LoweringContext, instr: isa.Instruction, args: list[np.ndarray],
               result_type: isa.TensorType, varying: frozenset[int]) -> np.ndarray:
-    """Run one instruction on known values with its executor kernel, as the program would."""
+    """Run one instruction on known values as the program would: with its executor
+    kernel, or NumPy where that gives the same (_on_host)."""
+    shape = ctx.mesh.layout_shape(varying) + result_type.shape
+    result = _on_host(instr, args, shape, dtypes.storage_dtype(result_type.dtype))
+    if result is not None:
+        return result
     values = {v: ctx.builder.values[v] for v in instr.ins}
     values[-1] = isa.ValueInfo(result_type, varying)
     program = isa.Program(ctx.mesh, (instr,), tuple(dict.fromkeys(instr.ins)), (-1,), values)

@@ -133,14 +133,30 @@ def is_token(t: ir.Type) -> bool:
     return str(t) == "!stablehlo.token"
 
 
+# value types by their spelling (a module's values share a few types; reading one through
+# the bindings costs more than printing it)
+_VALUE_TYPES: dict[str, TensorType | TupleType] = {}
+_VALUE_TYPES_KEPT = 4096
+
+
 def value_type(t: ir.Type) -> TensorType | TupleType:
     """The type of an SSA value: a TensorType (tensors, scalars and tokens) or a
     TupleType."""
+    spelling = str(t)
+    found = _VALUE_TYPES.get(spelling)
+    if found is None:
+        if len(_VALUE_TYPES) >= _VALUE_TYPES_KEPT:
+            _VALUE_TYPES.clear()
+        found = _VALUE_TYPES[spelling] = _read_value_type(t)
+    return found
+
+
+def _read_value_type(t: ir.Type) -> TensorType | TupleType:
     if is_token(t):
         return TOKEN_TYPE
     if str(t).startswith("tuple<"):
         tuple_type = ir.TupleType(t)
-        return TupleType(tuple(value_type(tuple_type.get_type(i))
+        return TupleType(tuple(_read_value_type(tuple_type.get_type(i))
                                for i in range(tuple_type.num_types)))
     return tensor_type(t)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 from typing import Any, Hashable
 
@@ -24,44 +25,52 @@ def program_key(program: isa.Program) -> tuple[str, tuple[Hashable, ...]]:
     """`(digest, objects)`: a SHA-256 of everything `program` holds, and in order the objects
     it holds that have no content to hash (a host callback's Python function), which the
     key holds as themselves (equal where they compare equal: the same function)."""
-    digest = hashlib.sha256()
+    content = bytearray()  # hashed at once: a hash update per part costs more than the part
     objects: list[Hashable] = []
-    _add(digest, objects, program)
-    return digest.hexdigest(), tuple(objects)
+    _add(content, objects, program)
+    return hashlib.sha256(content).hexdigest(), tuple(objects)
 
 
-def _add(digest: Any, objects: list[Hashable], value: Any) -> None:
-    """Feed `value` to `digest`, tagged with its type so that different structures never
-    feed the same bytes."""
-    if value is None or isinstance(value, (bool, int, float, complex, str, np.generic,
-                                           np.dtype, enum.Enum, type)):
-        _write(digest, type(value).__qualname__, repr(value))
+_SCALARS = (bool, int, float, complex, str, np.generic, np.dtype, enum.Enum, type)
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(field.name for field in dataclasses.fields(cls))
+
+
+def _add(content: bytearray, objects: list[Hashable], value: Any) -> None:
+    """Append `value` to `content`, tagged with its type so that different structures never
+    give the same bytes."""
+    if value is None or isinstance(value, _SCALARS):
+        _write(content, type(value).__qualname__, repr(value))
     elif isinstance(value, bytes):
-        _write(digest, "bytes", value)
+        _write(content, "bytes", value)
     elif isinstance(value, np.ndarray):
-        _write(digest, "ndarray", value.dtype.str, repr(value.shape),
+        _write(content, "ndarray", value.dtype.str, repr(value.shape),
                np.ascontiguousarray(value).tobytes())
     elif isinstance(value, (tuple, list)):
-        _write(digest, type(value).__qualname__, str(len(value)))
+        _write(content, type(value).__qualname__, str(len(value)))
         for item in value:
-            _add(digest, objects, item)
+            _add(content, objects, item)
     elif isinstance(value, (frozenset, set)):  # in a fixed order: its items sorted
-        _add(digest, objects, sorted(value, key=repr))
+        _add(content, objects, sorted(value, key=repr))
     elif isinstance(value, dict):
-        _add(digest, objects, sorted(value.items(), key=lambda item: repr(item[0])))
+        _add(content, objects, sorted(value.items(), key=lambda item: repr(item[0])))
     elif dataclasses.is_dataclass(value):  # instructions, programs, types, plans
-        fields = dataclasses.fields(value)
-        _write(digest, type(value).__module__, type(value).__qualname__, str(len(fields)))
-        for field in fields:
-            _add(digest, objects, getattr(value, field.name))
+        names = _field_names(type(value))
+        _write(content, type(value).__module__, type(value).__qualname__, str(len(names)))
+        for name in names:
+            _add(content, objects, getattr(value, name))
     else:
-        _write(digest, "object", str(len(objects)))
+        _write(content, "object", str(len(objects)))
         objects.append(value)
 
 
-def _write(digest: Any, *parts: str | bytes) -> None:
-    """Each part with its length first, so that no two sequences of parts feed the same
+def _write(content: bytearray, *parts: str | bytes) -> None:
+    """Each part with its length first, so that no two sequences of parts give the same
     bytes."""
     for part in parts:
         data = part.encode() if isinstance(part, str) else part
-        digest.update(len(data).to_bytes(8, "little") + data)
+        content += len(data).to_bytes(8, "little")
+        content += data

@@ -8,6 +8,7 @@ numbered row-major over the torus coordinates; links are per direction, so a chi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import operator
 from collections.abc import Callable, Iterable, Sequence
@@ -198,10 +199,11 @@ class Topology:
         """Devices of the machine: what jax.devices() lists, a collective's possible ranks."""
         return self.num_chips * self.devices_per_chip
 
-    @property
+    @functools.cached_property
     def device(self) -> ChipSpec:
         """One device's share of a chip: the whole chip, or one logical NeuronCore (its
-        cores' engines, SBUF and PSUM, its share of HBM and of the peak FLOP/s)."""
+        cores' engines, SBUF and PSUM, its share of HBM and of the peak FLOP/s). (Made
+        once: every instruction's cost reads it.)"""
         return self.chip if self.lnc is None else self.chip.logical_core(self.lnc)
 
     @property

@@ -76,6 +76,23 @@ class MemoryStats:
         return self.peak_memory_in_bytes <= self.hbm_bytes
 
 
+def bytes_bound(program: isa.Program) -> int:
+    """An upper bound on what one chip holds in HBM at any time running `program`: every
+    value of it and of its sub-programs at its full type (a global value stored whole),
+    all live at once, plus a copy of every output (liveness's buffers are these values and
+    output copies, each at most its type's bytes). It needs no schedule: a program under it
+    fits however it runs."""
+    total = sum(program.values[v].type.nbytes for v in program.outputs)
+    programs = [program]
+    while programs:
+        current = programs.pop()
+        total += sum(info.type.nbytes for info in current.values.values())
+        for instr in current.instructions:
+            for subprograms in isa.subprogram_fields(instr).values():
+                programs.extend(subprograms)
+    return total
+
+
 class MemoryAnalysis:
     """HBM use on every chip of a topology running `program`.
 

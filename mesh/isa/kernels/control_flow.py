@@ -19,6 +19,7 @@ from jax import lax
 from mesh.isa.control import Case, Composite, Scan, While
 from mesh.isa.kernels.registry import kernel
 from mesh.isa.kernels.context import KernelContext
+from mesh.isa.kernels.elementwise import select
 
 
 def _is_replicated(x: jnp.ndarray, nm: int) -> bool:
@@ -58,7 +59,7 @@ def while_(instr: While, args, ctx: KernelContext):
         go, state = carry
         new = tuple(jnp.broadcast_to(o, s) for o, s in
                     zip(ctx.run_on(instr.body, list(state) + captured, go), shapes))
-        state = tuple(jnp.where(_per_chip(go, old, ctx.nm), upd, old)
+        state = tuple(select(_per_chip(go, old, ctx.nm), upd, old)
                       for upd, old in zip(new, state))
         return go & cond(state, go), state
 
@@ -94,7 +95,7 @@ def case(instr: Case, args, ctx: KernelContext):
     results = [run(branch, index == b)(*captured) for b, branch in enumerate(instr.branches)]
     chosen = results[-1]
     for b in reversed(range(n - 1)):
-        chosen = [jnp.where(_per_chip(index == b, r, ctx.nm), r, c)
+        chosen = [select(_per_chip(index == b, r, ctx.nm), r, c)
                   for r, c in zip(results[b], chosen)]
     return chosen
 

@@ -161,8 +161,7 @@ def elementwise(instr: isa.Elementwise, args, ctx: KernelContext):
         return [bitcast_convert(args[0], in_type, out_type.dtype)]
     rank = out_type.rank
     if op == "select":
-        pred, on_true, on_false = (_align_rank(a, ctx.nm, rank) for a in args)
-        return [jnp.where(pred, on_true, on_false)]
+        return [select(*(_align_rank(a, ctx.nm, rank) for a in args))]
     aligned = [_align_rank(a, ctx.nm, rank) for a in args]
     wide = aligned if op in OWN_TYPE_OPS else [numerics.widen(a) for a in aligned]
     if op == "compare":
@@ -180,6 +179,12 @@ def elementwise(instr: isa.Elementwise, args, ctx: KernelContext):
     else:
         result = BINARY[boolean_equivalent(op, wide[0].dtype)](*jnp.broadcast_arrays(*wide))
     return [numerics.round_to(result, out_type.dtype, ctx.rounding)]
+
+
+def select(pred: jnp.ndarray, on_true: jnp.ndarray, on_false: jnp.ndarray) -> jnp.ndarray:
+    """stablehlo.select of operands that broadcast together (on_true and on_false of one
+    dtype): jnp.where's result, without the function of its own it is in the program."""
+    return lax.select(*jnp.broadcast_arrays(pred, on_true, on_false))
 
 
 @kernel(isa.Map)

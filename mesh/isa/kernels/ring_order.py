@@ -86,22 +86,23 @@ def ring_orders(ring_sizes: Sequence[int], n: int) -> list:
 SELECT_MAX_RING = 8
 
 
-def _members_in_order(members, dim: int, orders: list) -> list:
-    """For each step, [..., elements]: the value of member orders[step][e] at buffer element
-    e (`elements` are the trailing dims that orders[step] has: [n] or [owner, position])."""
+def _ring_members(members, dim: int) -> Callable:
+    """A function of an order ([elements] or [owner, position]: a member's rank per buffer
+    element) giving [..., elements], the value of that member at each element. The members
+    are cut apart once, for all the ring's steps."""
     count = members.shape[dim]
     if count == 1:  # the same value on every member
         value = lax.index_in_dim(members, 0, dim, keepdims=False)
-        return [value] * len(orders)
+        return lambda order: value
     if count <= SELECT_MAX_RING:
         candidates = [lax.index_in_dim(members, m, dim, keepdims=False) for m in range(count)]
-        return [lax.select_n(jnp.broadcast_to(order, candidates[0].shape).astype(jnp.int32),
-                             *candidates) for order in orders]
-    def index(order):  # [element dims] as an index of members' rank (other dims 1)
-        return order.reshape((1,) * (members.ndim - order.ndim) + order.shape)
+        return lambda order: lax.select_n(
+            jnp.broadcast_to(order, candidates[0].shape).astype(jnp.int32), *candidates)
 
-    return [jnp.take_along_axis(members, index(order), axis=dim).squeeze(dim)
-            for order in orders]
+    def gathered(order):  # order as an index of members' rank (other dims 1)
+        index = order.reshape((1,) * (members.ndim - order.ndim) + order.shape)
+        return jnp.take_along_axis(members, index, axis=dim).squeeze(dim)
+    return gathered
 
 
 def ring_reduce(members: jnp.ndarray, lead: int, ring_sizes: Sequence[int], combine: Callable,
@@ -134,10 +135,13 @@ def ring_reduce(members: jnp.ndarray, lead: int, ring_sizes: Sequence[int], comb
         # step s adds the member s after the owner's coordinate c going forward, s before
         # it going back (c - s + size >= 0 keeps the remainder's operand non-negative)
         c = coords[axis]
+        in_order = _ring_members(members, dim)
 
-        def member(s, members=members, dim=dim, c=c, size=size):
-            order = jnp.where(forward, _rem(c + s, size), _rem(c - s + size, size))
-            return _members_in_order(members, dim, [order])[0]
+        def member(s, c=c, size=size, in_order=in_order):
+            # (jnp.where would be a function of its own in the program)
+            going, ahead, behind = jnp.broadcast_arrays(forward, _rem(c + s, size),
+                                                        _rem(c - s + size, size))
+            return in_order(lax.select(going, ahead, behind))
 
         def add(partial, value):
             return numerics.round_to(combine(numerics.widen(partial), numerics.widen(value)),
