@@ -10,6 +10,7 @@ import pytest
 
 from mesh import isa, numerics
 from mesh.executor import compile_program
+from mesh.isa.kernels import ring_order
 from mesh.isa.kernels.ring_order import SELECT_MAX_RING, ring_orders, ring_reduce
 
 NARROW = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3", "float8_e3m4")
@@ -313,11 +314,16 @@ def test_two_axis_rings_reduce_one_axis_after_the_other(rng, axis_order):
 
 
 @pytest.mark.parametrize("sizes, n", [((4,), 10), ((2, 3), 7), ((4, 4), 3), ((3,), 0),
-                                      ((2, 3), 12), ((16,), 32)])
-def test_blocks_and_leading_dims_keep_the_ring_order(rng, sizes, n):
+                                      ((2, 3), 12), ((16,), 32), ((8,), 8), ((8,), 24),
+                                      ((2, 4), 40), ((3, 2, 2), 12), ((4, 2), 16)])
+@pytest.mark.parametrize("gathered", [True, False], ids=["gathered", "selected"])
+def test_blocks_and_leading_dims_keep_the_ring_order(rng, sizes, n, gathered, monkeypatch):
     """Short last blocks (n not a multiple of the members), owners with nothing to own,
-    whole blocks (laid out as [owner, position]; a ring of 16 gathers its members), and
-    leading dims that are not reduced."""
+    whole blocks (laid out as [owner, position], one or an odd number of positions each:
+    each step's members gathered as constant rows when the buffer is small, else selected;
+    a ring of 16 gathers its members in a loop), and leading dims that are not reduced."""
+    if not gathered:
+        monkeypatch.setattr(ring_order, "GATHERED_MAX_ELEMENTS", 0)
     shape = (2,) + sizes + (n,)
     values = (rng.standard_normal(shape) * 2.0 ** rng.integers(0, 12, shape)
               ).astype(ml_dtypes.bfloat16)

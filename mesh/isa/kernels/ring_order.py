@@ -80,6 +80,14 @@ def ring_orders(ring_sizes: Sequence[int], n: int) -> list:
             for c, k in zip(coords, ring_sizes)]
 
 
+# Grid buffers of up to this many elements (all members') take each step's members with
+# gathers of constant rows (_grid_ring_steps): a few ops per step, where a select among k
+# members takes 2k, so a small program compiles in half the time (a psum over 8 chips:
+# 61 -> 33 ms). XLA:CPU runs such a gather element by element, so large buffers, whose
+# run costs more than their compile, select (measured, 64 MiB of FP32 over a ring of 4:
+# 13 ms selecting, 38 ms gathering).
+GATHERED_MAX_ELEMENTS = 1 << 16
+
 # Up to this ring length each step picks its members with a select over all k of them (XLA
 # fuses the whole ring into one pass over the buffer, but the program grows as k^2); longer
 # rings gather each step's members instead.
@@ -105,6 +113,49 @@ def _ring_members(members, dim: int) -> Callable:
     return gathered
 
 
+def _grid_ring_steps(members, dim: int, ring_sizes: Sequence[int], axis: int) -> list:
+    """For the ring along group axis `axis` of a grid buffer (members [..., k at `dim`,
+    ..., owner, position]), each step's values, steps 1..k: at step s, an element takes
+    the member s after its owner's coordinate c on this ring going forward (the first half
+    of each block's positions), s before it going back (the rest). Each step is a pair
+    (forward part, backward part or None), each [..., owner, its positions] (`dim` gone):
+    kept apart, XLA fuses every step's reads into the additions.
+
+    With the member dim put just before the owner's coordinate on this ring and the two
+    flattened, member (c + s) mod k of owner coordinate c is row (s * k + c * (k + 1))
+    mod k^2: a step each way is one gather of k constant rows (where selecting among k
+    members per element takes 2k ops)."""
+    k = ring_sizes[axis]
+    before = int(np.prod(ring_sizes[:axis], dtype=np.int64))
+    after = int(np.prod(ring_sizes[axis + 1:], dtype=np.int64))
+    block = members.shape[-1]
+    # [..., owner, position] with the owner as its coordinates (before, this ring, after)
+    split = members.reshape(members.shape[:-2] + (before, k, after, block))
+    owner = split.ndim - 3  # this ring's coordinate of the owner
+    paired = jnp.moveaxis(split, dim, owner - 1)  # [..., before, member, owner, after, p]
+    pair = owner - 1  # the member and owner dims, flattened
+    flat = paired.reshape(paired.shape[:pair] + (k * k,) + paired.shape[owner + 1:])
+    half = (block + 1) // 2  # positions going forward; the rest go back
+    dims = lax.GatherDimensionNumbers(
+        offset_dims=tuple(d for d in range(flat.ndim) if d != pair),
+        collapsed_slice_dims=(pair,), start_index_map=(pair,))
+
+    def diagonal(first: int, positions: tuple[int, int]):
+        # each way's positions sliced first: a gather of both would be shared by the two
+        # ways' sums (XLA merges equal gathers) and so not fused into either
+        part = lax.slice_in_dim(flat, *positions, axis=flat.ndim - 1)
+        rows = (first + np.arange(k) * (k + 1)) % (k * k)
+        value = lax.gather(part, rows.astype(np.int32)[:, None], dims,
+                           part.shape[:pair] + (1,) + part.shape[pair + 1:],
+                           unique_indices=True,
+                           mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
+        return value.reshape(value.shape[:pair - 1] + (before * k * after, value.shape[-1]))
+
+    return [(diagonal(step * k, (0, half)),
+             diagonal((k - step) * k, (half, block)) if block > half else None)
+            for step in range(1, k + 1)]
+
+
 def ring_reduce(members: jnp.ndarray, lead: int, ring_sizes: Sequence[int], combine: Callable,
                 rounding: Callable | None, axis_order: Sequence[int] | None = None
                 ) -> jnp.ndarray:
@@ -113,12 +164,11 @@ def ring_reduce(members: jnp.ndarray, lead: int, ring_sizes: Sequence[int], comb
 
     m_i is ring_sizes[i], or 1 where the value is the same on every member of that ring (it
     is then added to itself k - 1 times, as the ring would). Returns [lead..., n].
-    The member added at each step is chosen per element with a select over the k members,
-    so XLA fuses a whole ring into one pass over the buffer; on a ring longer than
-    SELECT_MAX_RING it is gathered, in a loop over the steps (rounding to nearest even).
-    Where the buffer is a grid of blocks, each step's members going either way are small
-    host constants, one per owner, and the in-program work is one select by direction
-    (fewer ops to compile and run than index arithmetic on the owners in the program).
+    Where the buffer is a grid of blocks (one per owner), each step's members are strided
+    slices of the members (_grid_ring_steps). Otherwise the member added at each step is
+    chosen per element with a select over the k members, so XLA fuses a whole ring into
+    one pass over the buffer. On a ring longer than SELECT_MAX_RING (rounding to nearest
+    even) the members are gathered, in a loop over the steps.
     """
     n = members.shape[-1]
     dtype_name = np.dtype(members.dtype).name
@@ -129,11 +179,28 @@ def ring_reduce(members: jnp.ndarray, lead: int, ring_sizes: Sequence[int], comb
     coords, direction = _ring_positions(ring_sizes, n, jnp, grid)
     forward = direction > 0
     remaining = list(range(len(ring_sizes)))  # group axes still in `members`, in dim order
+
+    def add(partial, value):
+        return numerics.round_to(combine(numerics.widen(partial), numerics.widen(value)),
+                                 dtype_name, rounding)
+
     for axis in (range(len(ring_sizes)) if axis_order is None else axis_order):
         dim = lead + remaining.index(axis)
         size = ring_sizes[axis]
         # step s adds the member s after the owner's coordinate c going forward, s before
         # it going back (c - s + size >= 0 keeps the remainder's operand non-negative)
+        long_loop = size > SELECT_MAX_RING and rounding is None
+        if grid and members.shape[dim] > 1 and not long_loop and \
+                members.size <= GATHERED_MAX_ELEMENTS:
+            steps = _grid_ring_steps(members, dim, ring_sizes, axis)
+            forward, back = steps[0]
+            for ahead, behind in steps[1:]:
+                forward = add(forward, ahead)
+                back = back if behind is None else add(back, behind)
+            members = forward if back is None else \
+                lax.concatenate([forward, back], forward.ndim - 1)
+            remaining.remove(axis)
+            continue
         c = coords[axis]
         in_order = _ring_members(members, dim)
 
@@ -143,11 +210,7 @@ def ring_reduce(members: jnp.ndarray, lead: int, ring_sizes: Sequence[int], comb
                                                         _rem(c - s + size, size))
             return in_order(lax.select(going, ahead, behind))
 
-        def add(partial, value):
-            return numerics.round_to(combine(numerics.widen(partial), numerics.widen(value)),
-                                     dtype_name, rounding)
-
-        if size > SELECT_MAX_RING and rounding is None:
+        if long_loop:
             # a long ring's steps as one loop: its step compiles once (a ring of 64 compiled
             # 64 gathers and adds: a psum over 64 chips took a second to compile). Not with
             # stochastic rounding: each step is a rounding site of its own
