@@ -315,13 +315,15 @@ def test_two_axis_rings_reduce_one_axis_after_the_other(rng, axis_order):
 
 @pytest.mark.parametrize("sizes, n", [((4,), 10), ((2, 3), 7), ((4, 4), 3), ((3,), 0),
                                       ((2, 3), 12), ((16,), 32), ((8,), 8), ((8,), 24),
-                                      ((2, 4), 40), ((3, 2, 2), 12), ((4, 2), 16)])
+                                      ((2, 4), 40), ((3, 2, 2), 12), ((4, 2), 16),
+                                      ((2, 16), 64)])
 @pytest.mark.parametrize("gathered", [True, False], ids=["gathered", "selected"])
 def test_blocks_and_leading_dims_keep_the_ring_order(rng, sizes, n, gathered, monkeypatch):
     """Short last blocks (n not a multiple of the members), owners with nothing to own,
     whole blocks (laid out as [owner, position], one or an odd number of positions each:
     each step's members gathered as constant rows when the buffer is small, else selected;
-    a ring of 16 gathers its members in a loop), and leading dims that are not reduced."""
+    a ring of 16 gathers its members in a loop, after or without a ring that did not),
+    and leading dims that are not reduced."""
     if not gathered:
         monkeypatch.setattr(ring_order, "GATHERED_MAX_ELEMENTS", 0)
     shape = (2,) + sizes + (n,)

@@ -164,8 +164,8 @@ def ring_reduce(members: jnp.ndarray, lead: int, ring_sizes: Sequence[int], comb
 
     m_i is ring_sizes[i], or 1 where the value is the same on every member of that ring (it
     is then added to itself k - 1 times, as the ring would). Returns [lead..., n].
-    Where the buffer is a grid of blocks (one per owner), each step's members are strided
-    slices of the members (_grid_ring_steps). Otherwise the member added at each step is
+    Where the buffer is a grid of blocks (one per owner) of at most GATHERED_MAX_ELEMENTS,
+    each step's members are gathers of constant rows (_grid_ring_steps). Otherwise the member added at each step is
     chosen per element with a select over the k members, so XLA fuses a whole ring into
     one pass over the buffer. On a ring longer than SELECT_MAX_RING (rounding to nearest
     even) the members are gathered, in a loop over the steps.
@@ -193,12 +193,12 @@ def ring_reduce(members: jnp.ndarray, lead: int, ring_sizes: Sequence[int], comb
         if grid and members.shape[dim] > 1 and not long_loop and \
                 members.size <= GATHERED_MAX_ELEMENTS:
             steps = _grid_ring_steps(members, dim, ring_sizes, axis)
-            forward, back = steps[0]
+            sum_ahead, sum_behind = steps[0]
             for ahead, behind in steps[1:]:
-                forward = add(forward, ahead)
-                back = back if behind is None else add(back, behind)
-            members = forward if back is None else \
-                lax.concatenate([forward, back], forward.ndim - 1)
+                sum_ahead = add(sum_ahead, ahead)
+                sum_behind = sum_behind if behind is None else add(sum_behind, behind)
+            members = sum_ahead if sum_behind is None else \
+                lax.concatenate([sum_ahead, sum_behind], sum_ahead.ndim - 1)
             remaining.remove(axis)
             continue
         c = coords[axis]
