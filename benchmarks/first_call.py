@@ -63,8 +63,11 @@ class _TimedLowered:
     def __init__(self, lowered: Any):
         self.lowered = lowered
 
-    def compile(self) -> Any:
-        return _timed("executor XLA compile", self.lowered.compile)()
+    def compiler_ir(self, *args: Any) -> Any:
+        return self.lowered.compiler_ir(*args)
+
+    def compile(self, *args: Any) -> Any:
+        return _timed("executor XLA compile", self.lowered.compile)(*args)
 
 
 def _wrap(owner: Any, name: str, stage: str) -> None:
