@@ -86,9 +86,12 @@ def parse_module(program: Any) -> ir.Module:
     if isinstance(program, ir.Module):
         module = program
     elif isinstance(program, (str, bytes, bytearray)):
+        code = bytes(program) if not isinstance(program, str) else program
         try:
-            module = parse(bytes(program) if not isinstance(program, str) else program)
-        except ir.MLIRError as e:
+            if is_portable_artifact(code):  # upgraded as it is read, not parsed twice
+                return hlo.deserialize_portable_artifact(shared_context(len(code)), code)
+            module = parse(code)
+        except (ir.MLIRError, ValueError) as e:  # (the upgrade raises a ValueError)
             raise ValueError(f"not a StableHLO module: {e}") from None
     else:
         raise TypeError(f"expected StableHLO as MLIR text, bytecode or an ir.Module, "
@@ -97,6 +100,19 @@ def parse_module(program: Any) -> ir.Module:
         return hlo.deserialize_portable_artifact(module.context,
                                                  jax_mlir.module_to_bytecode(module))
     return module
+
+
+# MLIR bytecode starts with this magic, then its version (a varint) and its producer; a
+# StableHLO portable artifact's producer is StableHLO_v<version> (what jaxlib hands a PJRT
+# plugin to compile, as jax.export serializes)
+_BYTECODE_MAGIC = b"ML\xefR"
+_PORTABLE_PRODUCER = b"StableHLO_v"
+
+
+def is_portable_artifact(code: str | bytes) -> bool:
+    """Whether `code` is a StableHLO portable artifact (VHLO bytecode)."""
+    return isinstance(code, bytes) and code.startswith(_BYTECODE_MAGIC) and \
+        code.find(_PORTABLE_PRODUCER, len(_BYTECODE_MAGIC), 16) != -1
 
 
 def tensor_type(t: ir.Type) -> TensorType:
@@ -449,6 +465,14 @@ class Attributes(Mapping):
             raise TypeError(f"cannot read attribute {name!r} of {self._op.name}")
         t = tensor_type(ir.Type.parse(match.group(2), self._op.context))
         return _parse_dense_literal(match.group(1), dtypes.numpy_dtype(t.dtype), t.shape)
+
+    def __contains__(self, name: object) -> bool:
+        # (Mapping's would decode the attribute, or raise and catch a KeyError: a walk
+        # asks every op for attributes few have)
+        return name in self._cache or isinstance(name, str) and name in self._op.attributes
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self else default
 
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._op.attributes))
