@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from lowering.host import host_devices
 from lowering.walker import LoweringContext, Op
 from mesh import dtypes, isa
 from mesh.executor import run_program
@@ -113,6 +114,10 @@ def _evaluate(ctx: LoweringContext, instr: isa.Instruction, args: list[np.ndarra
     values[-1] = isa.ValueInfo(result_type, varying)
     program = isa.Program(ctx.mesh, (instr,), tuple(dict.fromkeys(instr.ins)), (-1,), values)
     inputs = [args[instr.ins.index(v)] for v in program.inputs]
-    with jax.enable_x64(True):  # 64-bit integers keep their type, as in the executor
+    # 64-bit integers keep their type, as in the executor. Computed on the simulator's own
+    # CPU device (lowering.host), not jax's default one: with the trn2 plugin the default,
+    # each op's eager computation would be a trn2 program of its own, lowered and compiled
+    # by the plugin and then by its executor (about 40 ms each; jax caches them by shape)
+    with jax.enable_x64(True), jax.default_device(host_devices(1)[0]):
         (result,) = run_program(program, inputs)
     return np.asarray(result)

@@ -572,6 +572,7 @@ _JAX_SCOPES = re.compile(r"while|body|body_pred|cond|branch_\d+_fun|checkpoint|"
 _WRAPPED = re.compile(r"(\w+)\((.*)\)")  # a transform of a name: `transpose(jvp(block0))`
 
 
+@functools.lru_cache(maxsize=4096)  # (ops share name stacks: a block's often all of it)
 def user_scope(name_stack: str) -> str:
     """The user's name scopes in a jax name stack, outermost first: the Flax module path
     `Model/block0/attn/q` (or jax.named_scope names) of

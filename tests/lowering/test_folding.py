@@ -71,3 +71,33 @@ def test_ops_numpy_may_not_match_are_left_to_the_kernel():
     select = isa.Elementwise((-1,), (0, 1, 2), op="select")
     assert folding._on_host(select, [np.array([[True], [False]])[..., 0], *args], (2, 5),
                             np.dtype(np.int32)) is None
+
+
+def test_folds_run_on_the_simulators_cpu_device_not_on_jaxs_default(monkeypatch):
+    """With the trn2 plugin as jax's default device, a fold the kernel computes (jax's
+    axis_index is a division and remainder of the partition id) compiles nothing for trn2
+    (it would be a trn2 program of its own, lowered and compiled twice) and folds right."""
+    from jax._src import compiler
+    from jax.sharding import PartitionSpec as P
+
+    import lowering
+
+    platforms = []
+    compile_and_load = compiler.backend_compile_and_load
+
+    def spied(backend, *args, **kwargs):
+        platforms.append(backend.platform)
+        return compile_and_load(backend, *args, **kwargs)
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices("cpu")[:8]).reshape(2, 4), ("x", "y"))
+    index = jax.shard_map(lambda: (jax.lax.axis_index("x") * 7 + jax.lax.axis_index("y"))
+                          .reshape(1, 1), mesh=mesh, in_specs=(), out_specs=P("x", "y"))
+    text = jax.jit(index).lower().as_text()
+    monkeypatch.setattr(compiler, "backend_compile_and_load", spied)
+    with jax.default_device(jax.devices("trn2")[0]):
+        program = lowering.lower(text)
+    assert "neuron" not in platforms
+    chip = np.arange(8)  # device d is at (d // 4, d % 4) of the (2, 4) mesh
+    want = chip // 4 * 7 + chip % 4
+    assert any(np.array_equal(np.asarray(i.value).reshape(-1), want)
+               for i in program.instructions if isinstance(i, isa.Constant))
