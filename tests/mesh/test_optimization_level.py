@@ -17,14 +17,14 @@ I32 = rng.integers(-2**31, 2**31 - 1, (24, 40), dtype=np.int64).astype(np.int32)
 
 # Programs whose float ops are all exactly rounded (or that have none)
 LEVEL_FREE = {
-    "random uniform": (lambda k: jax.random.uniform(jax.random.key(k), (16, 6, 7)),
-                       (np.uint32(3),)),
+    "random integers": (lambda k: jax.random.randint(jax.random.key(k), (16, 6, 7), -9, 99),
+                        (np.uint32(3),)),
     "random bits": (lambda k: jax.random.bits(jax.random.key(k), (50,)), (np.uint32(8),)),
     "integer ops": (lambda x: (x * 7 + (x >> 3)) ^ (x << 2) - x // 5 + x % 9, (I32,)),
     "integer loop": (lambda x: lax.fori_loop(0, 5, lambda i, c: c * 3 + i, x), (I32,)),
-    "FP32 arithmetic": (lambda x: x * 3.1 + x[::-1] / (x + 2.5) - jnp.sqrt(jnp.abs(x)),
-                        (F32,)),
-    "narrow floats": (lambda x: (x.astype(jnp.bfloat16) * 3 + 1).astype(jnp.float32) +
+    "FP32 sums and quotients": (lambda x: x + x[::-1] / (x + 2.5) - jnp.sqrt(jnp.abs(x)),
+                                (F32,)),
+    "narrow floats": (lambda x: (x.astype(jnp.bfloat16) + 1).astype(jnp.float32) +
                       x.astype(jnp.float8_e4m3fn).astype(jnp.float32) +
                       (x.astype(jnp.float16) / 7).astype(jnp.float32), (F32,)),
     "moves and selects": (lambda x: jnp.where(x > 0, jnp.flip(x, 0), jnp.clip(x, -3, 3))
@@ -32,9 +32,12 @@ LEVEL_FREE = {
                           (F32,)),
     "integer reduction": (lambda x: jnp.sum(x, 0) + jnp.max(x, 1).sum(), (I32,)),
 }
-# Programs with float reductions or transcendental functions: XLA's code for them depends
-# on the level
+# Programs with float reductions, products or transcendental functions: XLA's code for
+# them depends on the level
 LEVEL_BOUND = {
+    "product and sum": (lambda x: x * 3.1 + x[::-1], (F32,)),
+    "random uniform": (lambda k: jax.random.uniform(jax.random.key(k), (16, 6, 7)),
+                       (np.uint32(3),)),
     "FP32 row sum": (lambda x: jnp.sum(x, 1), (F32,)),
     "softmax": (jax.nn.softmax, (F32,)),
     "exp": (jnp.exp, (F32,)),
