@@ -67,6 +67,6 @@ def test_level_free_programs_compile_at_level_2_and_give_level_3s_bits(name):
 
 
 @pytest.mark.parametrize("name", LEVEL_BOUND)
-def test_float_reductions_and_approximations_keep_xlas_default_level(name):
+def test_float_reductions_products_and_approximations_keep_xlas_default_level(name):
     function, args = LEVEL_BOUND[name]
     assert optimization_level.compiler_options(_module(function, args)) == {}
