@@ -555,22 +555,69 @@ def sdy_dim_axes(sharding: Any, mesh: isa.MeshSpec) -> tuple:
 
 
 def _has_sdy_sharding(module: ir.Module) -> bool:
-    """A sharding that splits some dim (or is unreduced), on main's arguments or results or
-    on an op outside shard_map bodies (sdy.manual_computation), or an explicit constraint
-    or reshard."""
+    """A sharding that splits some dim (or is unreduced): on a function's arguments or
+    results, other than main's that only cross shard_map boundaries as they are
+    (_at_shard_map_boundaries); on an op outside shard_map bodies (sdy.manual_computation);
+    or in a constraint or reshard there."""
     for op in module.body.operations:
         op = op.operation
         if op.name != "func.func":
             continue
-        for key in ("arg_attrs", "res_attrs"):
-            if key in op.attributes:
-                for entry in ir.ArrayAttr(op.attributes[key]):
-                    entry = ir.DictAttr(entry)
-                    if _SDY_SHARDING in entry and _splits(entry[_SDY_SHARDING]):
-                        return True
+        is_main = ir.StringAttr(op.attributes["sym_name"]).value == "main"
+        for key, values in (("arg_attrs", _arguments), ("res_attrs", _returned)):
+            if key not in op.attributes:
+                continue
+            for entry, value in zip(ir.ArrayAttr(op.attributes[key]), values(op)):
+                sharding = ir.DictAttr(entry)[_SDY_SHARDING] \
+                    if _SDY_SHARDING in ir.DictAttr(entry) else None
+                if sharding is not None and _splits(sharding) and \
+                        not (is_main and _at_shard_map_boundaries(value, sharding, key)):
+                    return True
         if _ops_shard(op):
             return True
     return False
+
+
+def _arguments(function) -> list:
+    return list(function.regions[0].blocks[0].arguments)
+
+
+def _returned(function) -> list:
+    return list(function.regions[0].blocks[0].operations[-1].operands)
+
+
+def _at_shard_map_boundaries(value: ir.Value, sharding: ir.Attribute, key: str) -> bool:
+    """Whether main's argument `value` (key "arg_attrs") goes only into shard_maps that take
+    it split as `sharding` says, or its result `value` ("res_attrs") is a shard_map's,
+    given split so, each along the shard_map's manual axes only: what XLA's partitioner
+    would pass through untouched (eager shard_map runs each op as such a program). Its
+    layout is the shard_map's own (propagated_layouts), as its body is per-chip code."""
+    if key == "arg_attrs":
+        crossings = [(use.owner, "in_shardings", use.operand_number) for use in value.uses]
+    elif isinstance(value, ir.OpResult):
+        crossings = [(value.owner, "out_shardings", value.result_number)]
+    else:  # an argument returned as it is
+        crossings = []
+    if not crossings:
+        return False
+    for op, side, index in crossings:
+        if op.name != "sdy.manual_computation" or \
+                sdy.TensorShardingPerValueAttr(op.attributes[side]).shardings[index] != sharding:
+            return False
+        if _has_unreduced(op):  # (values lowering takes from the partitioner only)
+            return False
+        manual = set(mlir.Attributes(op)["manual_axes"])
+        split = {ref.name for dim in sdy.TensorShardingAttr(sharding).dimension_shardings
+                 for ref in (sdy.AxisRefAttr(a) for a in sdy.DimensionShardingAttr(dim).axes)}
+        if not split <= manual:
+            return False
+    return True
+
+
+# Ops that give a value a sharding (with_sharding_constraint, sharding in types' reshard):
+# one that replicates it asks nothing of the partitioner in a program where nothing is
+# split; lowering takes it for the value itself (lowering.rules.structure.IDENTITY_OPS).
+_CONSTRAINTS = ("sdy.sharding_constraint", "sdy.reshard")
 
 
 def _ops_shard(operation) -> bool:
@@ -580,13 +627,21 @@ def _ops_shard(operation) -> bool:
                 op = op.operation
                 if op.name == "sdy.manual_computation":
                     continue
-                if op.name in ("sdy.sharding_constraint", "sdy.reshard"):
+                if op.name in _CONSTRAINTS and _splits(op.attributes["sharding"]):
                     return True
                 if _SDY_SHARDING in op.attributes and _splits(op.attributes[_SDY_SHARDING]):
                     return True
                 if _ops_shard(op):
                     return True
     return False
+
+
+def _has_unreduced(manual_computation) -> bool:
+    """Whether a shard_map takes or gives a value unreduced along some axis."""
+    return any(list(sdy.TensorShardingAttr(sharding).unreduced_axes)
+               for side in ("in_shardings", "out_shardings")
+               for sharding in sdy.TensorShardingPerValueAttr(
+                   manual_computation.attributes[side]).shardings)
 
 
 def _splits(attr: ir.Attribute) -> bool:

@@ -1,4 +1,4 @@
-"""sort and top_k.
+"""sort, top_k and approx_max_k.
 
 jax builds every sort's comparator the same way (lax.sort: lexicographic over the first
 num_keys operands, floats in total order after -0.0 -> +0.0 and NaN -> one NaN). A sort whose
@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from lowering.registry import rule
+from lowering.registry import custom_call_rule, rule
 from lowering.walker import LoweringContext, Op, ProgramBuilder, Region, Walker
 from mesh import dtypes, isa
 
@@ -40,6 +40,53 @@ def top_k(ctx: LoweringContext, op: Op):
         raise NotImplementedError("mhlo.topk with largest = false (the k smallest elements) "
                                   "is not supported by jax-trn2")
     return ctx.emit(isa.TopK, op, k=op.attrs["k"])
+
+
+@custom_call_rule("ApproxTopK")
+def approx_top_k(ctx: LoweringContext, op: Op):
+    """lax.approx_max_k and approx_min_k as jax lowers them for platforms other than the
+    TPU (`is_fallback`): the values, their int32 indices along reduction_dim (an iota)
+    and jax's init values, with jax's comparator (the values compared GT, or LT). It runs
+    as XLA computes that fallback (an exact top-k: a sort, or a reduce for one element),
+    ties and NaNs included."""
+    config = op.backend_config
+    if not config.get("is_fallback", False):
+        raise NotImplementedError(
+            "ApproxTopK without is_fallback (jax's lowering for the TPU, whose partial "
+            "reduction XLA computes only there) is not supported by jax-trn2")
+    dimension = config["reduction_dim"]
+    (comparator,) = op.attrs["called_computations"]
+    direction = _compared_values(ctx.walker.functions[comparator])
+    if len(op.operands) != 4 or direction is None or \
+            not _is_iota(ctx, op.operands[1], dimension):
+        raise NotImplementedError(
+            "ApproxTopK other than jax's (one operand, its iota indices, a comparator of "
+            f"the values alone: @{comparator} is not) is not supported by jax-trn2")
+    return ctx.emit(isa.ApproxTopK, op, ins=op.operands[:1], k=config["top_k"],
+                    dimension=dimension, largest=direction == "GT",
+                    recall_target=config["recall_target"],
+                    aggregate_to_topk=config["aggregate_to_topk"],
+                    input_size_override=config["reduction_input_size_override"])
+
+
+def _compared_values(function) -> str | None:
+    """The direction of jax's approx_top_k comparator (GT or LT on its first two
+    arguments, nothing else), None for any other function."""
+    block = function.regions[0].blocks[0]
+    ops = list(block.operations)
+    if len(ops) != 2 or ops[0].operation.name != "stablehlo.compare":
+        return None
+    compare = ops[0].operation
+    if list(compare.operands) != list(block.arguments)[:2] or \
+            list(ops[1].operation.operands) != list(compare.results):
+        return None
+    direction = str(compare.attributes["comparison_direction"])
+    return next((d for d in ("GT", "LT") if d in direction), None)
+
+
+def _is_iota(ctx: LoweringContext, value: int, dimension: int) -> bool:
+    producer = next((i for i in reversed(ctx.builder.instructions) if value in i.outs), None)
+    return isinstance(producer, isa.Iota) and producer.dimension == dimension
 
 
 @functools.lru_cache(maxsize=None)

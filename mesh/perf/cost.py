@@ -465,12 +465,13 @@ def _map(instr: isa.Map, ctx: CostContext) -> Cost:
                      flops=elements * per_element, passes=per_element)
 
 
-@cost_rule(isa.Sort)
-def _sort(instr: isa.Sort, ctx: CostContext) -> Cost:
-    """A merge sort: log2(n) passes over the elements of every operand."""
+@cost_rule(isa.Sort, isa.ApproxTopK)
+def _sort(instr: isa.Sort | isa.ApproxTopK, ctx: CostContext) -> Cost:
+    """A merge sort: log2(n) passes over the elements of every operand (an approx_max_k
+    sorts its values and their indices)."""
     n = ctx.type(instr.ins[0]).shape[instr.dimension] if ctx.type(instr.ins[0]).rank else 1
     passes = max(1, math.ceil(math.log2(max(n, 1))))
-    elements = ctx.size(instr.ins)
+    elements = ctx.size(instr.ins) * (2 if isinstance(instr, isa.ApproxTopK) else 1)
     return engine_op(isa.GPSIMD, elements, ctx.hbm_bytes(instr.ins + instr.outs), ctx,
                      flops=elements * passes, passes=passes)
 

@@ -1,5 +1,5 @@
 """sort and top_k as jax emits them (jnp.sort, argsort, lexsort, lax.sort with num_keys,
-lax.top_k), inside shard_map bodies on the 4x4x4 mesh with per-chip data, compared exactly
+lax.top_k, lax.approx_max_k and approx_min_k), inside shard_map bodies on the 4x4x4 mesh with per-chip data, compared exactly
 with CPU JAX: sorting only moves data."""
 
 from __future__ import annotations
@@ -83,3 +83,31 @@ def test_top_k_and_median(rng):
 
     got, want = run_both(body, *MESH, (P("x"), P("x")), P("x"), x, n)
     assert_same_bits(got, want)
+
+
+def test_approx_max_and_min_k(rng):
+    """lax.approx_max_k and approx_min_k (exact off the TPU) on rows with repeats, zeros of
+    both signs and infinities, for k of one (a reduce) and more (a sort), along either
+    dim, and without aggregate_to_topk: the values as XLA:CPU gives them, bit for bit, and
+    indices of those values, each once. Which of tied elements comes first is XLA's
+    unstable sort's choice, which the program around it can change (measured: XLA:CPU
+    orders a row's ties otherwise when a second top-k sorts the same row). No NaNs: jax's
+    comparator (the values compared GT, or LT) is then not a strict weak order."""
+    x = with_specials(rng, (16, 4, 40), np.float32)
+    x = np.where(np.isnan(x), np.float32(1.0), x)
+    tops = {"max": lambda v: lax.approx_max_k(v, 3), "min": lambda v: lax.approx_min_k(v, 2),
+            "one": lambda v: lax.approx_max_k(v, 1),
+            "first_dim": lambda v: lax.approx_min_k(v, 2, reduction_dimension=1),
+            "unaggregated": lambda v: lax.approx_max_k(v, 2, aggregate_to_topk=False)}
+
+    def body(x):
+        return {name: top(x) for name, top in tops.items()}
+
+    got, want = run_both(body, *MESH, (P("x"),), P("x"), x)
+    assert_same_bits({name: values for name, (values, _) in got.items()},
+                     {name: values for name, (values, _) in want.items()})
+    for name, (values, indices) in got.items():
+        axis = 1 if name == "first_dim" else 2
+        assert_same_bits(np.take_along_axis(x, np.asarray(indices), axis), values)
+        ordered = np.sort(np.asarray(indices), axis=axis)
+        assert (np.diff(ordered, axis=axis) > 0).all(), name

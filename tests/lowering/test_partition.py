@@ -78,3 +78,31 @@ def test_the_options_that_cut_the_compile_leave_the_partitioned_module_as_it_is(
     monkeypatch.setattr(partition, "_UNTIL_THE_STOP", ())
     default, _ = partition._partition(module, 8)
     assert "stablehlo.all_reduce" in str(cut) and str(cut) == str(default)
+
+
+def test_replicating_constraints_leave_the_program_unpartitioned():
+    """A program where nothing is split (its values constrained to replicated, as jax's
+    eager ops on replicated arrays are) runs as it is; one constraint that splits a value
+    sends it to XLA's partitioner. Both compute what the CPU does."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices("cpu")[:4]).reshape(2, 2), ("x", "y"))
+
+    def program(spec):
+        def f(a):
+            b = jax.lax.with_sharding_constraint(jnp.sin(a) * 2, NamedSharding(mesh, spec))
+            return jax.lax.with_sharding_constraint(b.sum(0), NamedSharding(mesh, P()))
+        return jax.jit(f).lower(jnp.zeros((8, 4), jnp.float32)).as_text()
+
+    replicated, split = program(P()), program(P("x", "y"))
+    assert "sdy.sharding_constraint" in replicated
+    assert not partition.needs_partitioning(lowering.mlir.parse(replicated))
+    assert partition.needs_partitioning(lowering.mlir.parse(split))
+
+    trn2_mesh = jax.sharding.Mesh(np.array(jax.devices("trn2")[:4]).reshape(2, 2), ("x", "y"))
+    x = np.linspace(-3, 3, 32, dtype=np.float32).reshape(8, 4)
+    for spec in (P(), P("x", "y")):
+        f = jax.jit(lambda a: jax.lax.with_sharding_constraint(
+            jnp.sin(a) * 2, NamedSharding(trn2_mesh, spec)).sum(0))
+        want = jax.jit(lambda a: (jnp.sin(a) * 2).sum(0))(jax.device_put(x, jax.devices("cpu")[0]))
+        # FP32 sums of 8 terms: the split program adds two partial sums of 4 across chips
+        # (another order than the CPU's), which can differ by an ulp of the sum.
+        np.testing.assert_allclose(f(x), want, rtol=2e-7, atol=2e-6)

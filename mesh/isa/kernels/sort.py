@@ -56,3 +56,13 @@ def top_k(instr: isa.TopK, args, ctx: KernelContext):
     values, indices = lax.top_k(to_bytes(x), instr.k)
     index_type = dtypes.numpy_dtype(ctx.out_info(instr, 1).type.dtype)
     return [from_bytes(values, x.dtype), indices.astype(index_type)]
+
+
+@kernel(isa.ApproxTopK)
+def approx_top_k(instr: isa.ApproxTopK, args, ctx: KernelContext):
+    (x,) = broadcast_mesh(args, ctx.nm)
+    top = lax.approx_max_k if instr.largest else lax.approx_min_k
+    return list(top(x, instr.k, reduction_dimension=ctx.nm + instr.dimension,
+                    recall_target=instr.recall_target,
+                    reduction_input_size_override=instr.input_size_override,
+                    aggregate_to_topk=instr.aggregate_to_topk))

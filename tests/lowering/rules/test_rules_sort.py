@@ -1,4 +1,4 @@
-"""lowering/rules/sort.py: sort (lax.sort's comparator recognised) and top_k."""
+"""lowering/rules/sort.py: sort (lax.sort's comparator recognised), top_k and approx_max_k."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -26,3 +26,11 @@ def test_top_k_keeps_k():
     top_k = only(program, isa.TopK)
     assert top_k.k == 3
     assert out_type(program, top_k).shape == (2, 3)
+
+
+def test_approx_max_k_is_one_instruction_of_the_values():
+    program = lower_jax(lambda x: lax.approx_min_k(x, 3, reduction_dimension=0),
+                        np.ones((9, 2), np.float32))
+    top = only(program, isa.ApproxTopK)
+    assert (top.k, top.dimension, top.largest, top.aggregate_to_topk) == (3, 0, False, True)
+    assert len(top.ins) == 1 and out_type(program, top).shape == (3, 2)
