@@ -133,8 +133,8 @@ def partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, XlaFailur
     reason belongs in that error), which waits for XLA's compile to end: it goes on after
     the partitioned module is read (lowering.stopped_compile). The last few are remembered
     (the trn2 plugin asks again for the program it lowered: for the shardings jaxlib reads
-    at every compile), and kept
-    beside jax's persistent compilation cache when that is on (lowering.partition_cache),
+    at every compile; jax lowers a program again for a new jit of the same function), and
+    kept beside jax's persistent compilation cache when that is on (lowering.partition_cache),
     for another process to read."""
     bytecode = jax_mlir.module_to_bytecode(module)
     key = (bytecode, num_devices)
@@ -145,14 +145,19 @@ def partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, XlaFailur
     result = _kept_or_partitioned(module, bytecode, num_devices)
     with _PARTITIONED_LOCK:
         _PARTITIONED[key] = result
-        while len(_PARTITIONED) > _PARTITIONED_KEPT:
+        while len(_PARTITIONED) > _PARTITIONED_KEPT or len(_PARTITIONED) > 1 and \
+                sum(len(code) for code, _ in _PARTITIONED) > _PARTITIONED_BYTES:
             del _PARTITIONED[next(iter(_PARTITIONED))]
     return result
 
 
-# partition's memory: (module bytecode, devices) -> its result, least recent first
+# partition's memory: (module bytecode, devices) -> its result, least recent first; at
+# most this many, keyed by at most this many bytes of bytecode (each with the partitioned
+# module it maps to, in memory). jax's own tests partition 85 of pjit_test's 1,200
+# programs again when only the last 4 are kept (for a new jit of the same function).
 _PARTITIONED: dict[tuple[bytes, int], tuple[ir.Module, XlaFailure]] = {}
-_PARTITIONED_KEPT = 4
+_PARTITIONED_KEPT = 64
+_PARTITIONED_BYTES = 16 << 20
 _PARTITIONED_LOCK = threading.Lock()
 
 
@@ -558,7 +563,7 @@ def _has_sdy_sharding(module: ir.Module) -> bool:
     """A sharding that splits some dim (or is unreduced): on a function's arguments or
     results, other than main's that only cross shard_map boundaries as they are
     (_at_shard_map_boundaries); on an op outside shard_map bodies (sdy.manual_computation);
-    or in a constraint or reshard there."""
+    in a constraint or reshard there; or at a shard_map's boundary, unreduced."""
     for op in module.body.operations:
         op = op.operation
         if op.name != "func.func":
@@ -604,8 +609,6 @@ def _at_shard_map_boundaries(value: ir.Value, sharding: ir.Attribute, key: str) 
         if op.name != "sdy.manual_computation" or \
                 sdy.TensorShardingPerValueAttr(op.attributes[side]).shardings[index] != sharding:
             return False
-        if _has_unreduced(op):  # (values lowering takes from the partitioner only)
-            return False
         manual = set(mlir.Attributes(op)["manual_axes"])
         split = {ref.name for dim in sdy.TensorShardingAttr(sharding).dimension_shardings
                  for ref in (sdy.AxisRefAttr(a) for a in sdy.DimensionShardingAttr(dim).axes)}
@@ -626,6 +629,8 @@ def _ops_shard(operation) -> bool:
             for op in block.operations:
                 op = op.operation
                 if op.name == "sdy.manual_computation":
+                    if _has_unreduced(op):  # (values lowering takes from the partitioner)
+                        return True
                     continue
                 if op.name in _CONSTRAINTS and _splits(op.attributes["sharding"]):
                     return True
