@@ -24,8 +24,8 @@ def lower(program: Any, mesh: isa.MeshSpec | None = None,
           module_name: str = MODULE_TEXT) -> isa.Program:
     """Lower StableHLO (MLIR text, bytecode or a jaxlib ir.Module) to a Trn2 Program.
 
-    A global program with shardings outside shard_map bodies (jit's in_shardings,
-    with_sharding_constraint, sharding in types) is first partitioned by XLA's SPMD
+    A global program with shardings that split values outside shard_map bodies (jit's
+    in_shardings, with_sharding_constraint, sharding in types) is first partitioned by XLA's SPMD
     partitioner (lowering.partition): what is lowered is each chip's program. `mesh` names
     the axes of a per-chip program given as such, whose own mesh has lost them.
     `host_callbacks`: the Python functions of the module's host callbacks (jax.debug.print,
