@@ -47,8 +47,8 @@ def approx_top_k(ctx: LoweringContext, op: Op):
     """lax.approx_max_k and approx_min_k as jax lowers them for platforms other than the
     TPU (`is_fallback`): the values, their int32 indices along reduction_dim (an iota)
     and jax's init values, with jax's comparator (the values compared GT, or LT). It runs
-    as XLA computes that fallback (an exact top-k: a sort, or a reduce for one element),
-    ties and NaNs included."""
+    as XLA computes that fallback (an exact top-k of as many as the results have: a sort,
+    or a reduce for one element), ties and NaNs included."""
     config = op.backend_config
     if not config.get("is_fallback", False):
         raise NotImplementedError(
@@ -62,11 +62,11 @@ def approx_top_k(ctx: LoweringContext, op: Op):
         raise NotImplementedError(
             "ApproxTopK other than jax's (one operand, its iota indices, a comparator of "
             f"the values alone: @{comparator} is not) is not supported by jax-trn2")
-    return ctx.emit(isa.ApproxTopK, op, ins=op.operands[:1], k=config["top_k"],
-                    dimension=dimension, largest=direction == "GT",
-                    recall_target=config["recall_target"],
-                    aggregate_to_topk=config["aggregate_to_topk"],
-                    input_size_override=config["reduction_input_size_override"])
+    # XLA's fallback keeps as many as the results have along the dim: the user's k, or
+    # without aggregate_to_topk the size the TPU's approximation would keep
+    return ctx.emit(isa.ApproxTopK, op, ins=op.operands[:1],
+                    k=op.result_types[0].shape[dimension], dimension=dimension,
+                    largest=direction == "GT")
 
 
 def _compared_values(function) -> str | None:

@@ -547,15 +547,13 @@ class TopK(Instruction):
 @dataclass(frozen=True, eq=False)
 class ApproxTopK(Instruction):
     """lax.approx_max_k (`largest`) or approx_min_k along `dimension`, as XLA computes it on
-    platforms other than the TPU: exactly, the top `k` (or, without `aggregate_to_topk`,
-    as many as the TPU's approximation would keep), and their int32 indices."""
+    platforms other than the TPU: exactly, the top `k` (the user's k, or without
+    aggregate_to_topk as many as the TPU's approximation would keep), and their int32
+    indices."""
 
     k: int
     dimension: int
     largest: bool
-    recall_target: float
-    aggregate_to_topk: bool
-    input_size_override: int
     engine: ClassVar[str] = GPSIMD
 
 

@@ -111,3 +111,17 @@ def test_approx_max_and_min_k(rng):
         assert_same_bits(np.take_along_axis(x, np.asarray(indices), axis), values)
         ordered = np.sort(np.asarray(indices), axis=axis)
         assert (np.diff(ordered, axis=axis) > 0).all(), name
+
+
+def test_approx_max_k_of_a_long_row_without_aggregating(rng):
+    """Without aggregate_to_topk, XLA keeps as many as the TPU's approximation would, a
+    count that depends on the operand's rank: a 1-D row of 1000 keeps all 1000 (a 2-D
+    one would keep 256), sorted."""
+    x = rng.standard_normal(4 * 1000).astype(np.float32)
+
+    def body(x):
+        return lax.approx_max_k(x, 3, aggregate_to_topk=False)
+
+    got, want = run_both(body, *MESH, (P("x"),), P("x"), x)
+    assert np.shape(got[0]) == (4 * 1000,)
+    assert_same_bits(got, want)

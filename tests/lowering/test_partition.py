@@ -106,3 +106,27 @@ def test_replicating_constraints_leave_the_program_unpartitioned():
         # FP32 sums of 8 terms: the split program adds two partial sums of 4 across chips
         # (another order than the CPU's), which can differ by an ulp of the sum.
         np.testing.assert_allclose(f(x), want, rtol=2e-7, atol=2e-6)
+
+
+def test_custom_partitioning_goes_to_xlas_partitioner():
+    """jax.experimental.custom_partitioning's call is answered by XLA's partitioner (with
+    the user's Python callback), whatever else the program has to split: here nothing,
+    its values being constrained to replicated."""
+    from jax.experimental.custom_partitioning import custom_partitioning
+
+    @custom_partitioning
+    def sine(a):
+        return jnp.sin(a)
+
+    sine.def_partition(
+        partition=lambda mesh, args, result: (mesh, jnp.sin, result.sharding,
+                                              (args[0].sharding,)),
+        infer_sharding_from_operands=lambda mesh, args, result: args[0].sharding,
+        sharding_rule="i j -> i j")
+    mesh = jax.sharding.Mesh(np.array(jax.devices("trn2")[:4]).reshape(2, 2), ("x", "y"))
+    f = jax.jit(lambda a: jax.lax.with_sharding_constraint(sine(a), NamedSharding(mesh, P())))
+    x = jax.device_put(np.linspace(-3, 3, 64, dtype=np.float32).reshape(8, 8),
+                       NamedSharding(mesh, P()))
+    assert partition.needs_partitioning(lowering.mlir.parse(f.lower(x).as_text()))
+    want = jnp.sin(jax.device_put(np.asarray(x), jax.devices("cpu")[0]))
+    np.testing.assert_array_equal(f(x), want)  # sin of FP32, elementwise: the CPU's bits

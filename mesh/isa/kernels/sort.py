@@ -60,9 +60,9 @@ def top_k(instr: isa.TopK, args, ctx: KernelContext):
 
 @kernel(isa.ApproxTopK)
 def approx_top_k(instr: isa.ApproxTopK, args, ctx: KernelContext):
+    """XLA's ApproxTopKFallback keeping k (what it keeps without aggregate_to_topk depends
+    on the operand's rank, which the mesh dims in front change: k is the result's size)."""
     (x,) = broadcast_mesh(args, ctx.nm)
     top = lax.approx_max_k if instr.largest else lax.approx_min_k
     return list(top(x, instr.k, reduction_dimension=ctx.nm + instr.dimension,
-                    recall_target=instr.recall_target,
-                    reduction_input_size_override=instr.input_size_override,
-                    aggregate_to_topk=instr.aggregate_to_topk))
+                    aggregate_to_topk=True))
