@@ -68,7 +68,7 @@ def is_partitioned(module: ir.Module) -> bool:
 # jax's callback with the value's HloSharding and is then removed; and
 # jax.experimental.custom_partitioning, whose callback gives each chip's computation.
 _INSPECT_SHARDING_TARGET = "InspectSharding"
-_PARTITIONER_CALLBACK_TARGETS = (_INSPECT_SHARDING_TARGET, "CustomSPMDPartitioning")
+_CUSTOM_PARTITIONING_TARGET = "CustomSPMDPartitioning"
 
 
 def needs_partitioning(module: ir.Module) -> bool:
@@ -77,17 +77,18 @@ def needs_partitioning(module: ir.Module) -> bool:
     whose shard_maps are over several meshes of the same devices (a (2, 4) mesh and its
     flattening, say), or over a mesh of its devices in another order (an sdy.mesh with
     explicit device ids): the partitioner makes one per-chip program of them all. So is
-    one that inspects a value's sharding or uses custom_partitioning, which only the
-    partitioner can answer.
+    one that inspects a value's sharding, or uses custom_partitioning over such a mesh,
+    which only the partitioner can answer.
 
     A program whose shardings are all at shard_map boundaries of one mesh is already
     per-chip code inside the bodies and runs as it is (lowering.rules.structure)."""
     if is_partitioned(module):
         return False
-    if any(_calls(module.operation, target) for target in _PARTITIONER_CALLBACK_TARGETS):
+    if _calls(module.operation, _INSPECT_SHARDING_TARGET):
         return True
     if _sdy_mesh_devices(module) > 1:
-        return _has_sdy_sharding(module) or len(_distinct_meshes(module)) > 1 or \
+        return _calls(module.operation, _CUSTOM_PARTITIONING_TARGET) or \
+            _has_sdy_sharding(module) or len(_distinct_meshes(module)) > 1 or \
             _reorders_devices(module)
     return _has_gspmd_tiling(module)
 
