@@ -157,7 +157,7 @@ def partition(module: ir.Module, num_devices: int) -> tuple[ir.Module, XlaFailur
 
 # partition's memory: (module bytecode, devices) -> its result, least recent first; at
 # most this many, keyed by at most this many bytes of bytecode (each with the partitioned
-# module it maps to, in memory). jax's own tests partition 85 of pjit_test's 1,200
+# module it maps to, in memory). jax's own tests partition 85 of pjit_test's 1,128
 # programs again when only the last 4 are kept (for a new jit of the same function).
 _PARTITIONED: dict[tuple[bytes, int], tuple[ir.Module, XlaFailure]] = {}
 _PARTITIONED_KEPT = 64
@@ -577,8 +577,8 @@ def _has_sdy_sharding(module: ir.Module) -> bool:
             if key not in op.attributes:
                 continue
             for entry, value in zip(ir.ArrayAttr(op.attributes[key]), values(op)):
-                sharding = ir.DictAttr(entry)[_SDY_SHARDING] \
-                    if _SDY_SHARDING in ir.DictAttr(entry) else None
+                entry = ir.DictAttr(entry)
+                sharding = entry[_SDY_SHARDING] if _SDY_SHARDING in entry else None
                 if sharding is not None and _splits(sharding) and \
                         not (is_main and _at_shard_map_boundaries(value, sharding, key)):
                     return True
@@ -606,8 +606,8 @@ def _at_shard_map_boundaries(value: ir.Value, sharding: ir.Attribute, key: str) 
     elif isinstance(value, ir.OpResult):
         crossings = [(value.owner, "out_shardings", value.result_number)]
     else:  # an argument returned as it is
-        crossings = []
-    if not crossings:
+        return False
+    if not crossings:  # an argument nothing uses
         return False
     for op, side, index in crossings:
         if op.name != "sdy.manual_computation" or \
